@@ -1,0 +1,87 @@
+// Small value types shared by the client API and the wire protocol.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tier/status.hpp"
+
+namespace tier {
+
+// Wire-visible numeric values.
+enum class DType : uint8_t {
+  kBytes = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kF64 = 4, kI32 = 5, kI64 = 6, kU8 = 7, kI8 = 8,
+};
+inline constexpr uint8_t kMaxDType = 8;
+[[nodiscard]] std::string_view dtype_name(DType d) noexcept;
+[[nodiscard]] std::optional<DType> dtype_from_name(std::string_view s) noexcept;
+[[nodiscard]] size_t dtype_size(DType d) noexcept;  // 1 for kBytes
+
+enum class LeaseMode : uint8_t { kRead = 1, kWrite = 2 };
+
+// Where a new tensor's RAM copy goes.
+struct Placement {
+  enum class Kind : uint8_t { kAny = 0, kNode = 1, kNearGpu = 2 };
+  Kind kind = Kind::kAny;  // kAny: the NUMA node of the client's CPU at request time
+  int32_t index = -1;      // NUMA node for kNode, GPU index for kNearGpu
+
+  static Placement any() { return {}; }
+  static Placement node(int32_t n) { return {Kind::kNode, n}; }
+  static Placement near_gpu(int32_t g) { return {Kind::kNearGpu, g}; }
+};
+
+struct TensorDesc {
+  std::string name;             // 1..255 bytes, no '/' or NUL
+  uint64_t size = 0;            // bytes, > 0
+  DType dtype = DType::kBytes;  // metadata only
+  std::vector<int64_t> shape;   // metadata only; at most 8 dims
+  Placement placement;
+};
+
+// Bits of TensorInfo::tiers.
+inline constexpr uint8_t kTierRam = 1;
+inline constexpr uint8_t kTierNvme = 2;
+
+struct TensorInfo {
+  uint64_t id = 0;  // unique within the daemon's lifetime and across restarts
+  std::string name;
+  uint64_t size = 0;
+  DType dtype = DType::kBytes;
+  std::vector<int64_t> shape;
+  int32_t numa_node = -1;  // node of the RAM copy, -1 when not in RAM
+  uint8_t tiers = 0;       // kTierRam | kTierNvme
+  bool dirty = false;      // RAM copy newer than the NVMe copy
+  uint32_t readers = 0;    // read leases held now
+  bool writer = false;     // a write lease is held now
+};
+
+struct PoolOptions {
+  uint64_t ram_quota = 0;   // bytes; 0 = the daemon's default pool quota
+  uint64_t nvme_quota = 0;  // bytes; 0 = the daemon's default NVMe quota
+};
+
+struct PoolInfo {
+  uint64_t id = 0;
+  std::string name;  // 1..255 bytes, [A-Za-z0-9._-]
+  uint32_t owner_uid = 0;
+  uint64_t ram_quota = 0;
+  uint64_t nvme_quota = 0;
+  uint64_t ram_used = 0;
+  uint64_t nvme_used = 0;
+  uint64_t tensor_count = 0;
+};
+
+// Sizes: "4096", "512K", "512M", "64G", "1.5T" (powers of 1024), and "80%" when total is given.
+// Returns kInvalidArgument with a message naming the text on anything else.
+[[nodiscard]] Result<uint64_t> parse_size(std::string_view text, std::optional<uint64_t> total = {});
+// "1.5 GiB", "512 MiB", "12 B".
+[[nodiscard]] std::string format_size(uint64_t bytes);
+
+// Names of pools: 1..255 of [A-Za-z0-9._-]. Tensor names: 1..255 bytes, no '/' or NUL.
+[[nodiscard]] Status validate_pool_name(std::string_view name);
+[[nodiscard]] Status validate_tensor_name(std::string_view name);
+
+}  // namespace tier
