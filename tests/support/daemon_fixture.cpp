@@ -1,0 +1,110 @@
+#include "support/daemon_fixture.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace tier::test {
+
+std::string bin_path(const std::string& name) { return std::string(TIER_BIN_DIR) + "/" + name; }
+
+TestDaemon::TestDaemon(DaemonOptions opts) : opts_(std::move(opts)) {
+  char tmpl[] = "/tmp/tierd-test.XXXXXX";
+  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  socket_ = dir_ + "/tierd.sock";
+  state_dir_ = dir_ + "/state";
+  log_path_ = dir_ + "/tierd.log";
+  std::filesystem::create_directories(state_dir_);
+  start();
+}
+
+TestDaemon::~TestDaemon() {
+  if (pid_ > 0) stop();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void TestDaemon::start() {
+  if (pid_ > 0) return;
+  std::vector<std::string> args = {bin_path("tierd"), "--socket",  socket_, "--state-dir",
+                                   state_dir_,        "--ram",     opts_.ram, "--foreground"};
+  args.insert(args.end(), opts_.extra_args.begin(), opts_.extra_args.end());
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (log >= 0) { dup2(log, 2); dup2(log, 1); }
+    for (const auto& e : opts_.env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  pid_ = pid;
+  if (opts_.wait_ready && !wait_ready())
+    throw std::runtime_error("tierd did not become ready; log:\n" + log());
+}
+
+bool TestDaemon::wait_ready(int ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pid_ > 0) {
+      int st;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) { pid_ = -1; return false; }
+    }
+    int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, socket_.c_str(), sizeof a.sun_path - 1);
+    bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+int TestDaemon::stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int st = 0;
+  for (int i = 0; i < 1000; ++i) {  // up to 10 s, then SIGKILL
+    if (waitpid(pid_, &st, WNOHANG) == pid_) { pid_ = -1; return st; }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid_, SIGKILL);
+  waitpid(pid_, &st, 0);
+  pid_ = -1;
+  return st;
+}
+
+void TestDaemon::kill9() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int st;
+  waitpid(pid_, &st, 0);
+  pid_ = -1;
+}
+
+std::string TestDaemon::log() const {
+  std::ifstream f(log_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace tier::test

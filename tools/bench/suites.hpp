@@ -1,0 +1,38 @@
+// tier-bench suites. Each prints one JSON object per line to stdout:
+//   {"name":…, "bytes":…, "value":…, "unit":…, "baseline":…, "ratio":…}
+// where every figure is measured side by side with its baseline in the same run.
+// Each suite returns a process exit code (0 ok, 1 error with a message on stderr).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace tier::bench {
+
+struct BenchOptions {
+  bool json = false;          // --json: JSON lines only; otherwise also a human table on stderr
+  std::string socket;         // --socket: a running tierd; empty = start a private one
+  std::string dir;            // --dir: a directory on the NVMe under test (nvme suite)
+  int clients = 64;           // --clients (load suite)
+  double seconds = 10;        // --seconds (load suite)
+  bool quick = false;         // --quick: fewer sizes and repetitions (used by tests)
+};
+
+// One result line. `bytes` is omitted when unset.
+struct Figure {
+  std::string name;
+  std::optional<uint64_t> bytes;
+  double value = 0;
+  std::string unit;
+  double baseline = 0;
+  double ratio = 0;  // value/baseline for throughputs, baseline/value for latencies (higher is better)
+};
+void emit(const BenchOptions& o, const Figure& f);
+
+int run_ram(const BenchOptions& o);
+int run_rpc(const BenchOptions& o);
+int run_nvme(const BenchOptions& o);
+int run_load(const BenchOptions& o);
+
+}  // namespace tier::bench
