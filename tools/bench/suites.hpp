@@ -26,7 +26,7 @@ struct Figure {
   double value = 0;
   std::string unit;
   double baseline = 0;
-  double ratio = 0;  // value/baseline for throughputs, baseline/value for latencies (higher is better)
+  double ratio = 0;  // value / baseline: throughput targets are >= x, latency targets <= x
 };
 void emit(const BenchOptions& o, const Figure& f);
 
