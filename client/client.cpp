@@ -1,0 +1,488 @@
+// tier::Client: the public API over one Connection and the table of mapped arenas.
+//
+// Every public call takes Impl::mu for its whole request/reply exchange, so calls from many
+// threads are serialized on the socket and replies can never be matched to the wrong caller.
+// The lease/release hot path reuses the request and reply structs kept in Impl (their vectors
+// keep their capacity), so a warm lease or release does not touch the heap.
+#include "tier/client.hpp"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <utility>
+
+#include "client/arena_map.hpp"
+#include "client/connection.hpp"
+#include "wire/messages.hpp"
+
+namespace tier {
+
+using wire::MsgType;
+
+namespace {
+
+// Grants per lease request: a LeaseGrant is 40 bytes on the wire, so 1024 of them (40 KiB)
+// keep the reply well inside the 64 KiB datagram limit, which wire::kMaxBatch (4096) would not.
+constexpr size_t kLeaseChunk = 1024;
+
+int32_t current_numa_node() {
+  unsigned cpu = 0, node = 0;
+  if (::getcpu(&cpu, &node) != 0) return -1;
+  return static_cast<int32_t>(node);
+}
+
+std::string default_client_name() {
+  const char* n = program_invocation_short_name;
+  return (n && *n) ? std::string(n) : std::string("libtier");
+}
+
+}  // namespace
+
+std::string default_socket_path() {
+  const char* env = std::getenv("TIERD_SOCKET");
+  if (env && *env) return env;
+  return kDefaultSocketPath;
+}
+
+struct Client::Impl {
+  mutable std::mutex mu;
+  std::string path;
+  uint64_t session_id = 0;
+  std::string daemon_version;
+  client::Connection conn;
+  client::ArenaMap arenas;
+  // Reused by the hot path (guarded by mu).
+  wire::LeaseReq lease_req;
+  wire::LeaseRep lease_rep;
+  wire::ReleaseReq release_req;
+  wire::Empty empty;
+
+  // Maps arena `id` if this connection has not yet. Caller holds mu.
+  Result<const client::Arena*> arena(uint64_t id) {
+    if (const client::Arena* a = arenas.find(id)) return a;
+    wire::MapArenaRep rep;
+    int fd = -1;
+    Status st = conn.call(MsgType::kMapArena, wire::MapArenaReq{id}, rep, &fd);
+    if (!st.is_ok()) return fail(std::move(st));
+    if (rep.arena_id != id) {
+      if (fd >= 0) ::close(fd);
+      return fail(Code::kProtocol, "tierd mapped arena " + std::to_string(rep.arena_id) +
+                                       " when asked for " + std::to_string(id));
+    }
+    return arenas.add(id, fd, rep.size, rep.numa_node);
+  }
+
+  // The span a grant names, mapping its arena first if needed. Caller holds mu.
+  Result<std::span<std::byte>> span_of(const wire::LeaseGrant& g) {
+    auto a = arena(g.arena_id);
+    if (!a) return fail(a.error());
+    const client::Arena* ar = *a;
+    if (g.offset > ar->size || g.length > ar->size - g.offset)
+      return fail(Code::kProtocol, "lease of tensor " + std::to_string(g.tensor_id) +
+                                       " lies outside arena " + std::to_string(g.arena_id));
+    return std::span<std::byte>(ar->base + g.offset, g.length);
+  }
+
+  // Best effort: gives back leases the caller will never see (a failure half way through).
+  void release_quietly(std::span<const uint64_t> ids) {
+    for (size_t i = 0; i < ids.size(); i += wire::kMaxBatch) {
+      size_t n = std::min<size_t>(wire::kMaxBatch, ids.size() - i);
+      release_req.lease_ids.assign(ids.begin() + i, ids.begin() + i + n);
+      (void)conn.call(MsgType::kRelease, release_req, empty);
+    }
+  }
+
+  // One lease request for `ids`, granted whole or not at all. Appends to `out`. Caller holds mu.
+  Status lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, LeaseWait wait, Client* owner,
+                     std::vector<Lease>& out);
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  // Closing the socket makes the daemon release every lease this client still holds; only
+  // then is unmapping the arenas safe from the daemon's point of view.
+  impl_->conn.close();
+  impl_->arenas.unmap_all();
+}
+
+const std::string& Client::socket_path() const noexcept { return impl_->path; }
+
+Result<std::unique_ptr<Client>> Client::connect(std::string_view socket_path,
+                                                const ConnectOptions& opts) {
+  try {
+    auto impl = std::make_unique<Impl>();
+    impl->path = socket_path.empty() ? default_socket_path() : std::string(socket_path);
+    Status st = impl->conn.open(impl->path, std::max<int64_t>(0, opts.connect_timeout.count()));
+    if (!st.is_ok()) return fail(std::move(st));
+    wire::HelloReq hello;
+    hello.pid = static_cast<int32_t>(::getpid());
+    hello.numa_node = current_numa_node();
+    hello.client_name = opts.client_name.empty() ? default_client_name() : opts.client_name;
+    if (hello.client_name.size() > 255) hello.client_name.resize(255);
+    wire::HelloRep rep;
+    st = impl->conn.call(MsgType::kHello, hello, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    if (rep.version != wire::kVersion)
+      return fail(Code::kProtocol, "tierd speaks protocol version " + std::to_string(rep.version) +
+                                       ", this libtier speaks " + std::to_string(wire::kVersion));
+    impl->session_id = rep.session_id;
+    impl->daemon_version = std::move(rep.daemon_version);
+    impl->lease_req.tensor_ids.reserve(kLeaseChunk);
+    impl->lease_rep.grants.reserve(kLeaseChunk);
+    impl->release_req.lease_ids.reserve(wire::kMaxBatch);
+    return std::unique_ptr<Client>(new Client(std::move(impl)));
+  } catch (const std::bad_alloc&) {
+    return fail(Code::kResourceExhausted, "out of memory while connecting to tierd");
+  }
+}
+
+// ---- pools ----
+
+Result<PoolInfo> Client::create_pool(std::string_view name, const PoolOptions& opts, bool exist_ok) {
+  if (Status v = validate_pool_name(name); !v.is_ok()) return fail(std::move(v));
+  wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok};
+  wire::PoolInfoW rep;
+  std::lock_guard g(impl_->mu);
+  Status st = impl_->conn.call(MsgType::kPoolCreate, req, rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  return wire::to_public(rep);
+}
+
+Result<PoolInfo> Client::open_pool(std::string_view name) {
+  wire::PoolInfoW rep;
+  std::lock_guard g(impl_->mu);
+  Status st = impl_->conn.call(MsgType::kPoolOpen, wire::PoolNameReq{std::string(name)}, rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  return wire::to_public(rep);
+}
+
+Result<std::vector<PoolInfo>> Client::list_pools() {
+  wire::PoolListRep rep;
+  {
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kPoolList, wire::Empty{}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+  }
+  std::vector<PoolInfo> out;
+  out.reserve(rep.pools.size());
+  for (const auto& p : rep.pools) out.push_back(wire::to_public(p));
+  return out;
+}
+
+Status Client::drop_pool(std::string_view name) {
+  std::lock_guard g(impl_->mu);
+  return impl_->conn.call(MsgType::kPoolDrop, wire::PoolNameReq{std::string(name)}, impl_->empty);
+}
+
+// ---- tensors ----
+
+Result<TensorInfo> Client::create_tensor(std::string_view pool, const TensorDesc& desc, bool exist_ok) {
+  if (Status v = validate_tensor_name(desc.name); !v.is_ok()) return fail(std::move(v));
+  wire::TensorCreateReq req;
+  req.pool = pool;
+  req.name = desc.name;
+  req.size = desc.size;
+  req.dtype = static_cast<uint8_t>(desc.dtype);
+  req.shape = desc.shape;
+  req.placement_kind = static_cast<uint8_t>(desc.placement.kind);
+  req.placement_index = desc.placement.index;
+  req.exist_ok = exist_ok;
+  wire::TensorInfoW rep;
+  std::lock_guard g(impl_->mu);
+  Status st = impl_->conn.call(MsgType::kTensorCreate, req, rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  return wire::to_public(rep);
+}
+
+Result<TensorInfo> Client::open_tensor(std::string_view pool, std::string_view name) {
+  wire::TensorInfoW rep;
+  std::lock_guard g(impl_->mu);
+  Status st = impl_->conn.call(MsgType::kTensorOpen,
+                               wire::TensorRefReq{std::string(pool), std::string(name)}, rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  return wire::to_public(rep);
+}
+
+Result<std::vector<TensorInfo>> Client::list_tensors(std::string_view pool) {
+  std::vector<TensorInfo> out;
+  wire::TensorListReq req{std::string(pool), 0, 0};
+  wire::TensorListRep rep;
+  for (;;) {
+    {
+      std::lock_guard g(impl_->mu);
+      Status st = impl_->conn.call(MsgType::kTensorList, req, rep);
+      if (!st.is_ok()) return fail(std::move(st));
+    }
+    for (const auto& t : rep.tensors) out.push_back(wire::to_public(t));
+    if (!rep.more) return out;
+    if (rep.tensors.empty() || rep.tensors.back().id <= req.after_id)
+      return fail(Code::kProtocol, "tierd announced another page of tensors but made no progress");
+    req.after_id = rep.tensors.back().id;
+  }
+}
+
+Status Client::delete_tensor(std::string_view pool, std::string_view name) {
+  std::lock_guard g(impl_->mu);
+  return impl_->conn.call(MsgType::kTensorDelete,
+                          wire::TensorRefReq{std::string(pool), std::string(name)}, impl_->empty);
+}
+
+// ---- leases ----
+
+Result<Lease> Client::lease(uint64_t tensor_id, LeaseMode mode, LeaseWait wait) {
+  std::lock_guard g(impl_->mu);
+  Impl& m = *impl_;
+  m.lease_req.mode = static_cast<uint8_t>(mode);
+  m.lease_req.timeout_ms = wait.timeout_ms;
+  m.lease_req.tensor_ids.assign(1, tensor_id);
+  Status st = m.conn.call(MsgType::kLease, m.lease_req, m.lease_rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  if (m.lease_rep.grants.size() != 1 || m.lease_rep.grants[0].tensor_id != tensor_id) {
+    for (const auto& gr : m.lease_rep.grants) m.release_quietly({&gr.lease_id, 1});
+    return fail(Code::kProtocol, "tierd answered a lease of one tensor with a different grant");
+  }
+  const wire::LeaseGrant gr = m.lease_rep.grants[0];
+  auto span = m.span_of(gr);
+  if (!span) {
+    m.release_quietly({&gr.lease_id, 1});
+    return fail(span.error());
+  }
+  Lease l;
+  l.client_ = this;
+  l.id_ = gr.lease_id;
+  l.tensor_id_ = tensor_id;
+  l.mode_ = mode;
+  l.bytes_ = *span;
+  return l;
+}
+
+Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, LeaseWait wait,
+                                 Client* owner, std::vector<Lease>& out) {
+  lease_req.mode = static_cast<uint8_t>(mode);
+  lease_req.timeout_ms = wait.timeout_ms;
+  lease_req.tensor_ids.assign(ids.begin(), ids.end());
+  TIER_RETURN_IF_ERROR(conn.call(MsgType::kLease, lease_req, lease_rep));
+  std::vector<uint64_t> granted;
+  granted.reserve(lease_rep.grants.size());
+  for (const auto& gr : lease_rep.grants) granted.push_back(gr.lease_id);
+  if (lease_rep.grants.size() != ids.size()) {
+    release_quietly(granted);
+    return Status(Code::kProtocol, "tierd granted " + std::to_string(granted.size()) + " of " +
+                                       std::to_string(ids.size()) + " leases in a batch");
+  }
+  const std::vector<wire::LeaseGrant> grants = lease_rep.grants;  // span_of reuses the connection
+  size_t first = out.size();
+  for (size_t i = 0; i < grants.size(); ++i) {
+    const auto& gr = grants[i];
+    Result<std::span<std::byte>> span =
+        gr.tensor_id == ids[i]
+            ? span_of(gr)
+            : fail(Code::kProtocol, "tierd granted a batch out of request order");
+    if (!span) {
+      for (size_t j = first; j < out.size(); ++j) out[j].detach();
+      out.resize(first);
+      release_quietly(granted);
+      return span.error();
+    }
+    Lease l;
+    l.client_ = owner;
+    l.id_ = gr.lease_id;
+    l.tensor_id_ = gr.tensor_id;
+    l.mode_ = mode;
+    l.bytes_ = *span;
+    out.push_back(std::move(l));
+  }
+  return Status::ok();
+}
+
+Result<std::vector<Lease>> Client::lease_batch(std::span<const uint64_t> tensor_ids, LeaseMode mode,
+                                               LeaseWait wait) {
+  std::vector<Lease> out;
+  if (tensor_ids.empty()) return out;
+  out.reserve(tensor_ids.size());
+  std::lock_guard g(impl_->mu);
+  // Batches above one reply's worth go as several requests; a failure in a later one gives back
+  // what the earlier ones got, so the caller still sees all or nothing.
+  for (size_t i = 0; i < tensor_ids.size(); i += kLeaseChunk) {
+    size_t n = std::min(kLeaseChunk, tensor_ids.size() - i);
+    Status st = impl_->lease_chunk(tensor_ids.subspan(i, n), mode, wait, this, out);
+    if (!st.is_ok()) {
+      std::vector<uint64_t> ids;
+      ids.reserve(out.size());
+      for (Lease& l : out) { ids.push_back(l.id_); l.detach(); }
+      impl_->release_quietly(ids);
+      return fail(std::move(st));
+    }
+  }
+  return out;
+}
+
+Status Client::release_one(uint64_t lease_id) {
+  std::lock_guard g(impl_->mu);
+  Impl& m = *impl_;
+  m.release_req.lease_ids.assign(1, lease_id);
+  return m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+}
+
+Status Client::release_batch(std::span<Lease> leases) {
+  std::lock_guard g(impl_->mu);
+  Impl& m = *impl_;
+  Status result;
+  auto flush = [&] {
+    if (m.release_req.lease_ids.empty()) return;
+    Status st = m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+    if (result.is_ok() && !st.is_ok()) result = std::move(st);
+    m.release_req.lease_ids.clear();
+  };
+  m.release_req.lease_ids.clear();
+  for (Lease& l : leases) {
+    if (!l.valid()) continue;
+    if (l.client_ != this) {
+      if (result.is_ok())
+        result = Status(Code::kInvalidArgument, "release_batch given a lease of another client");
+      continue;
+    }
+    m.release_req.lease_ids.push_back(l.id_);
+    l.detach();
+    if (m.release_req.lease_ids.size() == wire::kMaxBatch) flush();
+  }
+  flush();
+  return result;
+}
+
+// ---- tiering ----
+
+Status Client::prefetch(std::string_view pool, std::span<const uint64_t> tensor_ids) {
+  wire::TensorIdsReq req{std::string(pool), {}};
+  std::lock_guard g(impl_->mu);
+  for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
+    size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
+    req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
+    TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kPrefetch, req, impl_->empty));
+  }
+  return Status::ok();
+}
+
+Status Client::evict(std::string_view pool, std::span<const uint64_t> tensor_ids) {
+  wire::TensorIdsReq req{std::string(pool), {}};
+  std::lock_guard g(impl_->mu);
+  if (tensor_ids.empty()) return impl_->conn.call(MsgType::kEvict, req, impl_->empty);
+  for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
+    size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
+    req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
+    TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kEvict, req, impl_->empty));
+  }
+  return Status::ok();
+}
+
+Status Client::set_plan(std::string_view pool, std::span<const uint64_t> tensor_ids, uint64_t budget) {
+  wire::PlanSetReq req{std::string(pool), {tensor_ids.begin(), tensor_ids.end()}, budget};
+  std::lock_guard g(impl_->mu);
+  return impl_->conn.call(MsgType::kPlanSet, req, impl_->empty);
+}
+
+Result<SnapshotInfo> Client::snapshot(std::string_view pool) {
+  wire::SnapshotRep rep;
+  std::lock_guard g(impl_->mu);
+  Status st = impl_->conn.call(MsgType::kSnapshot, wire::PoolNameReq{std::string(pool)}, rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  return SnapshotInfo{rep.snapshot_id, rep.bytes, rep.stall_us};
+}
+
+// ---- inspection ----
+
+Result<NodeStatus> Client::status() {
+  wire::StatusRep rep;
+  {
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kStatus, wire::Empty{}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+  }
+  NodeStatus s;
+  s.daemon_version = std::move(rep.daemon_version);
+  s.uptime_ms = rep.uptime_ms;
+  s.clients = rep.clients;
+  s.pools = rep.pools;
+  s.leases = rep.leases;
+  for (const auto& r : rep.ram) s.ram.push_back({r.node, r.capacity, r.used, r.dirty, r.tensors});
+  for (const auto& n : rep.nvme)
+    s.nvme.push_back({n.path, n.numa_node, n.backend, n.capacity, n.used});
+  s.bytes_read = rep.bytes_read;
+  s.bytes_written = rep.bytes_written;
+  s.hits = rep.hits;
+  s.misses = rep.misses;
+  s.stalls = rep.stalls;
+  s.evictions = rep.evictions;
+  s.prefetches = rep.prefetches;
+  s.requests = rep.requests;
+  s.errors = rep.errors;
+  return s;
+}
+
+Result<Topology> Client::topology() {
+  wire::TopoRep rep;
+  {
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kTopo, wire::Empty{}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+  }
+  Topology t;
+  t.source = std::move(rep.source);
+  for (const auto& n : rep.nodes) t.nodes.push_back({n.id, n.memory, n.cpus});
+  for (const auto& d : rep.gpus) t.gpus.push_back({d.index, d.name, d.pci, d.numa_node});
+  for (const auto& d : rep.nvme) t.nvme.push_back({d.index, d.name, d.pci, d.numa_node});
+  return t;
+}
+
+Result<std::string> Client::metrics() {
+  wire::TextRep rep;
+  std::lock_guard g(impl_->mu);
+  Status st = impl_->conn.call(MsgType::kMetrics, wire::Empty{}, rep);
+  if (!st.is_ok()) return fail(std::move(st));
+  return std::move(rep.text);
+}
+
+std::vector<Client::ArenaMapping> Client::mapped_arenas() const {
+  std::lock_guard g(impl_->mu);
+  std::vector<ArenaMapping> out;
+  for (const auto& a : impl_->arenas.all()) out.push_back({a.id, a.base, a.size, a.numa_node});
+  return out;
+}
+
+// ---- Lease ----
+
+Lease::Lease(Lease&& o) noexcept
+    : client_(std::exchange(o.client_, nullptr)), id_(o.id_), tensor_id_(o.tensor_id_),
+      mode_(o.mode_), bytes_(std::exchange(o.bytes_, {})) {}
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    (void)release();
+    client_ = std::exchange(o.client_, nullptr);
+    id_ = o.id_;
+    tensor_id_ = o.tensor_id_;
+    mode_ = o.mode_;
+    bytes_ = std::exchange(o.bytes_, {});
+  }
+  return *this;
+}
+
+Lease::~Lease() { (void)release(); }
+
+Status Lease::release() {
+  if (!client_) return Status::ok();
+  Client* c = std::exchange(client_, nullptr);
+  bytes_ = {};
+  try {
+    return c->release_one(id_);
+  } catch (...) {  // a destructor must not throw; a failed release dies with the connection
+    return Status(Code::kInternal, "release failed with an exception");
+  }
+}
+
+}  // namespace tier
