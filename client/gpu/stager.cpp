@@ -1,0 +1,300 @@
+// tier::gpu::Stager: registration of client arenas and chunked cudaMemcpyAsync from/to leases.
+#include "tier/gpu.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "cuda_status.hpp"
+#include "registry.hpp"
+
+namespace tier::gpu {
+
+// ---- free functions ------------------------------------------------------------------------
+
+Result<int> device_count() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(from_cuda(err, "cudaGetDeviceCount"));
+  }
+  if (n <= 0) return fail(Code::kUnsupported, "no CUDA device: cudaGetDeviceCount found none");
+  return n;
+}
+
+Result<int> device_numa_node(int device) {
+  auto n = device_count();
+  if (!n) return fail(n.error());
+  if (device < 0 || device >= *n)
+    return fail(Code::kInvalidArgument, "no CUDA device with index " + std::to_string(device));
+  char bus[32] = {};
+  cudaError_t err = cudaDeviceGetPCIBusId(bus, sizeof bus, device);
+  if (err != cudaSuccess) return fail(from_cuda(err, "cudaDeviceGetPCIBusId"));
+  std::string id(bus);
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // sysfs names the device with a 4-hex-digit domain; CUDA may print 8.
+  if (auto colon = id.find(':'); colon != std::string::npos && colon > 4) id.erase(0, colon - 4);
+  std::ifstream f("/sys/bus/pci/devices/" + id + "/numa_node");
+  int node = -1;
+  if (!(f >> node)) node = -1;
+  return node;
+}
+
+// ---- Transfer ------------------------------------------------------------------------------
+
+Transfer::Transfer(Transfer&& o) noexcept { *this = std::move(o); }
+
+Transfer& Transfer::operator=(Transfer&& o) noexcept {
+  if (this == &o) return *this;
+  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  event_ = std::exchange(o.event_, nullptr);
+  stream_ = std::exchange(o.stream_, nullptr);
+  bytes_ = std::exchange(o.bytes_, 0);
+  direct_ = o.direct_;
+  device_ = o.device_;
+  return *this;
+}
+
+Transfer::~Transfer() {
+  // Destroying a recorded, pending event is allowed: CUDA frees it once it completes.
+  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+}
+
+bool Transfer::done() const noexcept {
+  if (event_ == nullptr) return true;
+  cudaError_t err = cudaEventQuery(event_);
+  if (err == cudaErrorNotReady) return false;
+  return true;
+}
+
+Status Transfer::wait() {
+  if (event_ == nullptr) return Status::ok();
+  return from_cuda(cudaEventSynchronize(event_), "wait for copy");
+}
+
+// ---- Stager --------------------------------------------------------------------------------
+
+struct Stager::Impl {
+  Client* client = nullptr;
+  StagerOptions opts;
+  cudaStream_t h2d = nullptr;
+  cudaStream_t d2h = nullptr;
+
+  mutable std::mutex mu;                  // guards the fields below
+  std::set<uint64_t> arenas;              // arena ids this stager has registered
+  std::vector<registry::Piece> acquired;  // references to release on destruction
+  Stats stats;
+
+  ~Impl() {
+    if (h2d != nullptr || d2h != nullptr) {
+      DeviceGuard g(opts.device);
+      if (h2d) { (void)cudaStreamSynchronize(h2d); (void)cudaStreamDestroy(h2d); }
+      if (d2h) { (void)cudaStreamSynchronize(d2h); (void)cudaStreamDestroy(d2h); }
+    }
+    registry::release(acquired);
+  }
+
+  // Caller holds mu.
+  Status acquire_locked(uintptr_t base, uint64_t size) {
+    uint64_t newly = 0;
+    uint32_t calls = 0;
+    Status s = registry::acquire(base, size, opts.register_chunk_bytes, acquired, newly, calls);
+    stats.registered_bytes += newly;
+    stats.registrations += calls;
+    return s;
+  }
+
+  Status register_arenas() {
+    if (client == nullptr) return Status::ok();
+    std::lock_guard lock(mu);
+    Status first;
+    for (const Client::ArenaMapping& a : client->mapped_arenas()) {
+      if (arenas.contains(a.arena_id) || a.base == nullptr || a.size == 0) continue;
+      Status s = acquire_locked(reinterpret_cast<uintptr_t>(a.base), a.size);
+      if (s.is_ok()) {
+        arenas.insert(a.arena_id);
+      } else if (first.is_ok()) {
+        first = Status(s.code(), "register arena " + std::to_string(a.arena_id) + ": " +
+                                     s.message());
+      }
+    }
+    return first;
+  }
+
+  // One segment of a copy: host range and whether it lies in registered memory.
+  struct Segment { uintptr_t host; uint64_t off, len; bool pinned; };
+
+  // Splits [host, host+len) at registration boundaries. Caller does not hold mu.
+  std::vector<Segment> segments(uintptr_t host, uint64_t len) const {
+    std::vector<Segment> out;
+    uint64_t off = 0;
+    while (off < len) {
+      const uintptr_t p = host + off;
+      if (auto piece = registry::find(p)) {
+        const uint64_t n = std::min<uint64_t>(len - off, piece->base + piece->size - p);
+        out.push_back({p, off, n, true});
+        off += n;
+      } else {
+        // Pageable up to the next registered byte; probe page by page is too slow for big
+        // spans, so the pageable run extends to the end (registration is per arena, so a span
+        // inside a lease is either all registered or not at all in practice).
+        out.push_back({p, off, len - off, false});
+        off = len;
+      }
+    }
+    return out;
+  }
+
+  Result<Transfer> copy(uintptr_t host, uint64_t len, uintptr_t dev, bool to_device,
+                        cudaStream_t stream) {
+    if (len == 0) return fail(Code::kInvalidArgument, "empty copy");
+    if (dev == 0) return fail(Code::kInvalidArgument, "null device pointer");
+    std::vector<Segment> segs = segments(host, len);
+    bool all_pinned = std::ranges::all_of(segs, [](const Segment& s) { return s.pinned; });
+    if (!all_pinned && client != nullptr) {
+      // The client may have mapped a new arena since the last registration.
+      (void)register_arenas();
+      segs = segments(host, len);
+      all_pinned = std::ranges::all_of(segs, [](const Segment& s) { return s.pinned; });
+    }
+    if (!all_pinned && !opts.allow_pageable)
+      return fail(Code::kInvalidArgument,
+                  "copy names host memory that is not registered with CUDA (allow_pageable off)");
+
+    DeviceGuard g(opts.device);
+    if (g.error() != cudaSuccess) return fail(from_cuda(g.error(), "cudaSetDevice"));
+    cudaStream_t s = stream != nullptr ? stream : (to_device ? h2d : d2h);
+    const uint64_t chunk = std::max<uint64_t>(opts.chunk_bytes, 1);
+    uint64_t chunks = 0, direct = 0, pageable = 0;
+    for (const Segment& seg : segs) {
+      for (uint64_t o = 0; o < seg.len; o += chunk) {
+        const uint64_t n = std::min(chunk, seg.len - o);
+        void* h = reinterpret_cast<void*>(seg.host + o);
+        void* d = reinterpret_cast<void*>(dev + seg.off + o);
+        cudaError_t err = to_device ? cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s)
+                                    : cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, s);
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          return fail(from_cuda(err, to_device ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H"));
+        }
+        ++chunks;
+      }
+      (seg.pinned ? direct : pageable) += seg.len;
+    }
+    Transfer t;
+    cudaError_t err = cudaEventCreateWithFlags(&t.event_, cudaEventDisableTiming);
+    if (err != cudaSuccess) return fail(from_cuda(err, "cudaEventCreate"));
+    err = cudaEventRecord(t.event_, s);
+    if (err != cudaSuccess) return fail(from_cuda(err, "cudaEventRecord"));
+    t.stream_ = s;
+    t.bytes_ = len;
+    t.direct_ = all_pinned;
+    t.device_ = opts.device;
+    std::lock_guard lock(mu);
+    stats.chunks += chunks;
+    stats.direct_bytes += direct;
+    stats.pageable_bytes += pageable;
+    return t;
+  }
+};
+
+namespace {
+
+Result<std::unique_ptr<Stager::Impl>> make_impl(Client* client, const StagerOptions& opts) {
+  auto n = device_count();
+  if (!n) return fail(n.error());
+  if (opts.device < 0 || opts.device >= *n)
+    return fail(Code::kInvalidArgument, "no CUDA device with index " + std::to_string(opts.device) +
+                                            " (" + std::to_string(*n) + " present)");
+  if (opts.chunk_bytes == 0 || opts.register_chunk_bytes == 0)
+    return fail(Code::kInvalidArgument, "chunk sizes must be > 0");
+  auto impl = std::make_unique<Stager::Impl>();
+  impl->client = client;
+  impl->opts = opts;
+  DeviceGuard g(opts.device);
+  if (g.error() != cudaSuccess) return fail(from_cuda(g.error(), "cudaSetDevice"));
+  cudaError_t err = cudaStreamCreateWithFlags(&impl->h2d, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&impl->d2h, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return fail(from_cuda(err, "cudaStreamCreate"));
+  return impl;
+}
+
+}  // namespace
+
+Stager::Stager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Stager::~Stager() = default;
+
+Result<std::unique_ptr<Stager>> Stager::create(Client& client, const StagerOptions& opts) {
+  auto impl = make_impl(&client, opts);
+  if (!impl) return fail(impl.error());
+  std::unique_ptr<Stager> st(new Stager(std::move(*impl)));
+  Status s = st->impl_->register_arenas();
+  if (!s.is_ok()) {
+    // Refused registrations only cost speed when pageable copies are allowed.
+    if (!opts.allow_pageable || s.code() == Code::kUnsupported) return fail(std::move(s));
+    std::lock_guard lock(st->impl_->mu);
+    st->impl_->stats.registration_error = s.to_string();
+  }
+  return st;
+}
+
+Result<std::unique_ptr<Stager>> Stager::create_detached(const StagerOptions& opts) {
+  auto impl = make_impl(nullptr, opts);
+  if (!impl) return fail(impl.error());
+  return std::unique_ptr<Stager>(new Stager(std::move(*impl)));
+}
+
+Status Stager::register_arenas() { return impl_->register_arenas(); }
+
+Status Stager::register_range(std::span<std::byte> range) {
+  if (range.empty()) return Status(Code::kInvalidArgument, "empty range");
+  std::lock_guard lock(impl_->mu);
+  return impl_->acquire_locked(reinterpret_cast<uintptr_t>(range.data()), range.size());
+}
+
+bool Stager::is_registered(const void* p, uint64_t n) const {
+  const auto segs = impl_->segments(reinterpret_cast<uintptr_t>(p), n);
+  return !segs.empty() && std::ranges::all_of(segs, [](const auto& s) { return s.pinned; });
+}
+
+Result<Transfer> Stager::copy_to_device(const Lease& src, void* dst, StreamHandle stream) {
+  if (!src.valid()) return fail(Code::kInvalidArgument, "copy_to_device: lease is not held");
+  return copy_to_device(std::span<const std::byte>(src.bytes()), dst, stream);
+}
+
+Result<Transfer> Stager::copy_to_device(std::span<const std::byte> src, void* dst,
+                                        StreamHandle stream) {
+  return impl_->copy(reinterpret_cast<uintptr_t>(src.data()), src.size(),
+                     reinterpret_cast<uintptr_t>(dst), true, stream);
+}
+
+Result<Transfer> Stager::copy_to_host(const void* src, const Lease& dst, StreamHandle stream) {
+  if (!dst.valid()) return fail(Code::kInvalidArgument, "copy_to_host: lease is not held");
+  if (dst.mode() != LeaseMode::kWrite)
+    return fail(Code::kInvalidArgument, "copy_to_host: target needs a write lease");
+  return copy_to_host(src, dst.bytes(), stream);
+}
+
+Result<Transfer> Stager::copy_to_host(const void* src, std::span<std::byte> dst,
+                                      StreamHandle stream) {
+  return impl_->copy(reinterpret_cast<uintptr_t>(dst.data()), dst.size(),
+                     reinterpret_cast<uintptr_t>(src), false, stream);
+}
+
+int Stager::device() const noexcept { return impl_->opts.device; }
+StreamHandle Stager::h2d_stream() const noexcept { return impl_->h2d; }
+StreamHandle Stager::d2h_stream() const noexcept { return impl_->d2h; }
+
+Stager::Stats Stager::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace tier::gpu
