@@ -1,0 +1,369 @@
+// CPU kernels of tier-train. Shapes are written beside each buffer; rows are B*T positions.
+#include "trainer/cpu/cpu_backend.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace tier::train {
+namespace {
+
+constexpr float kLnEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+// out[N,C] = LayerNorm(inp[N,C]) * w[C] + b[C]; saves mean[N], rstd[N].
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, long N, int C) {
+#pragma omp parallel for
+  for (long i = 0; i < N; ++i) {
+    const float* x = inp + i * C;
+    double m = 0;
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    double v = 0;
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    const float s = static_cast<float>(1.0 / std::sqrt(v + kLnEps));
+    const float mf = static_cast<float>(m);
+    float* o = out + i * C;
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * s * w[c] + b[c];
+    mean[i] = mf;
+    rstd[i] = s;
+  }
+}
+
+// dinp[N,C] (= or += per `accumulate`), dw[C] +=, db[C] +=. dinp may alias dout.
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, long N, int C,
+                        bool accumulate) {
+#pragma omp parallel for
+  for (int c = 0; c < C; ++c) {
+    double sw = 0, sb = 0;
+    for (long i = 0; i < N; ++i) {
+      const float g = dout[i * C + c];
+      sw += g * (inp[i * C + c] - mean[i]) * rstd[i];
+      sb += g;
+    }
+    dw[c] += static_cast<float>(sw);
+    db[c] += static_cast<float>(sb);
+  }
+#pragma omp parallel for
+  for (long i = 0; i < N; ++i) {
+    const float* g = dout + i * C;
+    const float* x = inp + i * C;
+    const float m = mean[i], s = rstd[i];
+    float dmean = 0, dnm = 0;
+    for (int c = 0; c < C; ++c) {
+      const float dn = g[c] * w[c];
+      dmean += dn;
+      dnm += dn * (x[c] - m) * s;
+    }
+    dmean /= C;
+    dnm /= C;
+    float* d = dinp + i * C;
+    for (int c = 0; c < C; ++c) {
+      const float norm = (x[c] - m) * s;
+      const float v = (g[c] * w[c] - dmean - norm * dnm) * s;
+      d[c] = accumulate ? d[c] + v : v;
+    }
+  }
+}
+
+// out[N,OC] = inp[N,IC] @ W[OC,IC]^T + b[OC] (b may be null).
+void matmul_forward(float* out, const float* inp, const float* W, const float* b, long N, int IC,
+                    int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, 1.0f, inp, IC,
+              W, IC, 0.0f, out, OC);
+  if (b == nullptr) return;
+#pragma omp parallel for
+  for (long i = 0; i < N; ++i) {
+    float* o = out + i * OC;
+    for (int c = 0; c < OC; ++c) o[c] += b[c];
+  }
+}
+
+// dinp[N,IC] = (or += when beta 1) dout[N,OC] @ W[OC,IC]; dW[OC,IC] += dout^T @ inp;
+// db[OC] += column sums of dout (db may be null).
+void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp,
+                     const float* W, long N, int IC, int OC, float beta) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N), IC, OC, 1.0f, dout,
+              OC, W, IC, beta, dinp, IC);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, static_cast<int>(N), 1.0f, dout, OC,
+              inp, IC, 1.0f, dW, IC);
+  if (db == nullptr) return;
+#pragma omp parallel for
+  for (int c = 0; c < OC; ++c) {
+    double s = 0;
+    for (long i = 0; i < N; ++i) s += dout[i * OC + c];
+    db[c] += static_cast<float>(s);
+  }
+}
+
+// Causal self-attention. qkv[B,T,3C] -> out[B,T,C]; att[B,NH,T,T] saves the probabilities.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int C3 = 3 * C;
+#pragma omp parallel for collapse(3)
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH; ++h) {
+        const float* q = qkv + (static_cast<long>(b) * T + t) * C3 + h * hs;
+        float* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
+        float maxv = -INFINITY;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* k = qkv + (static_cast<long>(b) * T + t2) * C3 + C + h * hs;
+          float dot = 0;
+          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+          dot *= scale;
+          a[t2] = dot;
+          if (dot > maxv) maxv = dot;
+        }
+        float sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          a[t2] = std::exp(a[t2] - maxv);
+          sum += a[t2];
+        }
+        const float inv = 1.0f / sum;
+        for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
+        for (int t2 = t + 1; t2 < T; ++t2) a[t2] = 0;
+        float* o = out + (static_cast<long>(b) * T + t) * C + h * hs;
+        for (int i = 0; i < hs; ++i) o[i] = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv + (static_cast<long>(b) * T + t2) * C3 + 2 * C + h * hs;
+          const float p = a[t2];
+          for (int i = 0; i < hs; ++i) o[i] += p * v[i];
+        }
+      }
+}
+
+// dqkv[B,T,3C] (overwritten) from dout[B,T,C]; datt[B,NH,T,T] is scratch.
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int C3 = 3 * C;
+  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(B) * T * C3);
+  // Parallel over (b, h): each pair owns its head's slice of dqkv, so no two threads write
+  // the same element.
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const long row = static_cast<long>(b) * T + t;
+        const float* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
+        float* da = datt + ((static_cast<long>(b) * NH + h) * T + t) * T;
+        const float* g = dout + row * C + h * hs;
+        // out = sum_t2 a[t2] v[t2]
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv + (static_cast<long>(b) * T + t2) * C3 + 2 * C + h * hs;
+          float* dv = dqkv + (static_cast<long>(b) * T + t2) * C3 + 2 * C + h * hs;
+          float dot = 0;
+          for (int i = 0; i < hs; ++i) {
+            dot += v[i] * g[i];
+            dv[i] += a[t2] * g[i];
+          }
+          da[t2] = dot;
+        }
+        // softmax backward: dpre[t2] = a[t2] * (da[t2] - sum a * da)
+        float s = 0;
+        for (int t2 = 0; t2 <= t; ++t2) s += a[t2] * da[t2];
+        const float* q = qkv + row * C3 + h * hs;
+        float* dq = dqkv + row * C3 + h * hs;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float dpre = a[t2] * (da[t2] - s) * scale;
+          const float* k = qkv + (static_cast<long>(b) * T + t2) * C3 + C + h * hs;
+          float* dk = dqkv + (static_cast<long>(b) * T + t2) * C3 + C + h * hs;
+          for (int i = 0; i < hs; ++i) {
+            dq[i] += dpre * k[i];
+            dk[i] += dpre * q[i];
+          }
+        }
+      }
+}
+
+void gelu_forward(float* out, const float* inp, long n) {
+#pragma omp parallel for simd
+  for (long i = 0; i < n; ++i) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+  }
+}
+
+// dinp = gelu'(inp) * dout (overwrites).
+void gelu_backward(float* dinp, const float* inp, const float* dout, long n) {
+#pragma omp parallel for simd
+  for (long i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    const float th = std::tanh(u);
+    const float sech2 = 1.0f - th * th;
+    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = (0.5f * (1.0f + th) + 0.5f * x * sech2 * du) * dout[i];
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  bool host_accessible() const override { return true; }
+  float* alloc(size_t n) override {
+    return static_cast<float*>(std::aligned_alloc(64, round_up(n * sizeof(float))));
+  }
+  void free(float* p) override { std::free(p); }
+  void zero(float* p, size_t n) override { std::memset(p, 0, n * sizeof(float)); }
+  void upload(float* dst, const float* src, size_t n) override {
+    if (dst != src) std::memcpy(dst, src, n * sizeof(float));
+  }
+  void download(float* dst, const float* src, size_t n) override {
+    if (dst != src) std::memcpy(dst, src, n * sizeof(float));
+  }
+  int32_t* alloc_tokens(size_t n) override {
+    return static_cast<int32_t*>(std::aligned_alloc(64, round_up(n * sizeof(int32_t))));
+  }
+  void free_tokens(int32_t* p) override { std::free(p); }
+  void upload_tokens(int32_t* dst, const int32_t* src, size_t n) override {
+    if (dst != src) std::memcpy(dst, src, n * sizeof(int32_t));
+  }
+  void synchronize() override {}
+
+  void embed_forward(const Dims& d, const float* params, const int32_t* tokens,
+                     float* out) override {
+    const EmbedLayout l = embed_layout(d);
+    const float* wte = params + l.wte;
+    const float* wpe = params + l.wpe;
+    const int C = d.C;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < d.B; ++b)
+      for (int t = 0; t < d.T; ++t) {
+        const long row = static_cast<long>(b) * d.T + t;
+        const float* e = wte + static_cast<long>(tokens[row]) * C;
+        const float* p = wpe + static_cast<long>(t) * C;
+        float* o = out + row * C;
+        for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      }
+  }
+
+  void embed_backward(const Dims& d, float* grads, const int32_t* tokens,
+                      const float* dout) override {
+    const EmbedLayout l = embed_layout(d);
+    float* dwte = grads + l.wte;
+    float* dwpe = grads + l.wpe;
+    const int C = d.C;
+    // Parallel over channels: rows with the same token (or position) add into the same row of
+    // dwte (dwpe), so threads split the C columns instead of the rows.
+#pragma omp parallel for
+    for (int c = 0; c < C; ++c)
+      for (int b = 0; b < d.B; ++b)
+        for (int t = 0; t < d.T; ++t) {
+          const long row = static_cast<long>(b) * d.T + t;
+          const float g = dout[row * C + c];
+          dwte[static_cast<long>(tokens[row]) * C + c] += g;
+          dwpe[static_cast<long>(t) * C + c] += g;
+        }
+  }
+
+  void block_forward(const Dims& d, const float* params, const float* x, BlockActs a,
+                     float* y) override {
+    const BlockLayout l = block_layout(d);
+    const long N = static_cast<long>(d.B) * d.T;
+    const int C = d.C;
+    const float* p = params;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
+    matmul_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
+    attention_forward(a.atty, a.att, a.qkv, d.B, d.T, C, d.NH);
+    matmul_forward(a.r, a.atty, p + l.proj_w, p + l.proj_b, N, C, C);
+    add_inplace(a.r, x, N * C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r, p + l.ln2_w, p + l.ln2_b, N, C);
+    matmul_forward(a.fch, a.ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C);
+    gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    matmul_forward(y, a.fch_gelu, p + l.fcproj_w, p + l.fcproj_b, N, 4 * C, C);
+    add_inplace(y, a.r, N * C);
+  }
+
+  void block_backward(const Dims& d, const float* params, float* grads, const float* x,
+                      BlockActs a, const float* dy, float* dx, float* scratch) override {
+    const BlockLayout l = block_layout(d);
+    const long N = static_cast<long>(d.B) * d.T;
+    const int C = d.C;
+    const float* p = params;
+    float* g = grads;
+    float* dln = scratch;                                              // [N,C]
+    float* dqkv = dln + N * C;                                         // [N,3C]
+    float* datt = dqkv + N * 3 * C;                                    // [B,NH,T,T]
+    float* datty = datt + static_cast<long>(d.B) * d.NH * d.T * d.T;  // [N,C]
+    float* dfch = datty + N * C;                                       // [N,4C]
+    float* dr = dfch + N * 4 * C;                                      // [N,C]
+
+    // MLP: y = r + fcproj(gelu(fc(ln2(r)))). dy is fully consumed here (dx may alias it).
+    std::memcpy(dr, dy, sizeof(float) * N * C);
+    matmul_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N,
+                    4 * C, C, 0.0f);
+    gelu_backward(dfch, a.fch, dfch, N * 4 * C);
+    matmul_backward(dln, g + l.fc_w, g + l.fc_b, dfch, a.ln2, p + l.fc_w, N, C, 4 * C, 0.0f);
+    layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean,
+                       a.ln2_rstd, N, C, true);
+    // Attention: r = x + proj(attention(qkv(ln1(x)))).
+    matmul_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C, 0.0f);
+    attention_backward(dqkv, datt, datty, a.qkv, a.att, d.B, d.T, C, d.NH);
+    matmul_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C, 0.0f);
+    std::memcpy(dx, dr, sizeof(float) * N * C);
+    layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean,
+                       a.ln1_rstd, N, C, true);
+  }
+
+  double head_forward(const Dims& d, const float* params, const float* x, const int32_t* targets,
+                      HeadActs a, float* dx, float* grads, float loss_scale) override {
+    const EmbedLayout l = embed_layout(d);
+    const long N = static_cast<long>(d.B) * d.T;
+    const int C = d.C, V = d.V;
+    const float* wte = params + l.wte;
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, params + l.lnf_w, params + l.lnf_b, N, C);
+    matmul_forward(a.logits, a.lnf, wte, nullptr, N, C, V);
+    double loss = 0;
+    const bool grad = dx != nullptr;
+#pragma omp parallel for reduction(+ : loss)
+    for (long i = 0; i < N; ++i) {
+      float* z = a.logits + i * V;
+      float maxv = -INFINITY;
+      for (int v = 0; v < V; ++v) maxv = z[v] > maxv ? z[v] : maxv;
+      double sum = 0;
+      for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v] - maxv));
+      const int tgt = targets[i];
+      loss += -(static_cast<double>(z[tgt] - maxv) - std::log(sum));
+      if (grad) {
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int v = 0; v < V; ++v) z[v] = std::exp(z[v] - maxv) * inv * loss_scale;
+        z[tgt] -= loss_scale;
+      }
+    }
+    if (!grad) return loss;
+    // dlogits[N,V] in a.logits; logits = lnf @ wte^T.
+    matmul_backward(dx, grads + l.wte, nullptr, a.logits, a.lnf, wte, N, C, V, 0.0f);
+    layernorm_backward(dx, grads + l.lnf_w, grads + l.lnf_b, dx, x, params + l.lnf_w, a.lnf_mean,
+                       a.lnf_rstd, N, C, false);
+    return loss;
+  }
+
+ private:
+  static size_t round_up(size_t bytes) { return (bytes + 63) / 64 * 64 + 64; }
+  static void add_inplace(float* dst, const float* src, long n) {
+#pragma omp parallel for simd
+    for (long i = 0; i < n; ++i) dst[i] += src[i];
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+void set_cpu_threads(int n) {
+  if (n < 1) n = 1;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+}  // namespace tier::train
