@@ -1,0 +1,339 @@
+// tier::train::Backend on one GPU: the kernels of kernels.cu plus cuBLAS GEMMs, all enqueued on
+// one compute stream (see cuda_backend.hpp for precision and error contracts).
+#include "trainer/cuda/cuda_backend.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "trainer/cuda/kernels.hpp"
+
+namespace tier::train::cuda {
+namespace {
+
+const char* cublas_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_ERROR";
+  }
+}
+
+bool no_device(cudaError_t e) {
+  return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+         e == cudaErrorStubLibrary || e == cudaErrorDevicesUnavailable;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaBackendOptions& o) : opts_(o) {}
+
+  bool init(std::string* error) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+      (void)cudaGetLastError();
+      *error = std::string("no CUDA device: cudaGetDeviceCount: ") +
+               (e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+      if (e != cudaSuccess && !no_device(e)) *error = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+      return false;
+    }
+    if (opts_.device < 0 || opts_.device >= n) {
+      *error = "no CUDA device with index " + std::to_string(opts_.device);
+      return false;
+    }
+    if (!cu(cudaSetDevice(opts_.device), "cudaSetDevice") ||
+        !cu(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate") ||
+        !cu(cudaMalloc(reinterpret_cast<void**>(&dloss_), sizeof(double)), "cudaMalloc") ||
+        !cu(cudaMallocHost(reinterpret_cast<void**>(&hloss_), sizeof(double)), "cudaMallocHost") ||
+        !bl(cublasCreate(&blas_), "cublasCreate") || !bl(cublasSetStream(blas_, stream_), "cublasSetStream")) {
+      *error = error_;
+      return false;
+    }
+    compute_ = opts_.exact_gemm ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_16BF;
+    return true;
+  }
+
+  ~CudaBackend() override {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    if (blas_) (void)cublasDestroy(blas_);
+    if (scratch_) (void)cudaFree(scratch_);
+    if (dloss_) (void)cudaFree(dloss_);
+    if (hloss_) (void)cudaFreeHost(hloss_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  const std::string& error() const { return error_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---- memory ----
+  bool host_accessible() const override { return false; }
+  float* alloc(size_t floats) override {
+    void* p = nullptr;
+    if (!cu(cudaMalloc(&p, std::max<size_t>(floats, 1) * sizeof(float)), "cudaMalloc")) return nullptr;
+    return static_cast<float*>(p);
+  }
+  void free(float* p) override {
+    if (p) (void)cudaFree(p);  // cudaFree synchronizes the device
+  }
+  void zero(float* p, size_t floats) override {
+    if (ok()) cu(cudaMemsetAsync(p, 0, floats * sizeof(float), stream_), "cudaMemsetAsync");
+  }
+  // Synchronous with respect to the host buffer: the Backend contract lets the caller reuse it
+  // as soon as the call returns. The overlapped path is trainer/cuda/pipeline.hpp.
+  void upload(float* dst, const float* src, size_t floats) override {
+    copy(dst, src, floats * sizeof(float), cudaMemcpyHostToDevice);
+  }
+  void download(float* dst, const float* src, size_t floats) override {
+    copy(dst, src, floats * sizeof(float), cudaMemcpyDeviceToHost);
+  }
+  int32_t* alloc_tokens(size_t n) override {
+    void* p = nullptr;
+    if (!cu(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(int32_t)), "cudaMalloc")) return nullptr;
+    return static_cast<int32_t*>(p);
+  }
+  void free_tokens(int32_t* p) override {
+    if (p) (void)cudaFree(p);
+  }
+  void upload_tokens(int32_t* dst, const int32_t* src, size_t n) override {
+    copy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+  void synchronize() override {
+    if (stream_) cu(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  // ---- layers ----
+  void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) override {
+    if (!ok()) return;
+    const EmbedLayout l = embed_layout(d);
+    cu(encoder_forward(out, tokens, params + l.wte, params + l.wpe, d.B, d.T, d.C, stream_),
+       "encoder_forward");
+  }
+
+  void embed_backward(const Dims& d, float* grads, const int32_t* tokens, const float* dout) override {
+    if (!ok()) return;
+    const EmbedLayout l = embed_layout(d);
+    cu(encoder_backward(grads + l.wte, grads + l.wpe, dout, tokens, d.B, d.T, d.C, stream_),
+       "encoder_backward");
+  }
+
+  void block_forward(const Dims& d, const float* p, const float* x, BlockActs a, float* y) override {
+    if (!ok()) return;
+    const BlockLayout l = block_layout(d);
+    const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
+    const size_t BTC = size_t(N) * C;
+    float* s = ensure_scratch(4 * BTC);  // q | k | v | yh
+    if (!s) return;
+    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *yh = s + 3 * BTC;
+    cu(layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C, stream_), "ln1");
+    linear_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C, 0.0f);
+    cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
+    // att = softmax(q k^T / sqrt(HS)) per (b, h), causal.
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, k, HS, size_t(d.T) * HS, q, HS,
+                 size_t(d.T) * HS, a.att, d.T, size_t(d.T) * d.T, BH, 0.0f);
+    const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+    cu(causal_softmax_forward(a.att, a.att, sc, BH * d.T, d.T, stream_), "softmax");
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, v, HS, size_t(d.T) * HS, a.att, d.T,
+                 size_t(d.T) * d.T, yh, HS, size_t(d.T) * HS, BH, 0.0f);
+    cu(attention_merge_heads(a.atty, yh, d.B, d.T, C, NH, stream_), "merge_heads");
+    // r = x + proj(atty)
+    copy_d2d(a.r, x, BTC);
+    linear_forward(a.r, a.atty, p + l.proj_w, p + l.proj_b, N, C, C, 1.0f);
+    cu(layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r, p + l.ln2_w, p + l.ln2_b, N, C, stream_), "ln2");
+    linear_forward(a.fch, a.ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C, 0.0f);
+    cu(gelu_forward(a.fch_gelu, a.fch, 4 * BTC, stream_), "gelu");
+    // y = r + fcproj(gelu)
+    copy_d2d(y, a.r, BTC);
+    linear_forward(y, a.fch_gelu, p + l.fcproj_w, p + l.fcproj_b, N, 4 * C, C, 1.0f);
+  }
+
+  void block_backward(const Dims& d, const float* p, float* g, const float* x, BlockActs a,
+                      const float* dy, float* dx, float* scratch) override {
+    if (!ok()) return;
+    const BlockLayout l = block_layout(d);
+    const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
+    const size_t BTC = size_t(N) * C, BHTT = size_t(BH) * d.T * d.T;
+    // Caller's scratch, carved as block_scratch_floats() counts it.
+    float* dln = scratch;
+    float* datty = dln + BTC;
+    float* dr = datty + BTC;
+    float* dqkv = dr + BTC;
+    float* datt = dqkv + 3 * BTC;
+    float* dfch = datt + BHTT;
+    // Internal: q | k | v | dyh | dq | dk | dv.
+    float* s = ensure_scratch(7 * BTC);
+    if (!s) return;
+    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *dyh = s + 3 * BTC, *dq = s + 4 * BTC,
+          *dk = s + 5 * BTC, *dv = s + 6 * BTC;
+
+    copy_d2d(dr, dy, BTC);  // residual branch; dy is not read after the fc projection
+    linear_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N, 4 * C, C);
+    cu(gelu_backward(dfch, a.fch, dfch, 4 * BTC, stream_), "gelu_backward");
+    linear_backward(dln, g + l.fc_w, g + l.fc_b, dfch, a.ln2, p + l.fc_w, N, C, 4 * C);
+    cu(layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean,
+                          a.ln2_rstd, N, C, stream_), "ln2_backward");
+    linear_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C);
+    // attention
+    cu(attention_split_out(dyh, datty, d.B, d.T, C, NH, stream_), "split_out");
+    cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
+    const size_t sTH = size_t(d.T) * HS, sTT = size_t(d.T) * d.T;
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, v, HS, sTH, dyh, HS, sTH, datt, d.T, sTT, BH, 0.0f);
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, dyh, HS, sTH, a.att, d.T, sTT, dv, HS, sTH, BH, 0.0f);
+    const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+    cu(causal_softmax_backward(datt, a.att, datt, sc, BH * d.T, d.T, stream_), "softmax_backward");
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, k, HS, sTH, datt, d.T, sTT, dq, HS, sTH, BH, 0.0f);
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, q, HS, sTH, datt, d.T, sTT, dk, HS, sTH, BH, 0.0f);
+    cu(attention_merge_heads_qkv(dqkv, dq, dk, dv, d.B, d.T, C, NH, stream_), "merge_qkv");
+    linear_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C);
+    copy_d2d(dx, dr, BTC);
+    cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean,
+                          a.ln1_rstd, N, C, stream_), "ln1_backward");
+  }
+
+  double head_forward(const Dims& d, const float* p, const float* x, const int32_t* targets,
+                      HeadActs a, float* dx, float* g, float loss_scale) override {
+    constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+    if (!ok()) return kNaN;
+    const EmbedLayout l = embed_layout(d);
+    const int N = d.B * d.T, C = d.C, V = d.V;
+    const size_t BTC = size_t(N) * C;
+    float* s = ensure_scratch(BTC + size_t(N));  // dlnf | losses
+    if (!s) return kNaN;
+    float *dlnf = s, *losses = s + BTC;
+    cu(layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p + l.lnf_w, p + l.lnf_b, N, C, stream_), "lnf");
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, N, C, p + l.wte, C, a.lnf, C, a.logits, V, 0.0f);
+    const bool backward = dx != nullptr && loss_scale != 0.0f;
+    cu(cross_entropy(losses, a.logits, targets, N, V, backward ? loss_scale : 0.0f, stream_), "cross_entropy");
+    cu(sum_to_double(dloss_, losses, size_t(N), stream_), "sum_loss");
+    if (dx != nullptr) {
+      if (backward) {
+        // dlnf = dlogits @ wte; dwte += dlogits^T @ lnf; dx = lnf_backward(dlnf).
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, V, p + l.wte, C, a.logits, V, dlnf, C, 0.0f);
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, V, N, a.lnf, C, a.logits, V, g + l.wte, C, 1.0f);
+        zero(dx, BTC);
+        cu(layernorm_backward(dx, g + l.lnf_w, g + l.lnf_b, dlnf, x, p + l.lnf_w, a.lnf_mean,
+                              a.lnf_rstd, N, C, stream_), "lnf_backward");
+      } else {
+        zero(dx, BTC);  // loss_scale 0: the gradient is zero
+      }
+    }
+    cu(cudaMemcpyAsync(hloss_, dloss_, sizeof(double), cudaMemcpyDeviceToHost, stream_), "loss D2H");
+    synchronize();
+    return ok() ? *hloss_ : kNaN;
+  }
+
+ private:
+  bool ok() const { return error_.empty(); }
+  bool cu(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    if (error_.empty()) error_ = std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    return false;
+  }
+  bool bl(cublasStatus_t st, const char* what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    if (error_.empty()) error_ = std::string(what) + ": " + cublas_name(st);
+    return false;
+  }
+
+  void copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (!ok() || bytes == 0) return;
+    if (cu(cudaMemcpyAsync(dst, src, bytes, kind, stream_), "cudaMemcpyAsync")) synchronize();
+  }
+  void copy_d2d(float* dst, const float* src, size_t floats) {
+    if (dst != src) cu(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "copy D2D");
+  }
+
+  // Internal scratch, grown on demand; its contents do not survive calls.
+  float* ensure_scratch(size_t floats) {
+    if (!ok()) return nullptr;
+    if (floats > scratch_floats_) {
+      if (scratch_) {
+        synchronize();
+        (void)cudaFree(scratch_);
+        scratch_ = nullptr;
+        scratch_floats_ = 0;
+      }
+      void* p = nullptr;
+      if (!cu(cudaMalloc(&p, floats * sizeof(float)), "cudaMalloc scratch")) return nullptr;
+      scratch_ = static_cast<float*>(p);
+      scratch_floats_ = floats;
+    }
+    return scratch_;
+  }
+
+  // Column-major cuBLAS on row-major data (see docs/gpu.md for the three linear forms).
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A, int lda,
+            const float* B, int ldb, float* Cm, int ldc, float beta) {
+    if (!ok()) return;
+    const float alpha = 1.0f;
+    bl(cublasGemmEx(blas_, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta,
+                    Cm, CUDA_R_32F, ldc, compute_, CUBLAS_GEMM_DEFAULT), "cublasGemmEx");
+  }
+  void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A,
+                    int lda, size_t sA, const float* B, int ldb, size_t sB, float* Cm, int ldc,
+                    size_t sC, int batch, float beta) {
+    if (!ok()) return;
+    const float alpha = 1.0f;
+    bl(cublasGemmStridedBatchedEx(blas_, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda,
+                                  static_cast<long long>(sA), B, CUDA_R_32F, ldb,
+                                  static_cast<long long>(sB), &beta, Cm, CUDA_R_32F, ldc,
+                                  static_cast<long long>(sC), batch, compute_, CUBLAS_GEMM_DEFAULT),
+       "cublasGemmStridedBatchedEx");
+  }
+  // out[N,OC] = beta*out + inp[N,IC] @ W[OC,IC]^T + bias
+  void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC,
+                      int OC, float beta) {
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, W, IC, inp, IC, out, OC, beta);
+    if (bias && ok()) cu(add_bias(out, bias, N, OC, stream_), "add_bias");
+  }
+  // dinp[N,IC] = dout @ W (overwrites); dW += dout^T @ inp; dbias += colsum(dout).
+  void linear_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                       const float* W, int N, int IC, int OC) {
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, W, IC, dout, OC, dinp, IC, 0.0f);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, dW, IC, 1.0f);
+    if (dbias && ok()) cu(column_sum_acc(dbias, dout, N, OC, stream_), "bias_backward");
+  }
+
+  CudaBackendOptions opts_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;
+  float* scratch_ = nullptr;
+  size_t scratch_floats_ = 0;
+  double* dloss_ = nullptr;  // device: the loss sum
+  double* hloss_ = nullptr;  // pinned host copy of it
+  std::string error_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts, std::string* error) {
+  std::string local;
+  std::string* err = error ? error : &local;
+  auto b = std::make_unique<CudaBackend>(opts);
+  if (!b->init(err)) return nullptr;
+  return b;
+}
+
+std::string backend_error(const Backend& b) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  return c ? c->error() : std::string();
+}
+
+void* backend_stream(const Backend& b) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&b);
+  return c ? static_cast<void*>(c->stream()) : nullptr;
+}
+
+}  // namespace tier::train::cuda

@@ -1,0 +1,46 @@
+// The CUDA backend of tier-train: tier::train::Backend on one GPU (kernels.cu + cuBLAS).
+//
+// The trainer selects it with `--backend cuda` (only in builds with TIER_HAVE_CUDA):
+//
+//   #ifdef TIER_HAVE_CUDA
+//   #include "trainer/cuda/cuda_backend.hpp"
+//   std::string err;
+//   auto be = tier::train::cuda::make_cuda_backend({.device = local_rank}, &err);
+//   if (!be) { /* err says why: "no CUDA device: ..." on a machine without a GPU */ }
+//   #endif
+//
+// Plain C++20 (no tier::Status) so that it can be included from .cu files too.
+//
+// Precision: the Backend interface passes fp32 buffers. GEMMs run on bf16 tensor cores with
+// fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF: operands rounded to bf16 inside the
+// GEMM), everything else in fp32. `exact_gemm` switches to plain fp32 GEMMs.
+//
+// Errors: the Backend methods return nothing, so the first CUDA/cuBLAS error is kept (sticky)
+// and later calls do nothing; head_forward then returns NaN and error() says what failed.
+// Memory handed out by alloc() must be released with free() before the backend is destroyed.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "trainer/backend.hpp"
+
+namespace tier::train::cuda {
+
+struct CudaBackendOptions {
+  int device = 0;           // CUDA device index (a rank usually passes its local rank)
+  bool exact_gemm = false;  // fp32 GEMMs instead of bf16 tensor cores
+};
+
+// nullptr and a message in *error when no device can be used (message starts "no CUDA device"
+// on machines without a GPU or driver).
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& opts, std::string* error);
+
+// The sticky error of a backend made by make_cuda_backend ("" when none); "" for other backends.
+std::string backend_error(const Backend& b);
+
+// The compute stream of a CUDA backend (a cudaStream_t), for ordering copies and collectives
+// against its kernels; nullptr for other backends.
+void* backend_stream(const Backend& b);
+
+}  // namespace tier::train::cuda
