@@ -1,0 +1,67 @@
+// Shared helpers of the tier-bench suites: timing, interleaved side-by-side measurement, and
+// the private tierd a suite starts when no --socket is given.
+#pragma once
+
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "suites.hpp"
+
+namespace tier::bench {
+
+inline uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Keeps the compiler from dropping or reordering the copies around the clock reads.
+inline void clobber() { asm volatile("" ::: "memory"); }
+
+// Runs `measured` and `baseline` as interleaved samples (A B, then B A, ...) so drift in clock
+// speed or background load hits both alike; each sample calls its function `iters` times.
+// Returns the median, over samples, of the mean seconds per call, for each. A function that
+// returns false aborts the measurement (the result is then {-1, -1}).
+struct PairResult { double measured_s = -1, baseline_s = -1; };
+PairResult measure_pair(const std::function<bool()>& measured, const std::function<bool()>& baseline,
+                        int iters, int samples);
+
+// The tierd a suite talks to: the one at --socket, or a private one started from the tierd
+// binary next to tier-bench (fork/exec, temporary socket and state dir, stopped with SIGTERM
+// when this object goes away).
+class BenchDaemon {
+ public:
+  BenchDaemon() = default;
+  ~BenchDaemon();
+  BenchDaemon(const BenchDaemon&) = delete;
+  BenchDaemon& operator=(const BenchDaemon&) = delete;
+
+  // Uses o.socket when set; otherwise starts a private daemon with `ram` (a tierd --ram value).
+  // Returns false (with a message on stderr) when that fails.
+  bool start(const BenchOptions& o, const std::string& ram);
+  const std::string& socket() const { return socket_; }
+  bool is_private() const { return pid_ > 0; }
+
+ private:
+  void stop();
+  std::string socket_, dir_;
+  pid_t pid_ = -1;
+};
+
+// A pool name private to this process, so runs against a shared daemon do not collide.
+std::string bench_pool_name(const char* suite);
+
+}  // namespace tier::bench

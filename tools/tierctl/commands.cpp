@@ -1,0 +1,358 @@
+#include "commands.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "table.hpp"
+
+namespace tier::ctl {
+
+using nlohmann::json;
+
+namespace {
+
+void print_json(const json& j) { std::printf("%s\n", j.dump(2).c_str()); }
+
+std::string uptime(uint64_t ms) {
+  uint64_t s = ms / 1000, d = s / 86400, h = s % 86400 / 3600, m = s % 3600 / 60;
+  char buf[64];
+  if (d) std::snprintf(buf, sizeof buf, "%llud %lluh %llum", (unsigned long long)d, (unsigned long long)h, (unsigned long long)m);
+  else if (h) std::snprintf(buf, sizeof buf, "%lluh %llum", (unsigned long long)h, (unsigned long long)m);
+  else if (m) std::snprintf(buf, sizeof buf, "%llum %llus", (unsigned long long)m, (unsigned long long)(s % 60));
+  else std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
+  return buf;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return "-";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s;
+}
+
+std::string tiers_str(uint8_t t) {
+  std::string s;
+  if (t & kTierRam) s += "ram";
+  if (t & kTierNvme) s += s.empty() ? "nvme" : "+nvme";
+  return s.empty() ? "-" : s;
+}
+
+std::string node_str(int32_t n) { return n < 0 ? "-" : std::to_string(n); }
+
+json pool_json(const PoolInfo& p) {
+  return {{"id", p.id},           {"name", p.name},           {"owner_uid", p.owner_uid},
+          {"ram_quota", p.ram_quota}, {"ram_used", p.ram_used}, {"nvme_quota", p.nvme_quota},
+          {"nvme_used", p.nvme_used}, {"tensors", p.tensor_count}};
+}
+
+json tensor_json(const TensorInfo& t) {
+  return {{"id", t.id},
+          {"name", t.name},
+          {"size", t.size},
+          {"dtype", std::string(dtype_name(t.dtype))},
+          {"shape", t.shape},
+          {"numa_node", t.numa_node},
+          {"ram", (t.tiers & kTierRam) != 0},
+          {"nvme", (t.tiers & kTierNvme) != 0},
+          {"dirty", t.dirty},
+          {"readers", t.readers},
+          {"writer", t.writer}};
+}
+
+// The whole of `len` bytes through read/write, retrying short transfers and EINTR.
+Status read_all(int fd, std::byte* p, size_t len, const std::string& file) {
+  while (len > 0) {
+    ssize_t n = ::read(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::from_errno(errno, "read " + file);
+    if (n == 0) return Status(Code::kIo, file + " shrank while it was being read");
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Status::ok();
+}
+Status write_all(int fd, const std::byte* p, size_t len, const std::string& file) {
+  while (len > 0) {
+    ssize_t n = ::write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::from_errno(errno, "write " + file);
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return Status::ok();
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() { if (fd >= 0) ::close(fd); }
+};
+
+Result<TensorInfo> find_tensor(Client& c, const std::string& pool, const std::string& name) {
+  auto t = c.open_tensor(pool, name);
+  if (!t && t.error().code() == Code::kNotFound && t.error().message().empty())
+    return fail(Code::kNotFound, "no tensor named '" + name + "' in pool '" + pool + "'");
+  return t;
+}
+
+}  // namespace
+
+Status cmd_status(Client& c, const Output& o) {
+  auto s = c.status();
+  if (!s) return s.error();
+  if (o.json) {
+    json ram = json::array(), nvme = json::array();
+    for (const auto& r : s->ram)
+      ram.push_back({{"node", r.node}, {"capacity", r.capacity}, {"used", r.used},
+                     {"dirty", r.dirty}, {"tensors", r.tensors}});
+    for (const auto& n : s->nvme)
+      nvme.push_back({{"path", n.path}, {"numa_node", n.numa_node}, {"backend", n.backend},
+                      {"capacity", n.capacity}, {"used", n.used}});
+    print_json({{"socket", c.socket_path()},
+                {"daemon_version", s->daemon_version},
+                {"uptime_ms", s->uptime_ms},
+                {"clients", s->clients},
+                {"pools", s->pools},
+                {"leases", s->leases},
+                {"ram", ram},
+                {"nvme", nvme},
+                {"counters",
+                 {{"nvme_bytes_read", s->bytes_read}, {"nvme_bytes_written", s->bytes_written},
+                  {"hits", s->hits}, {"misses", s->misses}, {"stalls", s->stalls},
+                  {"evictions", s->evictions}, {"prefetches", s->prefetches},
+                  {"requests", s->requests}, {"errors", s->errors}}}});
+    return Status::ok();
+  }
+  std::printf("tierd %s at %s, up %s\n", s->daemon_version.c_str(), c.socket_path().c_str(),
+              uptime(s->uptime_ms).c_str());
+  std::printf("%u client(s), %u pool(s), %llu lease(s) held\n\n", s->clients, s->pools,
+              (unsigned long long)s->leases);
+  std::printf("RAM tier\n");
+  Table ram({"NODE", "CAPACITY", "USED", "DIRTY", "TENSORS"}, {true, true, true, true, true});
+  for (const auto& r : s->ram)
+    ram.add({std::to_string(r.node), format_size(r.capacity), format_size(r.used),
+             format_size(r.dirty), std::to_string(r.tensors)});
+  ram.print(stdout, "  ");
+  std::printf("\nNVMe tier\n");
+  if (s->nvme.empty()) {
+    std::printf("  (none configured)\n");
+  } else {
+    Table nv({"PATH", "NODE", "BACKEND", "CAPACITY", "USED"}, {false, true, false, true, true});
+    for (const auto& n : s->nvme)
+      nv.add({n.path, node_str(n.numa_node), n.backend, format_size(n.capacity), format_size(n.used)});
+    nv.print(stdout, "  ");
+  }
+  std::printf("\nCounters\n");
+  Table ct({"NAME", "VALUE"}, {false, true});
+  ct.add({"nvme read", format_size(s->bytes_read)});
+  ct.add({"nvme written", format_size(s->bytes_written)});
+  ct.add({"hits", std::to_string(s->hits)});
+  ct.add({"misses", std::to_string(s->misses)});
+  ct.add({"stalls", std::to_string(s->stalls)});
+  ct.add({"evictions", std::to_string(s->evictions)});
+  ct.add({"prefetches", std::to_string(s->prefetches)});
+  ct.add({"requests", std::to_string(s->requests)});
+  ct.add({"errors", std::to_string(s->errors)});
+  ct.print(stdout, "  ");
+  return Status::ok();
+}
+
+Status cmd_topo(Client& c, const Output& o) {
+  auto t = c.topology();
+  if (!t) return t.error();
+  auto devs_json = [](const std::vector<TopoDevice>& v) {
+    json a = json::array();
+    for (const auto& d : v)
+      a.push_back({{"index", d.index}, {"name", d.name}, {"pci", d.pci}, {"numa_node", d.numa_node}});
+    return a;
+  };
+  if (o.json) {
+    json nodes = json::array();
+    for (const auto& n : t->nodes) nodes.push_back({{"id", n.id}, {"memory", n.memory}, {"cpus", n.cpus}});
+    print_json({{"source", t->source}, {"nodes", nodes}, {"gpus", devs_json(t->gpus)},
+                {"nvme", devs_json(t->nvme)}});
+    return Status::ok();
+  }
+  std::printf("topology from %s\n\nNUMA nodes\n", t->source.c_str());
+  Table nodes({"NODE", "MEMORY", "CPUS"}, {true, true, false});
+  for (const auto& n : t->nodes) nodes.add({std::to_string(n.id), format_size(n.memory), n.cpus});
+  nodes.print(stdout, "  ");
+  auto devs = [](const char* title, const std::vector<TopoDevice>& v) {
+    std::printf("\n%s\n", title);
+    if (v.empty()) { std::printf("  (none)\n"); return; }
+    Table tb({"INDEX", "NAME", "PCI", "NODE"}, {true, false, false, true});
+    for (const auto& d : v) tb.add({std::to_string(d.index), d.name, d.pci, node_str(d.numa_node)});
+    tb.print(stdout, "  ");
+  };
+  devs("GPUs", t->gpus);
+  devs("NVMe devices", t->nvme);
+  return Status::ok();
+}
+
+Status cmd_pools(Client& c, const Output& o) {
+  auto pools = c.list_pools();
+  if (!pools) return pools.error();
+  if (o.json) {
+    json a = json::array();
+    for (const auto& p : *pools) a.push_back(pool_json(p));
+    print_json({{"pools", a}});
+    return Status::ok();
+  }
+  if (pools->empty()) { std::printf("no pools\n"); return Status::ok(); }
+  Table tb({"NAME", "ID", "OWNER", "TENSORS", "RAM USED", "RAM QUOTA", "NVME USED", "NVME QUOTA"},
+           {false, true, true, true, true, true, true, true});
+  for (const auto& p : *pools)
+    tb.add({p.name, std::to_string(p.id), std::to_string(p.owner_uid), std::to_string(p.tensor_count),
+            format_size(p.ram_used), format_size(p.ram_quota), format_size(p.nvme_used),
+            format_size(p.nvme_quota)});
+  tb.print();
+  return Status::ok();
+}
+
+Status cmd_tensors(Client& c, const Output& o, const std::string& pool) {
+  auto ts = c.list_tensors(pool);
+  if (!ts) return ts.error();
+  if (o.json) {
+    json a = json::array();
+    for (const auto& t : *ts) a.push_back(tensor_json(t));
+    print_json({{"pool", pool}, {"tensors", a}});
+    return Status::ok();
+  }
+  if (ts->empty()) { std::printf("no tensors in pool '%s'\n", pool.c_str()); return Status::ok(); }
+  Table tb({"NAME", "ID", "SIZE", "DTYPE", "SHAPE", "NODE", "TIERS", "DIRTY", "LEASES"},
+           {false, true, true, false, false, true, false, false, false});
+  for (const auto& t : *ts) {
+    std::string leases = t.writer ? "write" : t.readers ? std::to_string(t.readers) + " read" : "-";
+    tb.add({t.name, std::to_string(t.id), format_size(t.size), std::string(dtype_name(t.dtype)),
+            shape_str(t.shape), node_str(t.numa_node), tiers_str(t.tiers), t.dirty ? "yes" : "no",
+            leases});
+  }
+  tb.print();
+  return Status::ok();
+}
+
+Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::string& name,
+               const std::string& file, const PutOptions& p) {
+  Fd in{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0) return Status::from_errno(errno, "open " + file);
+  struct stat st{};
+  if (::fstat(in.fd, &st) != 0) return Status::from_errno(errno, "stat " + file);
+  if (!S_ISREG(st.st_mode)) return Status(Code::kInvalidArgument, file + " is not a regular file");
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == 0) return Status(Code::kInvalidArgument, file + " is empty; a tensor holds at least one byte");
+
+  auto pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
+  if (!pi) return pi.error();
+  auto t = c.open_tensor(pool, name);
+  bool created = false;
+  if (!t && t.error().code() == Code::kNotFound) {
+    t = c.create_tensor(pool, TensorDesc{.name = name, .size = size, .shape = {}, .placement = {}}, /*exist_ok=*/true);
+    created = true;
+  }
+  if (!t) return t.error();
+  if (t->size != size)
+    return Status(Code::kInvalidArgument,
+                  "tensor '" + name + "' in pool '" + pool + "' is " + std::to_string(t->size) +
+                      " bytes but " + file + " is " + std::to_string(size) +
+                      " bytes; delete it first (tierctl rm) or put a file of the same size");
+  auto lease = c.lease(t->id, LeaseMode::kWrite, LeaseWait{p.wait_ms});
+  if (!lease) return lease.error();
+  TIER_RETURN_IF_ERROR(read_all(in.fd, lease->bytes().data(), size, file));
+  TIER_RETURN_IF_ERROR(lease->release());
+  if (o.json) {
+    print_json({{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", size},
+                {"created", created}, {"file", file}});
+  } else {
+    std::printf("put %s -> %s/%s (%s%s)\n", file.c_str(), pool.c_str(), name.c_str(),
+                format_size(size).c_str(), created ? ", new tensor" : "");
+  }
+  return Status::ok();
+}
+
+Status cmd_get(Client& c, const Output& o, const std::string& pool, const std::string& name,
+               const std::string& file, int32_t wait_ms) {
+  auto t = find_tensor(c, pool, name);
+  if (!t) return t.error();
+  auto lease = c.lease(t->id, LeaseMode::kRead, LeaseWait{wait_ms});
+  if (!lease) return lease.error();
+  Fd out{::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (out.fd < 0) return Status::from_errno(errno, "create " + file);
+  auto bytes = lease->bytes();
+  TIER_RETURN_IF_ERROR(write_all(out.fd, bytes.data(), bytes.size(), file));
+  TIER_RETURN_IF_ERROR(lease->release());
+  if (::close(std::exchange(out.fd, -1)) != 0) return Status::from_errno(errno, "close " + file);
+  if (o.json) {
+    print_json({{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", bytes.size()}, {"file", file}});
+  } else {
+    std::printf("get %s/%s -> %s (%s)\n", pool.c_str(), name.c_str(), file.c_str(),
+                format_size(bytes.size()).c_str());
+  }
+  return Status::ok();
+}
+
+Status cmd_rm(Client& c, const Output& o, const std::string& pool, const std::string& name) {
+  TIER_RETURN_IF_ERROR(c.delete_tensor(pool, name));
+  if (o.json) print_json({{"pool", pool}, {"tensor", name}, {"deleted", true}});
+  else std::printf("deleted %s/%s\n", pool.c_str(), name.c_str());
+  return Status::ok();
+}
+
+Status cmd_evict(Client& c, const Output& o, const std::string& pool, const std::string& name) {
+  std::vector<uint64_t> ids;
+  if (!name.empty()) {
+    auto t = find_tensor(c, pool, name);
+    if (!t) return t.error();
+    ids.push_back(t->id);
+  }
+  TIER_RETURN_IF_ERROR(c.evict(pool, ids));
+  std::string what = name.empty() ? "every unleased tensor of " + pool : pool + "/" + name;
+  if (o.json) print_json({{"pool", pool}, {"tensor", name.empty() ? json(nullptr) : json(name)}, {"evicted", true}});
+  else std::printf("evicted %s\n", what.c_str());
+  return Status::ok();
+}
+
+Status cmd_prefetch(Client& c, const Output& o, const std::string& pool, const std::string& name) {
+  auto t = find_tensor(c, pool, name);
+  if (!t) return t.error();
+  uint64_t id = t->id;
+  TIER_RETURN_IF_ERROR(c.prefetch(pool, {&id, 1}));
+  if (o.json) print_json({{"pool", pool}, {"tensor", name}, {"queued", true}});
+  else std::printf("prefetch of %s/%s queued\n", pool.c_str(), name.c_str());
+  return Status::ok();
+}
+
+Status cmd_snapshot(Client& c, const Output& o, const std::string& pool) {
+  auto s = c.snapshot(pool);
+  if (!s) return s.error();
+  if (o.json) {
+    print_json({{"pool", pool}, {"snapshot_id", s->snapshot_id}, {"bytes", s->bytes},
+                {"stall_us", s->stall_us}});
+  } else {
+    std::printf("snapshot %llu of %s: %s durable (pool frozen %.3f ms)\n",
+                (unsigned long long)s->snapshot_id, pool.c_str(), format_size(s->bytes).c_str(),
+                s->stall_us / 1000.0);
+  }
+  return Status::ok();
+}
+
+Status cmd_drop(Client& c, const Output& o, const std::string& pool) {
+  TIER_RETURN_IF_ERROR(c.drop_pool(pool));
+  if (o.json) print_json({{"pool", pool}, {"dropped", true}});
+  else std::printf("dropped pool %s\n", pool.c_str());
+  return Status::ok();
+}
+
+Status cmd_metrics(Client& c, const Output& o) {
+  auto m = c.metrics();
+  if (!m) return m.error();
+  if (o.json) print_json({{"format", "prometheus-text-0.0.4"}, {"text", *m}});
+  else std::fputs(m->c_str(), stdout);
+  return Status::ok();
+}
+
+}  // namespace tier::ctl
