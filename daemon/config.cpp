@@ -1,0 +1,285 @@
+#include "daemon/config.hpp"
+
+#include <toml++/toml.h>
+
+#include "tier/types.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace tier::daemon {
+
+std::string_view hugepages_name(HugePages h) noexcept {
+  switch (h) {
+    case HugePages::kNone: return "none";
+    case HugePages::k2M: return "2M";
+    case HugePages::k1G: return "1G";
+  }
+  return "none";
+}
+
+uint64_t hugepage_bytes(HugePages h) noexcept {
+  switch (h) {
+    case HugePages::kNone: return 0;
+    case HugePages::k2M: return 2ull << 20;
+    case HugePages::k1G: return 1ull << 30;
+  }
+  return 0;
+}
+
+Result<HugePages> parse_hugepages(std::string_view s) {
+  if (s == "none" || s == "off" || s.empty()) return HugePages::kNone;
+  if (s == "2M" || s == "2m") return HugePages::k2M;
+  if (s == "1G" || s == "1g") return HugePages::k1G;
+  return fail(Code::kInvalidArgument,
+              "hugepages must be none, 2M or 1G, not '" + std::string(s) + "'");
+}
+
+namespace {
+
+// A size must parse both as an absolute value and as a percentage of something.
+Status check_size(std::string_view key, const std::string& text) {
+  auto r = parse_size(text, uint64_t{1} << 40);
+  if (!r) return Status(Code::kInvalidArgument, std::string(key) + ": " + r.error().message());
+  return Status::ok();
+}
+
+std::string where(const toml::node& n) {
+  const auto& src = n.source();
+  return "line " + std::to_string(src.begin.line);
+}
+
+Status bad_type(std::string_view key, const toml::node& n, std::string_view want) {
+  return Status(Code::kInvalidArgument, "config key '" + std::string(key) + "' (" + where(n) +
+                                            ") must be " + std::string(want));
+}
+
+Status get_string(std::string_view key, const toml::node& n, std::string& out) {
+  if (auto v = n.value<std::string>(); v && n.is_string()) {
+    out = *v;
+    return Status::ok();
+  }
+  return bad_type(key, n, "a string");
+}
+
+// Sizes may be written as strings ("64G", "80%") or as plain integers (bytes).
+Status get_size(std::string_view key, const toml::node& n, std::string& out) {
+  if (n.is_integer()) {
+    int64_t v = *n.value<int64_t>();
+    if (v < 0) return bad_type(key, n, "a non-negative size");
+    out = std::to_string(v);
+    return Status::ok();
+  }
+  if (!n.is_string()) return bad_type(key, n, "a size such as \"64G\" or \"80%\"");
+  out = *n.value<std::string>();
+  return check_size(key, out);
+}
+
+Status get_u32(std::string_view key, const toml::node& n, uint32_t& out, uint32_t lo) {
+  if (!n.is_integer()) return bad_type(key, n, "an integer");
+  int64_t v = *n.value<int64_t>();
+  if (v < lo || v > UINT32_MAX)
+    return bad_type(key, n, "an integer in [" + std::to_string(lo) + ", 4294967295]");
+  out = static_cast<uint32_t>(v);
+  return Status::ok();
+}
+
+Status get_bool(std::string_view key, const toml::node& n, bool& out) {
+  if (!n.is_boolean()) return bad_type(key, n, "true or false");
+  out = *n.value<bool>();
+  return Status::ok();
+}
+
+Status parse_nvme(const toml::node& n, std::vector<NvmeDir>& out) {
+  const toml::array* arr = n.as_array();
+  if (!arr) return bad_type("nvme", n, "an array of tables: nvme = [{ path = \"/mnt/nvme0\" }]");
+  for (const toml::node& e : *arr) {
+    const toml::table* t = e.as_table();
+    if (!t) return bad_type("nvme", e, "an array of tables: nvme = [{ path = \"/mnt/nvme0\" }]");
+    NvmeDir d;
+    bool have_path = false;
+    for (const auto& [k, v] : *t) {
+      std::string_view key = k.str();
+      if (key == "path") {
+        TIER_RETURN_IF_ERROR(get_string("nvme.path", v, d.path));
+        have_path = true;
+      } else if (key == "numa_node") {
+        if (!v.is_integer()) return bad_type("nvme.numa_node", v, "an integer");
+        int64_t x = *v.value<int64_t>();
+        if (x < -1 || x > 4095) return bad_type("nvme.numa_node", v, "-1 or a NUMA node number");
+        d.numa_node = static_cast<int32_t>(x);
+      } else {
+        return Status(Code::kInvalidArgument,
+                      "unknown config key 'nvme." + std::string(key) + "' (" + where(v) + ")");
+      }
+    }
+    if (!have_path || d.path.empty())
+      return Status(Code::kInvalidArgument, "an nvme entry (" + where(e) + ") needs a path");
+    out.push_back(std::move(d));
+  }
+  return Status::ok();
+}
+
+Status apply_table(const toml::table& tbl, Config& c) {
+  for (const auto& [k, v] : tbl) {
+    std::string_view key = k.str();
+    Status st;
+    if (key == "socket") st = get_string(key, v, c.socket);
+    else if (key == "state_dir") st = get_string(key, v, c.state_dir);
+    else if (key == "ram") st = get_size(key, v, c.ram);
+    else if (key == "pool_quota") st = get_size(key, v, c.pool_quota);
+    else if (key == "nvme_pool_quota") st = get_size(key, v, c.nvme_pool_quota);
+    else if (key == "alignment") st = get_size(key, v, c.alignment);
+    else if (key == "hugepages") {
+      std::string s;
+      st = get_string(key, v, s);
+      if (st) {
+        auto h = parse_hugepages(s);
+        if (!h) return h.error();
+        c.hugepages = *h;
+      }
+    } else if (key == "hugetlbfs_mount") st = get_string(key, v, c.hugetlbfs_mount);
+    else if (key == "topology") st = get_string(key, v, c.topology);
+    else if (key == "nvme") st = parse_nvme(v, c.nvme);
+    else if (key == "admin_group") st = get_string(key, v, c.admin_group);
+    else if (key == "watchdog") st = get_bool(key, v, c.watchdog);
+    else if (key == "status_interval_ms") st = get_u32(key, v, c.status_interval_ms, 100);
+    else if (key == "max_clients") st = get_u32(key, v, c.max_clients, 1);
+    else if (key == "max_leases_per_client") st = get_u32(key, v, c.max_leases_per_client, 1);
+    else if (key == "remove_arenas_on_exit") st = get_bool(key, v, c.remove_arenas_on_exit);
+    else if (key == "log_level") {
+      st = get_string(key, v, c.log_level);
+      if (st && c.log_level != "error" && c.log_level != "warning" && c.log_level != "info" &&
+          c.log_level != "debug")
+        return bad_type(key, v, "one of error, warning, info, debug");
+    } else {
+      return Status(Code::kInvalidArgument,
+                    "unknown config key '" + std::string(key) + "' (" + where(v) + ")");
+    }
+    if (!st) return st;
+  }
+  return Status::ok();
+}
+
+Status check_alignment(const std::string& text) {
+  auto a = parse_size(text);
+  if (!a) return Status(Code::kInvalidArgument, "alignment: " + a.error().message());
+  uint64_t x = *a;
+  if (x < 4096 || x > (1ull << 30) || (x & (x - 1)) != 0)
+    return Status(Code::kInvalidArgument,
+                  "alignment must be a power of two between 4K and 1G, not '" + text + "'");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Config> parse_config(std::string_view toml_text) {
+  Config c;
+  try {
+    toml::table tbl = toml::parse(toml_text, std::string_view("config"));
+    Status st = apply_table(tbl, c);
+    if (!st) return fail(std::move(st));
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    return fail(Code::kInvalidArgument, "config syntax error at line " +
+                                            std::to_string(src.begin.line) + ": " +
+                                            std::string(e.description()));
+  } catch (const std::exception& e) {
+    return fail(Code::kInvalidArgument, std::string("config: ") + e.what());
+  }
+  if (Status st = check_alignment(c.alignment); !st) return fail(std::move(st));
+  if (c.state_dir.empty()) return fail(Code::kInvalidArgument, "state_dir must not be empty");
+  return c;
+}
+
+Result<Config> load_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return fail(Status::from_errno(errno, "open config " + path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto c = parse_config(ss.str());
+  if (!c) return fail(c.error().code(), path + ": " + c.error().message());
+  return c;
+}
+
+Status apply_overrides(Config& cfg, const Overrides& o) {
+  if (o.socket) cfg.socket = *o.socket;
+  if (o.state_dir) cfg.state_dir = *o.state_dir;
+  if (o.ram) {
+    TIER_RETURN_IF_ERROR(check_size("--ram", *o.ram));
+    cfg.ram = *o.ram;
+  }
+  if (o.pool_quota) {
+    TIER_RETURN_IF_ERROR(check_size("--pool-quota", *o.pool_quota));
+    cfg.pool_quota = *o.pool_quota;
+  }
+  if (o.hugepages) {
+    auto h = parse_hugepages(*o.hugepages);
+    if (!h) return h.error();
+    cfg.hugepages = *h;
+  }
+  if (o.topology) cfg.topology = *o.topology;
+  for (const auto& d : o.nvme_dirs) cfg.nvme.push_back(NvmeDir{d, -1});
+  if (o.remove_arenas_on_exit) cfg.remove_arenas_on_exit = *o.remove_arenas_on_exit;
+  if (cfg.state_dir.empty()) return Status(Code::kInvalidArgument, "the state dir must not be empty");
+  return Status::ok();
+}
+
+Status check_paths(const Config& cfg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& d : cfg.nvme) {
+    if (!fs::is_directory(d.path, ec))
+      return Status(Code::kInvalidArgument, "nvme directory '" + d.path + "' is not a directory");
+  }
+  if (!fs::is_directory(cfg.state_dir, ec)) {
+    fs::create_directories(cfg.state_dir, ec);
+    if (ec)
+      return Status(Code::kInvalidArgument,
+                    "cannot create state dir '" + cfg.state_dir + "': " + ec.message());
+  }
+  if (!cfg.topology.empty() && !cfg.topology.starts_with("synthetic:") &&
+      !fs::is_regular_file(cfg.topology, ec))
+    return Status(Code::kInvalidArgument, "topology XML '" + cfg.topology + "' is not a file");
+  return Status::ok();
+}
+
+Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total) {
+  ResolvedSizes r;
+  auto ram = parse_size(cfg.ram, mem_total);
+  if (!ram) return fail(Code::kInvalidArgument, "ram: " + ram.error().message());
+  if (*ram < (1ull << 20)) return fail(Code::kInvalidArgument, "ram: the RAM tier needs at least 1 MiB");
+  if (*ram > mem_total)
+    return fail(Code::kInvalidArgument, "ram: " + format_size(*ram) + " is more than this node's " +
+                                            format_size(mem_total) + " of memory");
+  r.ram = *ram;
+  auto q = parse_size(cfg.pool_quota, r.ram);
+  if (!q) return fail(Code::kInvalidArgument, "pool_quota: " + q.error().message());
+  r.pool_quota = *q == 0 ? r.ram : *q;
+  auto a = parse_size(cfg.alignment);
+  if (!a) return fail(Code::kInvalidArgument, "alignment: " + a.error().message());
+  r.alignment = *a;
+  return r;
+}
+
+Result<uint64_t> read_mem_total() {
+  std::ifstream f("/proc/meminfo");
+  if (!f) return fail(Status::from_errno(errno, "open /proc/meminfo"));
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemTotal:") return kb * 1024;
+  }
+  return fail(Code::kInternal, "no MemTotal in /proc/meminfo");
+}
+
+std::string resolve_socket(const Config& cfg) {
+  if (!cfg.socket.empty()) return cfg.socket;
+  if (const char* e = std::getenv("TIERD_SOCKET"); e && *e) return e;
+  return "/run/tierd/tierd.sock";
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,92 @@
+// tierd configuration: a TOML file (see tierd.toml.example), overridden by command-line flags.
+//
+// parse_config() is pure (no I/O) so the fuzz target and the unit tests can feed it any text;
+// load_config() reads a file and calls it. Sizes stay as text until resolve_sizes() applies them
+// to the machine's MemTotal, so "80%" means 80 % of this node's RAM. Unknown keys are errors
+// that name the key: a typo must not silently fall back to a default.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tier/status.hpp"
+
+namespace tier::daemon {
+
+enum class HugePages : uint8_t { kNone = 0, k2M = 1, k1G = 2 };
+[[nodiscard]] std::string_view hugepages_name(HugePages h) noexcept;
+[[nodiscard]] uint64_t hugepage_bytes(HugePages h) noexcept;  // 0 for kNone
+
+struct NvmeDir {
+  std::string path;
+  int32_t numa_node = -1;  // -1: taken from the topology (the device's nearest node) later
+};
+
+struct Config {
+  // Control socket; empty: $TIERD_SOCKET, else /run/tierd/tierd.sock (see resolve_socket).
+  std::string socket;
+  // Where tierd keeps its state; also names its shared-memory arenas (see ram/arena.hpp).
+  std::string state_dir = "/var/lib/tierd";
+  // Total RAM tier, split across NUMA nodes in proportion to their memory: bytes or % of MemTotal.
+  std::string ram = "50%";
+  // Default RAM quota of a pool created with quota 0: bytes or % of the RAM tier.
+  std::string pool_quota = "100%";
+  // Default NVMe quota of a pool created with quota 0: bytes or % of the NVMe tier.
+  std::string nvme_pool_quota = "100%";
+  HugePages hugepages = HugePages::kNone;
+  // hugetlbfs mount for hugepages != none; empty: the first matching mount in /proc/mounts.
+  std::string hugetlbfs_mount;
+  // Extent alignment for tensors of at least this size (power of two, 4K..1G).
+  std::string alignment = "2M";
+  // "" = this machine (hwloc); "synthetic:DESC" = hwloc synthetic; anything else = an XML file.
+  std::string topology;
+  std::vector<NvmeDir> nvme;
+  // Members of this group (by the peer's primary gid) may inspect and drop any pool, like root.
+  std::string admin_group;
+  // Send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC).
+  bool watchdog = true;
+  // How often STATUS= is refreshed for systemd, in ms.
+  uint32_t status_interval_ms = 5000;
+  uint32_t max_clients = 4096;
+  uint32_t max_leases_per_client = 1u << 20;
+  // Unlink this daemon's arenas on a clean exit. Off in production: a restarted tierd
+  // re-attaches them. Tests turn it on.
+  bool remove_arenas_on_exit = false;
+  std::string log_level = "info";  // error|warning|info|debug
+};
+
+// Sizes resolved against this machine.
+struct ResolvedSizes {
+  uint64_t ram = 0;
+  uint64_t pool_quota = 0;
+  uint64_t alignment = 0;
+};
+
+// Parses TOML text into a Config starting from the defaults. Pure.
+[[nodiscard]] Result<Config> parse_config(std::string_view toml_text);
+// Reads `path` and parses it; the error names the file.
+[[nodiscard]] Result<Config> load_config(const std::string& path);
+
+// Command-line flags; each set field replaces the config value, nvme_dirs are appended.
+struct Overrides {
+  std::optional<std::string> socket, state_dir, ram, pool_quota, hugepages, topology;
+  std::vector<std::string> nvme_dirs;
+  std::optional<bool> remove_arenas_on_exit;
+};
+[[nodiscard]] Status apply_overrides(Config& cfg, const Overrides& o);
+
+// Checks what needs the file system: the NVMe directories exist and are directories, the
+// state directory exists or can be created. Not pure.
+[[nodiscard]] Status check_paths(const Config& cfg);
+
+[[nodiscard]] Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total);
+// MemTotal from /proc/meminfo.
+[[nodiscard]] Result<uint64_t> read_mem_total();
+// --socket / config value, else $TIERD_SOCKET, else /run/tierd/tierd.sock.
+[[nodiscard]] std::string resolve_socket(const Config& cfg);
+[[nodiscard]] Result<HugePages> parse_hugepages(std::string_view s);
+
+}  // namespace tier::daemon

@@ -1,0 +1,117 @@
+#include "daemon/leases.hpp"
+
+namespace tier::daemon {
+
+namespace {
+constexpr uint32_t kNone = UINT32_MAX;
+uint64_t make_id(uint32_t gen, uint32_t slot) { return (static_cast<uint64_t>(gen) << 32) | slot; }
+}  // namespace
+
+Status LeaseTable::check(LeaseMode mode, std::span<Tensor* const> tensors) const {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor* t = tensors[i];
+    if (mode == LeaseMode::kWrite) {
+      if (t->writer || t->readers > 0)
+        return Status(Code::kBusy, "tensor '" + t->name + "' is leased (" +
+                                       (t->writer ? std::string("write") :
+                                                    std::to_string(t->readers) + " read") + ")");
+      for (size_t j = 0; j < i; ++j)
+        if (tensors[j] == t)
+          return Status(Code::kInvalidArgument,
+                        "tensor '" + t->name + "' appears twice in one write lease");
+    } else if (t->writer) {
+      return Status(Code::kBusy, "tensor '" + t->name + "' is write-leased");
+    }
+  }
+  return Status::ok();
+}
+
+Status LeaseTable::acquire(SessionLeases& s, LeaseMode mode, std::span<Tensor* const> tensors,
+                           Catalog& catalog, std::vector<uint64_t>& ids_out) {
+  TIER_RETURN_IF_ERROR(check(mode, tensors));
+  for (Tensor* t : tensors) {
+    uint32_t idx;
+    if (free_head_ != kNone) {
+      idx = free_head_;
+      free_head_ = slots_[idx].next;
+    } else {
+      idx = static_cast<uint32_t>(slots_.size());
+      slots_.emplace_back();
+    }
+    Slot& sl = slots_[idx];
+    sl.live = true;
+    sl.gen++;
+    sl.lease = Lease{t->id, t->pool_id, s.session_id, mode};
+    sl.prev = kNone;
+    sl.next = s.head;
+    if (s.head != kNone) slots_[s.head].prev = idx;
+    s.head = idx;
+    s.count++;
+    live_++;
+    if (mode == LeaseMode::kWrite) t->writer = true;
+    else t->readers++;
+    if (Pool* p = catalog.find_pool(t->pool_id)) p->leases++;
+    ids_out.push_back(make_id(sl.gen, idx));
+  }
+  return Status::ok();
+}
+
+void LeaseTable::unlink_slot(SessionLeases& s, uint32_t idx, Catalog& catalog) {
+  Slot& sl = slots_[idx];
+  if (sl.prev != kNone) slots_[sl.prev].next = sl.next;
+  else s.head = sl.next;
+  if (sl.next != kNone) slots_[sl.next].prev = sl.prev;
+  s.count--;
+  live_--;
+  if (Tensor* t = catalog.find_tensor(sl.lease.tensor_id)) {
+    if (sl.lease.mode == LeaseMode::kWrite) t->writer = false;
+    else if (t->readers > 0) t->readers--;
+  }
+  if (Pool* p = catalog.find_pool(sl.lease.pool_id); p && p->leases > 0) p->leases--;
+  sl.live = false;
+  sl.prev = kNone;
+  sl.next = free_head_;
+  free_head_ = idx;
+}
+
+const LeaseTable::Lease* LeaseTable::find(uint64_t lease_id) const noexcept {
+  uint32_t idx = static_cast<uint32_t>(lease_id & 0xffffffffu);
+  uint32_t gen = static_cast<uint32_t>(lease_id >> 32);
+  if (idx >= slots_.size()) return nullptr;
+  const Slot& sl = slots_[idx];
+  if (!sl.live || sl.gen != gen) return nullptr;
+  return &sl.lease;
+}
+
+Status LeaseTable::release(SessionLeases& s, uint64_t lease_id, Catalog& catalog) {
+  const Lease* l = find(lease_id);
+  if (!l || l->session_id != s.session_id)
+    return Status(Code::kNotFound, "no lease " + std::to_string(lease_id) + " held by this client");
+  unlink_slot(s, static_cast<uint32_t>(lease_id & 0xffffffffu), catalog);
+  return Status::ok();
+}
+
+size_t LeaseTable::release_all(SessionLeases& s, Catalog& catalog) {
+  size_t n = 0;
+  while (s.head != kNone) {
+    unlink_slot(s, s.head, catalog);
+    ++n;
+  }
+  return n;
+}
+
+void LeaseTable::drop_waiters(uint64_t session_id) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->session_id == session_id) it = waiters_.erase(it);
+    else ++it;
+  }
+}
+
+std::optional<Clock::time_point> LeaseTable::next_deadline() const noexcept {
+  std::optional<Clock::time_point> d;
+  for (const auto& w : waiters_)
+    if (w.deadline != Clock::time_point::max() && (!d || w.deadline < *d)) d = w.deadline;
+  return d;
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,117 @@
+// tierd: the per-node memory-tier daemon. See tierd.toml.example and DESIGN.md.
+//
+// Exit codes: 0 clean stop (or a valid --check-config), 1 runtime error, 2 usage or
+// configuration error (one line on stderr naming the problem).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "daemon/config.hpp"
+#include "daemon/log.hpp"
+#include "daemon/ram/arena.hpp"
+#include "daemon/server.hpp"
+#include "daemon/state.hpp"
+
+using namespace tier;
+using namespace tier::daemon;
+
+namespace {
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "tierd: %s\n", msg.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  init_logging();
+  CLI::App app{"tierd: host RAM (NUMA-aware) and local NVMe as one memory tier for training state"};
+  app.set_version_flag("--version", std::string("tierd ") + kDaemonVersion);
+  std::string config_path;
+  Overrides ov;
+  std::string socket, state_dir, ram, pool_quota, hugepages, topo_xml, topo_synth;
+  bool foreground = false, check_config = false, remove_on_exit = false, cleanup = false;
+  app.add_option("--config", config_path, "TOML configuration file")->check(CLI::ExistingFile);
+  app.add_option("--socket", socket, "control socket (default $TIERD_SOCKET, else /run/tierd/tierd.sock)");
+  app.add_option("--state-dir", state_dir, "state directory (default /var/lib/tierd)");
+  app.add_option("--ram", ram, "RAM tier size: 64G, 1.5T or 80% of MemTotal");
+  app.add_option("--nvme-dir", ov.nvme_dirs, "an NVMe tier directory (repeatable)");
+  app.add_flag("--foreground", foreground, "stay in the foreground (tierd never forks; accepted for unit files)");
+  app.add_flag("--check-config", check_config, "validate the configuration and exit");
+  auto* xml_opt = app.add_option("--topology-xml", topo_xml, "use an hwloc XML topology instead of this machine's");
+  auto* synth_opt = app.add_option("--topology-synthetic", topo_synth, "use an hwloc synthetic topology, e.g. \"pack:2 numa:1 core:4 pu:1\"");
+  app.add_option("--hugepages", hugepages, "huge pages for arenas: none, 2M or 1G");
+  app.add_option("--pool-quota", pool_quota, "default RAM quota of a pool: a size or % of the RAM tier");
+  app.add_flag("--remove-arenas-on-exit", remove_on_exit, "unlink this daemon's arenas on a clean exit (tests)");
+  app.add_flag("--cleanup-arenas", cleanup, "unlink every arena of this state dir and exit (tierd must not be running)");
+  xml_opt->excludes(synth_opt);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+  (void)foreground;
+
+  Config cfg;
+  if (!config_path.empty()) {
+    auto c = load_config(config_path);
+    if (!c) return usage_error(c.error().message());
+    cfg = std::move(*c);
+  }
+  if (!socket.empty()) ov.socket = socket;
+  if (!state_dir.empty()) ov.state_dir = state_dir;
+  if (!ram.empty()) ov.ram = ram;
+  if (!pool_quota.empty()) ov.pool_quota = pool_quota;
+  if (!hugepages.empty()) ov.hugepages = hugepages;
+  if (!topo_xml.empty()) ov.topology = topo_xml;
+  if (!topo_synth.empty()) ov.topology = "synthetic:" + topo_synth;
+  if (remove_on_exit) ov.remove_arenas_on_exit = true;
+  if (Status st = apply_overrides(cfg, ov); !st) return usage_error(st.message());
+  if (cfg.log_level == "debug") set_log_level(LogLevel::kDebug);
+  else if (cfg.log_level == "warning") set_log_level(LogLevel::kWarning);
+  else if (cfg.log_level == "error") set_log_level(LogLevel::kError);
+
+  if (cleanup) {
+    size_t n = remove_arenas(arena_prefix(cfg.state_dir), cfg.hugetlbfs_mount);
+    std::printf("removed %zu arenas of %s\n", n, cfg.state_dir.c_str());
+    return 0;
+  }
+  if (Status st = check_paths(cfg); !st) return usage_error(st.message());
+  auto mem = read_mem_total();
+  if (!mem) {
+    log_error("{}", mem.error().message());
+    return 1;
+  }
+  auto sizes = resolve_sizes(cfg, *mem);
+  if (!sizes) return usage_error(sizes.error().message());
+  if (check_config) {
+    // Topology is part of the configuration: load it too.
+    auto topo = make_topology_source(cfg.topology)->load();
+    if (!topo) return usage_error(topo.error().message());
+    std::printf("configuration ok: socket %s, state dir %s, RAM tier %s over %zu NUMA nodes, "
+                "%zu NVMe dirs\n",
+                resolve_socket(cfg).c_str(), cfg.state_dir.c_str(), format_size(sizes->ram).c_str(),
+                topo->nodes.size(), cfg.nvme.size());
+    return 0;
+  }
+  std::string sock = resolve_socket(cfg);
+  auto state = make_state(std::move(cfg), *sizes);
+  if (!state) {
+    log_error("{}", state.error().message());
+    return state.error().code() == Code::kInvalidArgument ? 2 : 1;
+  }
+  Server server(**state, sock);
+  if (Status st = server.listen(); !st) {
+    log_error("{}", st.message());
+    return 1;
+  }
+  if (Status st = server.run(); !st) {
+    log_error("{}", st.message());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,108 @@
+#include "daemon/ram/ram_tier.hpp"
+
+#include "daemon/log.hpp"
+
+namespace tier::daemon {
+
+RamTier::RamTier(RamTierOptions opts, const Topology& topo) : opts_(std::move(opts)) {
+  uint64_t total_mem = topo.total_memory();
+  uint64_t assigned = 0;
+  for (size_t i = 0; i < topo.nodes.size(); ++i) {
+    const auto& n = topo.nodes[i];
+    uint64_t cap;
+    if (i + 1 == topo.nodes.size()) cap = opts_.capacity - assigned;
+    else if (total_mem > 0)
+      cap = static_cast<uint64_t>(static_cast<long double>(opts_.capacity) * n.memory / total_mem);
+    else cap = opts_.capacity / topo.nodes.size();
+    assigned += cap;
+    nodes_.push_back(NodeUsage{n.id, cap, 0, 0});
+  }
+}
+
+RamTier::~RamTier() = default;
+
+NodeUsage* RamTier::usage(int32_t node) noexcept {
+  for (auto& n : nodes_)
+    if (n.node == node) return &n;
+  return nullptr;
+}
+
+uint64_t RamTier::used() const noexcept {
+  uint64_t u = 0;
+  for (const auto& n : nodes_) u += n.used;
+  return u;
+}
+
+Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
+  NodeUsage* nu = usage(node);
+  if (!nu) return fail(Code::kInvalidArgument, "NUMA node " + std::to_string(node) + " has no RAM tier");
+  uint64_t gran = ExtentAllocator::kGranule;
+  uint64_t align = size >= opts_.alignment ? opts_.alignment : gran;
+  uint64_t need = ExtentAllocator::round_up(size, gran);
+  if (need < size) return fail(Code::kInvalidArgument, "tensor size overflows");
+  if (pool.ram_used + need > pool.ram_quota)
+    return fail(Code::kResourceExhausted,
+                "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota) +
+                    " reached (used " + format_size(pool.ram_used) + ", need " + format_size(need) + ")");
+  if (nu->used + need > nu->capacity)
+    return fail(Code::kResourceExhausted,
+                "RAM tier of NUMA node " + std::to_string(node) + " is full (" +
+                    format_size(nu->used) + " of " + format_size(nu->capacity) + " used, need " +
+                    format_size(need) + ")");
+  uint64_t id = arena_id(pool.id, node);
+  auto it = arenas_.find(id);
+  if (it == arenas_.end()) {
+    ArenaSpec spec{opts_.prefix, pool.id, node, pool.ram_quota, pool.owner_uid, opts_.hugepages,
+                   opts_.hugetlbfs_mount};
+    auto a = Arena::create(spec);
+    if (!a) return fail(a.error());
+    uint64_t cap = (*a)->size();
+    log_info("pool '{}': arena {} on node {} ({} sparse{})", pool.name, (*a)->path(), node,
+             format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
+    it = arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)}).first;
+  }
+  auto off = it->second.alloc.allocate(need, align);
+  if (!off)
+    return fail(Code::kResourceExhausted,
+                "pool '" + pool.name + "': no free range of " + format_size(need) + " in its arena on node " +
+                    std::to_string(node) + " (" + format_size(it->second.alloc.free_bytes()) +
+                    " free, largest " + format_size(it->second.alloc.largest_free()) + ")");
+  pool.ram_used += need;
+  nu->used += need;
+  nu->tensors += 1;
+  return RamLocation{id, node, *off, need};
+}
+
+void RamTier::release(Pool& pool, const RamLocation& loc) {
+  auto it = arenas_.find(loc.arena_id);
+  if (it == arenas_.end() || !it->second.alloc.free(loc.offset, loc.length)) {
+    log_error("internal: release of an unknown extent (arena {}, offset {}, {} bytes)",
+              loc.arena_id, loc.offset, loc.length);
+    return;
+  }
+  pool.ram_used -= std::min(pool.ram_used, loc.length);
+  if (NodeUsage* nu = usage(loc.node)) {
+    nu->used -= std::min(nu->used, loc.length);
+    nu->tensors -= nu->tensors > 0 ? 1 : 0;
+  }
+}
+
+Arena* RamTier::arena(uint64_t id) noexcept {
+  auto it = arenas_.find(id);
+  return it == arenas_.end() ? nullptr : it->second.arena.get();
+}
+
+void RamTier::drop_pool(uint64_t pool_id) {
+  auto it = arenas_.lower_bound(arena_id(pool_id, 0));
+  while (it != arenas_.end() && arena_pool(it->first) == pool_id) {
+    if (Status st = it->second.arena->unlink(); !st) log_warn("{}", st.message());
+    it = arenas_.erase(it);
+  }
+}
+
+void RamTier::unlink_all() {
+  for (auto& [id, e] : arenas_)
+    if (Status st = e.arena->unlink(); !st) log_warn("{}", st.message());
+}
+
+}  // namespace tier::daemon

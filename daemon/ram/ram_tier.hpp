@@ -1,0 +1,72 @@
+// The RAM tier: the arenas of every pool, their extent allocators, and per-NUMA-node capacity.
+//
+// Capacity: the configured RAM tier is split across the topology's nodes in proportion to
+// their memory. Usage counts allocated bytes (tensor sizes rounded to the allocation granule).
+// A pool's arena on a node is created on its first tensor there, sized to the pool's RAM
+// quota (sparse: only touched pages use memory), and destroyed with the pool.
+// Not thread-safe: owned by the daemon's event loop.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/catalog.hpp"
+#include "daemon/config.hpp"
+#include "daemon/ram/arena.hpp"
+#include "daemon/ram/extent_allocator.hpp"
+#include "daemon/topology.hpp"
+
+namespace tier::daemon {
+
+struct RamTierOptions {
+  std::string prefix;               // arena_prefix(state dir)
+  uint64_t capacity = 0;            // the whole RAM tier, bytes
+  uint64_t alignment = 2ull << 20;  // for tensors at least this large; smaller ones use 4 KiB
+  HugePages hugepages = HugePages::kNone;
+  std::string hugetlbfs_mount;
+};
+
+struct NodeUsage {
+  int32_t node = 0;
+  uint64_t capacity = 0, used = 0, tensors = 0;
+};
+
+class RamTier {
+ public:
+  RamTier(RamTierOptions opts, const Topology& topo);
+  ~RamTier();  // unmaps arenas; their names stay unless remove_all() ran
+  RamTier(const RamTier&) = delete;
+  RamTier& operator=(const RamTier&) = delete;
+
+  // Places `size` bytes of `pool` on `node`: checks the pool quota and the node's capacity,
+  // creates the arena on first use. kResourceExhausted with the reason when it does not fit.
+  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
+  void release(Pool& pool, const RamLocation& loc);
+  [[nodiscard]] Arena* arena(uint64_t id) noexcept;
+  // Unlinks and unmaps every arena of the pool (its tensors are gone).
+  void drop_pool(uint64_t pool_id);
+  // Unlinks every arena (clean exit with remove_arenas_on_exit).
+  void unlink_all();
+
+  const std::vector<NodeUsage>& nodes() const noexcept { return nodes_; }
+  uint64_t capacity() const noexcept { return opts_.capacity; }
+  uint64_t used() const noexcept;
+  size_t arena_count() const noexcept { return arenas_.size(); }
+  const RamTierOptions& options() const noexcept { return opts_; }
+
+ private:
+  struct Entry {
+    std::unique_ptr<Arena> arena;
+    ExtentAllocator alloc;
+  };
+  NodeUsage* usage(int32_t node) noexcept;
+
+  RamTierOptions opts_;
+  std::vector<NodeUsage> nodes_;
+  std::map<uint64_t, Entry> arenas_;  // by arena id: pool-major, so a pool's arenas are adjacent
+};
+
+}  // namespace tier::daemon

@@ -1,0 +1,548 @@
+#include "daemon/request_handler.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "daemon/log.hpp"
+
+namespace tier::daemon {
+
+using namespace tier::wire;
+
+namespace {
+
+constexpr uint16_t kType(MsgType t) { return static_cast<uint16_t>(t); }
+
+// Room left for the reply status and vector counts when filling a list reply.
+constexpr size_t kListBudget = kMaxMessageBytes - 1024;
+
+size_t encoded_size(const TensorInfoW& t) {
+  return 8 + 4 + t.name.size() + 8 + 1 + 4 + 8 * t.shape.size() + 4 + 1 + 1 + 4 + 1;
+}
+
+uint64_t ms_since(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+}
+
+}  // namespace
+
+RequestHandler::RequestHandler(DaemonState& state) : state_(state) {}
+
+void RequestHandler::session_opened(Session& s) {
+  s.leases.session_id = s.id;
+  sessions_[s.id] = &s;
+}
+
+void RequestHandler::session_closed(Session& s) {
+  sessions_.erase(s.id);
+  state_.leases.drop_waiters(s.id);
+  size_t n = state_.leases.release_all(s.leases, state_.catalog);
+  if (n > 0) {
+    log_debug("session {} (pid {}) closed holding {} leases; released", s.id, s.pid, n);
+    retry_waiters();
+  }
+}
+
+// --- replies ---
+
+template <class T>
+void RequestHandler::reply_ok(const Header& h, const T& body, Reply& out) {
+  Status st = encode_reply(h.type, h.request_id, Status::ok(), body, out.bytes);
+  if (!st) reply_err(h, st, out);
+}
+
+void RequestHandler::reply_err_raw(uint16_t type, uint32_t request_id, const Status& st,
+                                   Reply& out) {
+  state_.counters.errors++;
+  Status enc = encode_reply(type, request_id, st, Empty{}, out.bytes);
+  (void)enc;  // an error reply is a status and a message capped at kMaxStringBytes: it fits
+}
+
+void RequestHandler::reply_err(const Header& h, const Status& st, Reply& out) {
+  reply_err_raw(h.type, h.request_id, st, out);
+}
+
+// --- authorization ---
+
+bool RequestHandler::is_admin(const Session& s) const noexcept {
+  return s.uid == 0 || (state_.admin_gid != static_cast<gid_t>(-1) && s.gid == state_.admin_gid);
+}
+
+Status RequestHandler::may_use(const Session& s, const Pool& p) const {
+  if (s.uid == p.owner_uid) return Status::ok();
+  return Status(Code::kPermissionDenied,
+                "pool '" + p.name + "' belongs to uid " + std::to_string(p.owner_uid));
+}
+
+Status RequestHandler::may_inspect(const Session& s, const Pool& p) const {
+  if (s.uid == p.owner_uid || is_admin(s)) return Status::ok();
+  return may_use(s, p);
+}
+
+Result<Pool*> RequestHandler::pool_named(const std::string& name) {
+  Pool* p = state_.catalog.find_pool(name);
+  if (!p) return fail(Code::kNotFound, "no pool named '" + name + "'");
+  return p;
+}
+
+// --- dispatch ---
+
+void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Reply& out) {
+  out.reset();
+  state_.counters.requests++;
+  auto hdr = parse_header(datagram);
+  if (!hdr) {
+    // The header cannot be trusted: answer what we can and drop the connection.
+    uint16_t type = 0;
+    uint32_t rid = 0;
+    if (datagram.size() >= kHeaderBytes) {
+      Header raw;
+      std::memcpy(&raw, datagram.data(), kHeaderBytes);
+      type = raw.type & static_cast<uint16_t>(~kReplyBit);
+      rid = raw.request_id;
+    }
+    reply_err_raw(type, rid, hdr.error(), out);
+    out.close = true;
+    return;
+  }
+  const Header& h = *hdr;
+  if (h.type & kReplyBit) {
+    reply_err_raw(h.type & static_cast<uint16_t>(~kReplyBit), h.request_id,
+                  Status(Code::kProtocol, "clients send requests, not replies"), out);
+    out.close = true;
+    return;
+  }
+  auto payload = payload_of(datagram);
+  if (!s.hello && h.type != kType(MsgType::kHello)) {
+    reply_err(h, Status(Code::kProtocol, "the first message must be Hello"), out);
+    out.close = true;
+    return;
+  }
+  static constexpr std::array<Handler, kMaxMsgType + 1> kHandlers = {
+      nullptr,
+      &RequestHandler::on_hello,
+      &RequestHandler::on_pool_create,
+      &RequestHandler::on_pool_open,
+      &RequestHandler::on_pool_list,
+      &RequestHandler::on_pool_drop,
+      &RequestHandler::on_tensor_create,
+      &RequestHandler::on_tensor_open,
+      &RequestHandler::on_tensor_list,
+      &RequestHandler::on_tensor_delete,
+      &RequestHandler::on_lease,
+      &RequestHandler::on_release,
+      &RequestHandler::on_map_arena,
+      &RequestHandler::on_status,
+      &RequestHandler::on_topo,
+      &RequestHandler::on_nvme_only,  // Prefetch
+      &RequestHandler::on_nvme_only,  // Evict
+      &RequestHandler::on_nvme_only,  // PlanSet
+      &RequestHandler::on_nvme_only,  // Snapshot
+      &RequestHandler::on_metrics,
+  };
+  (this->*kHandlers[h.type])(s, h, payload, out);
+}
+
+#define TIER_DECODE(T, var)                                                       \
+  auto var##_r = decode<T>(payload);                                             \
+  if (!var##_r) return reply_err(h, var##_r.error(), out);                       \
+  T& var = *var##_r
+
+void RequestHandler::on_hello(Session& s, const Header& h, std::span<const std::byte> payload,
+                              Reply& out) {
+  TIER_DECODE(HelloReq, req);
+  if (req.version != kVersion) {
+    reply_err(h, Status(Code::kProtocol, "protocol version " + std::to_string(req.version) +
+                                             " is not supported (tierd speaks " +
+                                             std::to_string(kVersion) + ")"),
+              out);
+    out.close = true;
+    return;
+  }
+  s.hello = true;
+  s.numa_node = req.numa_node;
+  s.name = std::move(req.client_name);
+  if (s.name.size() > 255) s.name.resize(255);
+  reply_ok(h, HelloRep{kVersion, kDaemonVersion, s.id}, out);
+}
+
+void RequestHandler::on_pool_create(Session& s, const Header& h,
+                                    std::span<const std::byte> payload, Reply& out) {
+  TIER_DECODE(PoolCreateReq, req);
+  if (Status st = validate_pool_name(req.name); !st) return reply_err(h, st, out);
+  if (Pool* p = state_.catalog.find_pool(req.name)) {
+    if (!req.exist_ok) return reply_err(h, Status(Code::kAlreadyExists, "pool '" + req.name + "' exists"), out);
+    if (Status st = may_use(s, *p); !st) return reply_err(h, st, out);
+    return reply_ok(h, to_wire(pool_info(*p)), out);
+  }
+  uint64_t quota = req.ram_quota == 0 ? state_.sizes.pool_quota : req.ram_quota;
+  if (quota > state_.ram->capacity())
+    return reply_err(h, Status(Code::kResourceExhausted,
+                               "RAM quota " + format_size(quota) + " exceeds the RAM tier of " +
+                                   format_size(state_.ram->capacity())),
+                     out);
+  auto p = state_.catalog.create_pool(req.name, s.uid, quota, req.nvme_quota);
+  if (!p) return reply_err(h, p.error(), out);
+  log_info("pool '{}' created by uid {} (RAM quota {})", req.name, s.uid, format_size(quota));
+  reply_ok(h, to_wire(pool_info(**p)), out);
+}
+
+void RequestHandler::on_pool_open(Session& s, const Header& h, std::span<const std::byte> payload,
+                                  Reply& out) {
+  TIER_DECODE(PoolNameReq, req);
+  auto p = pool_named(req.name);
+  if (!p) return reply_err(h, p.error(), out);
+  if (Status st = may_inspect(s, **p); !st) return reply_err(h, st, out);
+  reply_ok(h, to_wire(pool_info(**p)), out);
+}
+
+void RequestHandler::on_pool_list(Session& s, const Header& h, std::span<const std::byte> payload,
+                                  Reply& out) {
+  TIER_DECODE(Empty, req);
+  (void)req;
+  PoolListRep rep;
+  size_t bytes = 0;
+  for (const auto& [name, id] : state_.catalog.pool_names()) {
+    Pool* p = state_.catalog.find_pool(id);
+    if (!p || (p->owner_uid != s.uid && !is_admin(s))) continue;
+    bytes += 64 + name.size();
+    if (bytes > kListBudget) break;  // 1000+ pools: the rest does not fit one reply
+    rep.pools.push_back(to_wire(pool_info(*p)));
+  }
+  reply_ok(h, rep, out);
+}
+
+void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const std::byte> payload,
+                                  Reply& out) {
+  TIER_DECODE(PoolNameReq, req);
+  auto pr = pool_named(req.name);
+  if (!pr) return reply_err(h, pr.error(), out);
+  Pool& p = **pr;
+  if (s.uid != p.owner_uid && !is_admin(s)) return reply_err(h, may_use(s, p), out);
+  if (p.leases > 0)
+    return reply_err(h, Status(Code::kBusy, "pool '" + p.name + "' has " + std::to_string(p.leases) +
+                                                " leases held"),
+                     out);
+  for (auto& [id, t] : p.tensors)
+    if (t.ram) state_.ram->release(p, *t.ram);
+  state_.ram->drop_pool(p.id);
+  log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, s.uid, p.tensors.size());
+  state_.catalog.erase_pool(p.id);
+  reply_ok(h, Empty{}, out);
+  retry_waiters();  // waiters on its tensors now get kNotFound
+}
+
+void RequestHandler::on_tensor_create(Session& s, const Header& h,
+                                      std::span<const std::byte> payload, Reply& out) {
+  TIER_DECODE(TensorCreateReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  Pool& p = **pr;
+  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
+  if (Status st = validate_tensor_name(req.name); !st) return reply_err(h, st, out);
+  if (req.size == 0) return reply_err(h, Status(Code::kInvalidArgument, "tensor size must be > 0"), out);
+  if (req.dtype > kMaxDType) return reply_err(h, Status(Code::kInvalidArgument, "unknown dtype"), out);
+  if (req.shape.size() > 8)
+    return reply_err(h, Status(Code::kInvalidArgument, "a shape has at most 8 dimensions"), out);
+  for (int64_t d : req.shape)
+    if (d < 0) return reply_err(h, Status(Code::kInvalidArgument, "negative shape dimension"), out);
+  if (req.placement_kind > 2)
+    return reply_err(h, Status(Code::kInvalidArgument, "unknown placement kind"), out);
+  if (Tensor* t = state_.catalog.find_tensor(p, req.name)) {
+    if (!req.exist_ok || t->size != req.size)
+      return reply_err(h, Status(Code::kAlreadyExists,
+                                 "tensor '" + req.name + "' exists in pool '" + p.name + "'" +
+                                     (t->size != req.size ? " with size " + std::to_string(t->size) : "")),
+                       out);
+    return reply_ok(h, to_wire(tensor_info(*t)), out);
+  }
+  Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
+  auto node = choose_node(state_.topology, pl, s.numa_node);
+  if (!node) return reply_err(h, node.error(), out);
+  auto loc = state_.ram->allocate(p, *node, req.size);
+  if (!loc) return reply_err(h, loc.error(), out);
+  TensorDesc desc{std::move(req.name), req.size, static_cast<DType>(req.dtype), std::move(req.shape), pl};
+  auto t = state_.catalog.create_tensor(p, std::move(desc), *node);
+  if (!t) {
+    state_.ram->release(p, *loc);
+    return reply_err(h, t.error(), out);
+  }
+  (*t)->ram = *loc;
+  reply_ok(h, to_wire(tensor_info(**t)), out);
+}
+
+void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const std::byte> payload,
+                                    Reply& out) {
+  TIER_DECODE(TensorRefReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (Status st = may_inspect(s, **pr); !st) return reply_err(h, st, out);
+  Tensor* t = state_.catalog.find_tensor(**pr, req.name);
+  if (!t)
+    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
+  reply_ok(h, to_wire(tensor_info(*t)), out);
+}
+
+void RequestHandler::on_tensor_list(Session& s, const Header& h, std::span<const std::byte> payload,
+                                    Reply& out) {
+  TIER_DECODE(TensorListReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (Status st = may_inspect(s, **pr); !st) return reply_err(h, st, out);
+  const Pool& p = **pr;
+  TensorListRep rep;
+  size_t bytes = 0;
+  uint32_t max = req.max == 0 ? UINT32_MAX : req.max;
+  for (auto it = p.tensors.upper_bound(req.after_id); it != p.tensors.end(); ++it) {
+    TensorInfoW w = to_wire(tensor_info(it->second));
+    size_t sz = encoded_size(w);
+    if (rep.tensors.size() >= max || bytes + sz > kListBudget) {
+      rep.more = true;
+      break;
+    }
+    bytes += sz;
+    rep.tensors.push_back(std::move(w));
+  }
+  reply_ok(h, rep, out);
+}
+
+void RequestHandler::on_tensor_delete(Session& s, const Header& h,
+                                      std::span<const std::byte> payload, Reply& out) {
+  TIER_DECODE(TensorRefReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  Pool& p = **pr;
+  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
+  Tensor* t = state_.catalog.find_tensor(p, req.name);
+  if (!t)
+    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
+  if (t->readers > 0 || t->writer)
+    return reply_err(h, Status(Code::kBusy, "tensor '" + req.name + "' is leased"), out);
+  if (t->ram) state_.ram->release(p, *t->ram);
+  state_.catalog.erase_tensor(p, t->id);
+  reply_ok(h, Empty{}, out);
+  retry_waiters();
+}
+
+// --- leases (hot path) ---
+
+Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint64_t> ids) {
+  scratch_tensors_.clear();
+  for (uint64_t id : ids) {
+    Tensor* t = state_.catalog.find_tensor(id);
+    if (!t) return Status(Code::kNotFound, "no tensor with id " + std::to_string(id));
+    Pool* p = state_.catalog.find_pool(t->pool_id);
+    if (!p) return Status(Code::kInternal, "tensor without a pool");
+    if (p->owner_uid != s.uid) return may_use(s, *p);
+    if (!t->ram)
+      return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
+    scratch_tensors_.push_back(t);
+  }
+  return Status::ok();
+}
+
+Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
+                             std::vector<std::byte>& out) {
+  scratch_ids_.clear();
+  TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
+  state_.counters.leases_granted += scratch_ids_.size();
+  state_.counters.hits += scratch_ids_.size();
+  lease_rep_.grants.resize(scratch_tensors_.size());
+  for (size_t i = 0; i < scratch_tensors_.size(); ++i) {
+    const Tensor& t = *scratch_tensors_[i];
+    lease_rep_.grants[i] = LeaseGrant{scratch_ids_[i], t.id, t.ram->arena_id, t.ram->offset, t.size};
+  }
+  Status st = encode_reply(kType(MsgType::kLease), request_id, Status::ok(), lease_rep_, out);
+  if (!st) {
+    // Cannot happen with kMaxBatch grants of 40 bytes; undo rather than hold unreported leases.
+    for (uint64_t id : scratch_ids_) (void)state_.leases.release(s.leases, id, state_.catalog);
+    return st;
+  }
+  return Status::ok();
+}
+
+void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::byte> payload,
+                              Reply& out) {
+  Reader r(payload);
+  r(lease_req_);
+  if (!r.ok() || !r.at_end())
+    return reply_err(h, Status(Code::kProtocol, "malformed Lease request"), out);
+  const LeaseReq& req = lease_req_;
+  if (req.mode != static_cast<uint8_t>(LeaseMode::kRead) && req.mode != static_cast<uint8_t>(LeaseMode::kWrite))
+    return reply_err(h, Status(Code::kInvalidArgument, "lease mode must be read or write"), out);
+  if (req.tensor_ids.empty() || req.tensor_ids.size() > kMaxBatch)
+    return reply_err(h, Status(Code::kInvalidArgument, "a lease names 1.." + std::to_string(kMaxBatch) + " tensors"), out);
+  if (s.leases.count + req.tensor_ids.size() > state_.config.max_leases_per_client)
+    return reply_err(h, Status(Code::kResourceExhausted,
+                               "this client holds " + std::to_string(s.leases.count) +
+                                   " leases; the limit is " + std::to_string(state_.config.max_leases_per_client)),
+                     out);
+  if (Status st = resolve_for_lease(s, req.tensor_ids); !st) return reply_err(h, st, out);
+  LeaseMode mode = static_cast<LeaseMode>(req.mode);
+  Status st = grant(s, mode, h.request_id, out.bytes);
+  if (st) return;
+  if (st.code() != Code::kBusy || req.timeout_ms == 0) return reply_err(h, st, out);
+  Waiter w;
+  w.session_id = s.id;
+  w.request_id = h.request_id;
+  w.mode = mode;
+  w.tensor_ids = req.tensor_ids;
+  if (req.timeout_ms > 0) w.deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  state_.leases.add_waiter(std::move(w));
+  state_.counters.lease_waits++;
+  state_.counters.stalls++;
+  out.deferred = true;
+}
+
+void RequestHandler::on_release(Session& s, const Header& h, std::span<const std::byte> payload,
+                                Reply& out) {
+  Reader r(payload);
+  r(release_req_);
+  if (!r.ok() || !r.at_end())
+    return reply_err(h, Status(Code::kProtocol, "malformed Release request"), out);
+  if (release_req_.lease_ids.size() > kMaxBatch)
+    return reply_err(h, Status(Code::kInvalidArgument, "a release names at most " + std::to_string(kMaxBatch) + " leases"), out);
+  // All or nothing: every id must be a lease of this session.
+  for (uint64_t id : release_req_.lease_ids) {
+    const LeaseTable::Lease* l = state_.leases.find(id);
+    if (!l || l->session_id != s.id)
+      return reply_err(h, Status(Code::kNotFound, "no lease " + std::to_string(id) + " held by this client"), out);
+  }
+  size_t released = 0;
+  for (uint64_t id : release_req_.lease_ids)
+    if (state_.leases.release(s.leases, id, state_.catalog)) ++released;  // a repeated id fails
+  reply_ok(h, Empty{}, out);
+  if (released > 0 && state_.leases.waiter_count() > 0) retry_waiters();
+}
+
+void RequestHandler::retry_waiters() {
+  state_.leases.retry_waiters([&](Waiter& w) {
+    auto it = sessions_.find(w.session_id);
+    if (it == sessions_.end()) return true;
+    Session& s = *it->second;
+    Status st = resolve_for_lease(s, w.tensor_ids);
+    if (st) {
+      st = grant(s, w.mode, w.request_id, deferred_buf_);
+      if (!st && st.code() == Code::kBusy) return false;  // still waiting
+    }
+    if (!st) {
+      state_.counters.errors++;
+      (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
+    }
+    if (sink_) sink_(w.session_id, deferred_buf_);
+    return true;
+  });
+}
+
+void RequestHandler::expire(Clock::time_point now) {
+  state_.leases.expire_waiters(now, [&](Waiter& w) {
+    state_.counters.lease_timeouts++;
+    state_.counters.errors++;
+    Status st(Code::kTimeout, "lease not granted within the timeout: a conflicting lease is still held");
+    (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
+    if (sink_) sink_(w.session_id, deferred_buf_);
+  });
+}
+
+void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const std::byte> payload,
+                                  Reply& out) {
+  TIER_DECODE(MapArenaReq, req);
+  Pool* p = state_.catalog.find_pool(arena_pool(req.arena_id));
+  Arena* a = p ? state_.ram->arena(req.arena_id) : nullptr;
+  if (!a) return reply_err(h, Status(Code::kNotFound, "no arena " + std::to_string(req.arena_id)), out);
+  if (Status st = may_use(s, *p); !st) return reply_err(h, st, out);
+  reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
+  out.fd = a->fd();
+}
+
+// --- introspection ---
+
+StatusRep RequestHandler::status() const {
+  StatusRep r;
+  r.daemon_version = kDaemonVersion;
+  r.uptime_ms = ms_since(state_.started);
+  r.clients = state_.clients;
+  r.pools = static_cast<uint32_t>(state_.catalog.pool_count());
+  r.leases = state_.leases.live();
+  for (const auto& n : state_.ram->nodes()) r.ram.push_back(NodeTierW{n.node, n.capacity, n.used, 0, n.tensors});
+  const Counters& c = state_.counters;
+  r.bytes_read = c.bytes_read;
+  r.bytes_written = c.bytes_written;
+  r.hits = c.hits;
+  r.misses = c.misses;
+  r.stalls = c.stalls;
+  r.evictions = c.evictions;
+  r.prefetches = c.prefetches;
+  r.requests = c.requests;
+  r.errors = c.errors;
+  return r;
+}
+
+TopoRep RequestHandler::topo() const {
+  TopoRep r;
+  r.source = state_.topology.source;
+  for (const auto& n : state_.topology.nodes) r.nodes.push_back(TopoNodeW{n.id, n.memory, n.cpus});
+  for (const auto& d : state_.topology.gpus) r.gpus.push_back(TopoDevW{d.index, d.name, d.pci, d.numa_node});
+  for (const auto& d : state_.topology.nvme) r.nvme.push_back(TopoDevW{d.index, d.name, d.pci, d.numa_node});
+  return r;
+}
+
+std::string RequestHandler::metrics_text() const {
+  StatusRep st = status();
+  std::string o;
+  auto metric = [&](const char* name, const char* type, const char* help, uint64_t v) {
+    o += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  metric("tierd_uptime_seconds", "gauge", "Seconds since tierd started.", st.uptime_ms / 1000);
+  metric("tierd_clients", "gauge", "Connected clients.", st.clients);
+  metric("tierd_pools", "gauge", "Pools.", st.pools);
+  metric("tierd_leases", "gauge", "Leases held.", st.leases);
+  metric("tierd_requests_total", "counter", "Control requests served.", st.requests);
+  metric("tierd_errors_total", "counter", "Requests answered with an error.", st.errors);
+  metric("tierd_lease_waits_total", "counter", "Lease requests that waited.", state_.counters.lease_waits);
+  metric("tierd_lease_timeouts_total", "counter", "Lease waits that timed out.", state_.counters.lease_timeouts);
+  o += "# HELP tierd_ram_capacity_bytes RAM tier capacity per NUMA node.\n# TYPE tierd_ram_capacity_bytes gauge\n";
+  for (const auto& n : st.ram) o += fmt::format("tierd_ram_capacity_bytes{{node=\"{}\"}} {}\n", n.node, n.capacity);
+  o += "# HELP tierd_ram_used_bytes RAM tier bytes allocated per NUMA node.\n# TYPE tierd_ram_used_bytes gauge\n";
+  for (const auto& n : st.ram) o += fmt::format("tierd_ram_used_bytes{{node=\"{}\"}} {}\n", n.node, n.used);
+  o += "# HELP tierd_ram_tensors Tensors in RAM per NUMA node.\n# TYPE tierd_ram_tensors gauge\n";
+  for (const auto& n : st.ram) o += fmt::format("tierd_ram_tensors{{node=\"{}\"}} {}\n", n.node, n.tensors);
+  return o;
+}
+
+std::string RequestHandler::status_line() const {
+  return fmt::format("RAM {} of {} used, {} pools, {} clients, {} leases",
+                     format_size(state_.ram->used()), format_size(state_.ram->capacity()),
+                     state_.catalog.pool_count(), state_.clients, state_.leases.live());
+}
+
+void RequestHandler::on_status(Session&, const Header& h, std::span<const std::byte> payload,
+                               Reply& out) {
+  TIER_DECODE(Empty, req);
+  (void)req;
+  reply_ok(h, status(), out);
+}
+
+void RequestHandler::on_topo(Session&, const Header& h, std::span<const std::byte> payload,
+                             Reply& out) {
+  TIER_DECODE(Empty, req);
+  (void)req;
+  reply_ok(h, topo(), out);
+}
+
+void RequestHandler::on_metrics(Session&, const Header& h, std::span<const std::byte> payload,
+                                Reply& out) {
+  TIER_DECODE(Empty, req);
+  (void)req;
+  reply_ok(h, TextRep{metrics_text()}, out);
+}
+
+void RequestHandler::on_nvme_only(Session&, const Header& h, std::span<const std::byte>,
+                                  Reply& out) {
+  reply_err(h, Status(Code::kUnsupported, "the NVMe tier is not configured"), out);
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,124 @@
+// Request dispatch: one control message in, one reply out, as a pure function of the daemon
+// state and the session — no socket I/O — so it can be unit-tested and fuzzed in memory.
+//
+// Malformed input never crashes: a datagram whose header cannot be trusted (short, bad magic,
+// bad version, length mismatch, unknown type) gets a kProtocol reply and Reply::close; a body
+// that does not decode gets a kProtocol reply and the connection stays. The first message of a
+// session must be Hello.
+//
+// Lease requests that must wait produce no reply now (Reply::deferred); the reply comes later
+// through the DeferredSink, when the leases are granted, the deadline passes (kTimeout) or the
+// tensors vanish. Not thread-safe: the event loop is the only caller.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/state.hpp"
+#include "wire/messages.hpp"
+
+namespace tier::daemon {
+
+struct Session {
+  uint64_t id = 0;
+  uid_t uid = 0;  // from SO_PEERCRED
+  gid_t gid = 0;
+  pid_t pid = 0;
+  bool hello = false;
+  int32_t numa_node = -1;  // the client's node from Hello
+  std::string name;        // the client's name from Hello
+  SessionLeases leases;
+};
+
+struct Reply {
+  std::vector<std::byte> bytes;  // the encoded reply; empty when deferred
+  int fd = -1;                   // an fd to pass with it (borrowed: the arena keeps it open)
+  bool close = false;            // close the connection after sending
+  bool deferred = false;         // a lease wait: the reply comes through the DeferredSink
+  void reset() { bytes.clear(); fd = -1; close = false; deferred = false; }
+};
+
+class RequestHandler {
+ public:
+  using DeferredSink = std::function<void(uint64_t session_id, std::span<const std::byte> reply)>;
+
+  explicit RequestHandler(DaemonState& state);
+
+  void set_deferred_sink(DeferredSink sink) { sink_ = std::move(sink); }
+  // Sessions are registered while their connection is open; `s` must outlive the registration.
+  void session_opened(Session& s);
+  // Releases the session's leases, drops its waiters and retries the others.
+  void session_closed(Session& s);
+
+  void handle(Session& s, std::span<const std::byte> datagram, Reply& out);
+
+  // Answers the lease waiters whose deadline passed with kTimeout.
+  void expire(Clock::time_point now);
+  [[nodiscard]] std::optional<Clock::time_point> next_deadline() const {
+    return state_.leases.next_deadline();
+  }
+
+  [[nodiscard]] wire::StatusRep status() const;
+  [[nodiscard]] wire::TopoRep topo() const;
+  // Prometheus text exposition of the status counters.
+  [[nodiscard]] std::string metrics_text() const;
+  // One line for systemd's STATUS=.
+  [[nodiscard]] std::string status_line() const;
+
+ private:
+  using Handler = void (RequestHandler::*)(Session&, const wire::Header&,
+                                           std::span<const std::byte>, Reply&);
+  void on_hello(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_pool_create(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_pool_open(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_pool_list(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_pool_drop(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_tensor_create(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_tensor_open(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_tensor_list(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_tensor_delete(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_lease(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_release(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_map_arena(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_status(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_topo(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_metrics(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_nvme_only(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+
+  template <class T>
+  void reply_ok(const wire::Header& h, const T& body, Reply& out);
+  void reply_err(const wire::Header& h, const Status& st, Reply& out);
+  void reply_err_raw(uint16_t type, uint32_t request_id, const Status& st, Reply& out);
+
+  [[nodiscard]] bool is_admin(const Session& s) const noexcept;
+  [[nodiscard]] Status may_use(const Session& s, const Pool& p) const;
+  [[nodiscard]] Status may_inspect(const Session& s, const Pool& p) const;
+  [[nodiscard]] Result<Pool*> pool_named(const std::string& name);
+
+  // Resolves and authorizes tensor ids into scratch_tensors_.
+  [[nodiscard]] Status resolve_for_lease(const Session& s, std::span<const uint64_t> ids);
+  // Grants into scratch_grants_ and encodes the LeaseRep into `out`; false on conflict.
+  [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
+                             std::vector<std::byte>& out);
+  void retry_waiters();
+
+  DaemonState& state_;
+  DeferredSink sink_;
+  std::unordered_map<uint64_t, Session*> sessions_;
+  // Hot-path scratch, reused so that lease and release allocate nothing in steady state.
+  wire::LeaseReq lease_req_;
+  wire::ReleaseReq release_req_;
+  wire::LeaseRep lease_rep_;
+  std::vector<Tensor*> scratch_tensors_;
+  std::vector<uint64_t> scratch_ids_;
+  std::vector<std::byte> deferred_buf_;
+};
+
+}  // namespace tier::daemon

@@ -1,0 +1,397 @@
+#include "daemon/server.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <unordered_map>
+
+#include "daemon/log.hpp"
+#include "wire/transport.hpp"
+
+namespace tier::daemon {
+
+namespace {
+
+// epoll tags below kFirstSession name the daemon's own fds; connections use their session id.
+constexpr uint64_t kTagListen = 1, kTagSignal = 2, kTagLeaseTimer = 3, kTagTick = 4;
+constexpr uint64_t kFirstSession = 16;
+constexpr size_t kMaxQueuedReplies = 4096;  // a client this far behind is dropped
+constexpr int kMaxPerWakeup = 64;           // messages read from one client per wakeup (fairness)
+
+struct Pending {
+  std::vector<std::byte> bytes;
+  int fd = -1;  // owned dup of the fd to pass, or -1
+};
+
+struct Conn {
+  int fd = -1;
+  Session session;
+  std::deque<Pending> outq;
+  bool want_out = false;
+  bool dead = false;
+};
+
+sockaddr_un unix_addr(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  return a;
+}
+
+}  // namespace
+
+struct Server::Impl {
+  DaemonState& st;
+  RequestHandler handler;
+  std::string path;
+  int listen_fd = -1, epfd = -1, sigfd = -1, lease_timer = -1, tick_timer = -1;
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;  // by session id
+  std::vector<uint64_t> to_close;
+  uint64_t next_session = kFirstSession;
+  std::optional<Clock::time_point> armed_deadline;
+  uint64_t watchdog_usec = 0;
+  std::vector<std::byte> rbuf;
+  Reply reply;
+
+  Impl(DaemonState& s, std::string p) : st(s), handler(s), path(std::move(p)) {
+    handler.set_deferred_sink([this](uint64_t sid, std::span<const std::byte> bytes) {
+      auto it = conns.find(sid);
+      if (it != conns.end()) send(*it->second, bytes, -1);
+    });
+    rbuf.resize(wire::kMaxMessageBytes + 1);
+  }
+
+  ~Impl() {
+    for (auto& [id, c] : conns) {
+      for (auto& p : c->outq)
+        if (p.fd >= 0) ::close(p.fd);
+      ::close(c->fd);
+    }
+    for (int fd : {listen_fd, epfd, sigfd, lease_timer, tick_timer})
+      if (fd >= 0) ::close(fd);
+  }
+
+  Status add(int fd, uint64_t tag, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = tag;
+    if (::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0) return Status::from_errno(errno, "epoll_ctl add");
+    return Status::ok();
+  }
+
+  void set_out(Conn& c, bool on) {
+    if (c.want_out == on) return;
+    c.want_out = on;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+    ev.data.u64 = c.session.id;
+    ::epoll_ctl(epfd, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
+  void kill(Conn& c) {
+    if (c.dead) return;
+    c.dead = true;
+    to_close.push_back(c.session.id);
+  }
+
+  // Sends now, or queues when the socket is full. `pass_fd` is borrowed.
+  void send(Conn& c, std::span<const std::byte> bytes, int pass_fd) {
+    if (c.dead) return;
+    if (c.outq.empty()) {
+      Status s = wire::send_datagram(c.fd, bytes, pass_fd);
+      if (s) return;
+      if (s.code() != Code::kBusy) {
+        log_debug("session {}: {}", c.session.id, s.message());
+        kill(c);
+        return;
+      }
+    }
+    if (c.outq.size() >= kMaxQueuedReplies) {
+      log_warn("client pid {} stopped reading its replies; disconnecting it", c.session.pid);
+      kill(c);
+      return;
+    }
+    Pending p;
+    p.bytes.assign(bytes.begin(), bytes.end());
+    p.fd = pass_fd >= 0 ? ::fcntl(pass_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    c.outq.push_back(std::move(p));
+    set_out(c, true);
+  }
+
+  void flush(Conn& c) {
+    while (!c.outq.empty() && !c.dead) {
+      Pending& p = c.outq.front();
+      Status s = wire::send_datagram(c.fd, p.bytes, p.fd);
+      if (!s) {
+        if (s.code() != Code::kBusy) kill(c);
+        return;
+      }
+      if (p.fd >= 0) ::close(p.fd);
+      c.outq.pop_front();
+    }
+    if (c.outq.empty()) set_out(c, false);
+  }
+
+  void accept_all() {
+    for (;;) {
+      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) log_warn("accept: {}", std::strerror(errno));
+        return;
+      }
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        ::close(fd);
+        continue;
+      }
+      if (st.clients >= st.config.max_clients) {
+        log_warn("refusing client pid {}: {} clients connected (max_clients)", cred.pid, st.clients);
+        ::close(fd);
+        continue;
+      }
+      auto c = std::make_unique<Conn>();
+      c->fd = fd;
+      c->session.id = next_session++;
+      c->session.uid = cred.uid;
+      c->session.gid = cred.gid;
+      c->session.pid = cred.pid;
+      if (Status s = add(fd, c->session.id, EPOLLIN); !s) {
+        ::close(fd);
+        continue;
+      }
+      handler.session_opened(c->session);
+      st.clients++;
+      log_debug("client pid {} uid {} connected (session {})", cred.pid, cred.uid, c->session.id);
+      conns.emplace(c->session.id, std::move(c));
+    }
+  }
+
+  void read_conn(Conn& c) {
+    for (int i = 0; i < kMaxPerWakeup && !c.dead; ++i) {
+      iovec iov{rbuf.data(), rbuf.size()};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      ssize_t n = ::recvmsg(c.fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) kill(c);
+        return;
+      }
+      // Clients never pass fds; close any so a hostile peer cannot exhaust ours.
+      for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        size_t nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t k = 0; k < nfds; ++k) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(cm) + k * sizeof(int), sizeof fd);
+          ::close(fd);
+        }
+      }
+      if (n == 0) {
+        kill(c);
+        return;
+      }
+      std::span<const std::byte> dgram(rbuf.data(), static_cast<size_t>(n));
+      if ((msg.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > wire::kMaxMessageBytes) {
+        dgram = dgram.first(wire::kHeaderBytes < dgram.size() ? wire::kHeaderBytes : dgram.size());
+        // parse_header rejects it (the length no longer matches), so the reply is kProtocol
+        // and the connection closes.
+      }
+      handler.handle(c.session, dgram, reply);
+      if (!reply.deferred && !reply.bytes.empty()) send(c, reply.bytes, reply.fd);
+      if (reply.close) {
+        flush(c);
+        kill(c);
+      }
+    }
+  }
+
+  void close_dead() {
+    while (!to_close.empty()) {
+      uint64_t sid = to_close.back();
+      to_close.pop_back();
+      auto it = conns.find(sid);
+      if (it == conns.end()) continue;
+      Conn& c = *it->second;
+      ::epoll_ctl(epfd, EPOLL_CTL_DEL, c.fd, nullptr);
+      handler.session_closed(c.session);  // may answer waiters of other sessions
+      for (auto& p : c.outq)
+        if (p.fd >= 0) ::close(p.fd);
+      ::close(c.fd);
+      st.clients--;
+      log_debug("session {} closed", sid);
+      conns.erase(it);
+    }
+  }
+
+  void arm_lease_timer() {
+    auto d = handler.next_deadline();
+    if (d == armed_deadline) return;
+    armed_deadline = d;
+    itimerspec its{};
+    if (d) {
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d->time_since_epoch()).count();
+      if (ns <= 0) ns = 1;
+      its.it_value.tv_sec = ns / 1000000000;
+      its.it_value.tv_nsec = ns % 1000000000;
+    }
+    ::timerfd_settime(lease_timer, TFD_TIMER_ABSTIME, &its, nullptr);
+  }
+
+  void tick() {
+    std::string line = "STATUS=" + handler.status_line();
+    if (watchdog_usec > 0) line += "\nWATCHDOG=1";
+    sd_notify(0, line.c_str());
+  }
+};
+
+Server::Server(DaemonState& state, std::string socket_path)
+    : impl_(std::make_unique<Impl>(state, std::move(socket_path))) {}
+
+Server::~Server() = default;
+
+Status Server::listen() {
+  Impl& m = *impl_;
+  if (m.path.size() >= sizeof(sockaddr_un::sun_path))
+    return Status(Code::kInvalidArgument, "socket path '" + m.path + "' is longer than 107 bytes");
+  std::error_code ec;
+  auto parent = std::filesystem::path(m.path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  sockaddr_un addr = unix_addr(m.path);
+  struct stat sb;
+  if (::lstat(m.path.c_str(), &sb) == 0) {
+    if (!S_ISSOCK(sb.st_mode))
+      return Status(Code::kInvalidArgument, "'" + m.path + "' exists and is not a socket");
+    int probe = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    bool live = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(probe);
+    if (live) return Status(Code::kAlreadyExists, "another tierd is serving " + m.path);
+    ::unlink(m.path.c_str());
+  }
+  m.listen_fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (m.listen_fd < 0) return Status::from_errno(errno, "socket");
+  if (::bind(m.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    return Status::from_errno(errno, "bind " + m.path);
+  // Any uid may connect; requests are authorized per pool by SO_PEERCRED.
+  if (::chmod(m.path.c_str(), 0666) != 0) return Status::from_errno(errno, "chmod " + m.path);
+  if (::listen(m.listen_fd, 512) != 0) return Status::from_errno(errno, "listen " + m.path);
+
+  m.epfd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (m.epfd < 0) return Status::from_errno(errno, "epoll_create1");
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  m.sigfd = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (m.sigfd < 0) return Status::from_errno(errno, "signalfd");
+  m.lease_timer = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  m.tick_timer = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (m.lease_timer < 0 || m.tick_timer < 0) return Status::from_errno(errno, "timerfd_create");
+  TIER_RETURN_IF_ERROR(m.add(m.listen_fd, kTagListen, EPOLLIN));
+  TIER_RETURN_IF_ERROR(m.add(m.sigfd, kTagSignal, EPOLLIN));
+  TIER_RETURN_IF_ERROR(m.add(m.lease_timer, kTagLeaseTimer, EPOLLIN));
+  TIER_RETURN_IF_ERROR(m.add(m.tick_timer, kTagTick, EPOLLIN));
+
+  uint64_t usec = 0;
+  if (m.st.config.watchdog && sd_watchdog_enabled(0, &usec) > 0) m.watchdog_usec = usec;
+  uint64_t period_us = static_cast<uint64_t>(m.st.config.status_interval_ms) * 1000;
+  if (m.watchdog_usec > 0) period_us = std::min(period_us, m.watchdog_usec / 2);
+  if (period_us == 0) period_us = 1000;
+  itimerspec its{};
+  its.it_interval.tv_sec = static_cast<time_t>(period_us / 1000000);
+  its.it_interval.tv_nsec = static_cast<long>(period_us % 1000000) * 1000;
+  its.it_value = its.it_interval;
+  ::timerfd_settime(m.tick_timer, 0, &its, nullptr);
+  return Status::ok();
+}
+
+Status Server::run() {
+  Impl& m = *impl_;
+  log_info("listening on {} (RAM tier {}, {} NUMA nodes, topology {})", m.path,
+           format_size(m.st.ram->capacity()), m.st.topology.nodes.size(), m.st.topology.source);
+  sd_notifyf(0, "READY=1\nSTATUS=%s\nMAINPID=%d", m.handler.status_line().c_str(),
+             static_cast<int>(::getpid()));
+  epoll_event events[64];
+  bool stop = false;
+  while (!stop) {
+    m.arm_lease_timer();
+    int n = ::epoll_wait(m.epfd, events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::from_errno(errno, "epoll_wait");
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kTagListen) {
+        m.accept_all();
+      } else if (tag == kTagSignal) {
+        signalfd_siginfo si;
+        while (::read(m.sigfd, &si, sizeof si) == sizeof si) {
+          if (si.ssi_signo == SIGHUP) {
+            log_info("SIGHUP ignored: restart tierd to change its configuration");
+            continue;
+          }
+          log_info("signal {} received; stopping", si.ssi_signo);
+          stop = true;
+        }
+      } else if (tag == kTagLeaseTimer) {
+        uint64_t x;
+        while (::read(m.lease_timer, &x, sizeof x) == sizeof x) {}
+        m.armed_deadline.reset();
+        m.handler.expire(Clock::now());
+      } else if (tag == kTagTick) {
+        uint64_t x;
+        while (::read(m.tick_timer, &x, sizeof x) == sizeof x) {}
+        m.tick();
+      } else {
+        auto it = m.conns.find(tag);
+        if (it == m.conns.end()) continue;
+        Conn& c = *it->second;
+        if (events[i].events & EPOLLOUT) m.flush(c);
+        if (events[i].events & EPOLLIN) m.read_conn(c);
+        if (events[i].events & (EPOLLERR | EPOLLHUP)) {
+          if (!(events[i].events & EPOLLIN)) m.kill(c);
+          else m.read_conn(c);  // drain what is left; read sees the close
+        }
+      }
+    }
+    m.close_dead();
+  }
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  ::close(m.listen_fd);
+  m.listen_fd = -1;
+  ::unlink(m.path.c_str());
+  for (auto& [sid, c] : m.conns) m.to_close.push_back(sid);
+  m.close_dead();
+  if (m.st.config.remove_arenas_on_exit) {
+    m.st.ram->unlink_all();
+    log_info("arenas removed (remove_arenas_on_exit)");
+  } else {
+    log_info("arenas kept in /dev/shm for the next start ({} arenas)", m.st.ram->arena_count());
+  }
+  log_info("stopped cleanly");
+  return Status::ok();
+}
+
+}  // namespace tier::daemon
