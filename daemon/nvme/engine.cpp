@@ -1,0 +1,419 @@
+#include "nvme/engine.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "nvme/nvme_log.hpp"
+
+namespace tier::nvme {
+namespace {
+
+struct AlignedFree {
+  void operator()(std::byte* p) const noexcept { std::free(p); }
+};
+using Bounce = std::unique_ptr<std::byte, AlignedFree>;
+
+Bounce alloc_bounce(uint64_t n) {
+  return Bounce(static_cast<std::byte*>(std::aligned_alloc(kExtentAlign, n)));
+}
+
+bool is_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kExtentAlign == 0; }
+
+// Whether the filesystem under `dir` accepts O_DIRECT opens and I/O. kOk + false with `why`
+// when it refuses (EINVAL); an error Status when the directory is unusable.
+Result<bool> probe_direct_io(const std::string& dir, std::string& why) {
+  std::string p = dir + "/.tier-odirect-probe";
+  int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int err = errno;
+    if (err == EINVAL) {
+      why = "the filesystem refuses O_DIRECT (open: EINVAL)";
+      return false;
+    }
+    return fail(Status::from_errno(err, "open " + p));
+  }
+  Bounce b = alloc_bounce(kExtentAlign);
+  std::memset(b.get(), 0, kExtentAlign);
+  ssize_t n = ::pwrite(fd, b.get(), kExtentAlign, 0);
+  int err = errno;
+  ::close(fd);
+  ::unlink(p.c_str());
+  if (n != static_cast<ssize_t>(kExtentAlign)) {
+    if (n < 0 && err == EINVAL) {
+      why = "the filesystem refuses O_DIRECT I/O (write: EINVAL)";
+      return false;
+    }
+    return fail(Status::from_errno(n < 0 ? err : EIO, "probe write " + p));
+  }
+  return true;
+}
+
+}  // namespace
+
+struct Engine::Op {
+  bool write = false;
+  uint64_t tensor_id = 0;
+  std::byte* base = nullptr;
+  NvmeLocation loc;
+  bool has_replaces = false;
+  NvmeLocation replaces;
+  struct Part {
+    uint64_t pos = 0;         // offset of the extent's bytes in the tensor
+    uint32_t pending = 0;     // transfers in flight for this extent
+    bool failed = false;
+    Bounce bounce;            // aligned copy of [bounce_off, bounce_off + bounce_len)
+    uint64_t bounce_off = 0, bounce_len = 0;
+  };
+  std::vector<Part> parts;
+  size_t outstanding = 0;
+  Status error;
+  SpillDone spill_done;
+  FetchDone fetch_done;
+};
+
+Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
+  if (o.dirs.empty()) return fail(Code::kInvalidArgument, "no NVMe directory given");
+  if (o.dirs.size() > UINT16_MAX) return fail(Code::kInvalidArgument, "too many NVMe directories");
+  std::unique_ptr<Engine> e(new Engine());
+  e->opts_ = o;
+  e->epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  e->efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (e->epfd_ < 0 || e->efd_ < 0) return fail(Status::from_errno(errno, "engine epoll/eventfd"));
+  auto watch = [&](int fd) -> Status {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(e->epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+      return Status::from_errno(errno, "epoll_ctl");
+    return Status::ok();
+  };
+  if (Status s = watch(e->efd_); !s) return fail(s);
+
+  std::vector<std::unique_ptr<DirStore>> stores;
+  for (size_t i = 0; i < o.dirs.size(); ++i) {
+    DirConfig dc = o.dirs[i];
+    std::error_code ec;
+    std::filesystem::create_directories(dc.path, ec);
+    if (ec) return fail(Code::kIo, fmt::format("create NVMe directory {}: {}", dc.path, ec.message()));
+    if (dc.numa_node < 0) dc.numa_node = detect_numa_node(dc.path);
+
+    std::string why;
+    bool direct = false;
+    if (is_memory_filesystem(dc.path)) {
+      why = "it is on tmpfs/ramfs (no block device; O_DIRECT is refused or meaningless there)";
+    } else {
+      auto probed = probe_direct_io(dc.path, why);
+      if (!probed) return fail(probed.error());
+      direct = *probed;
+    }
+    BackendOptions bo{o.queue_depth, o.threads, dc.numa_node};
+    std::unique_ptr<IoBackend> backend;
+    bool want_uring = o.backend == BackendChoice::kUring || (o.backend == BackendChoice::kAuto && direct);
+    if (want_uring) {
+      auto u = make_uring_backend(bo);
+      if (u) backend = std::move(*u);
+      else if (o.backend == BackendChoice::kUring) return fail(u.error());
+      else why = u.error().message();
+    } else if (o.backend == BackendChoice::kPread) {
+      why = "the pread backend was requested";
+    }
+    if (!backend) {
+      auto t = make_thread_pool_backend(bo);
+      if (!t) return fail(t.error());
+      backend = std::move(*t);
+      nlog_warn("NVMe directory {}: using the pread/pwrite thread pool ({} threads{}) because {}",
+                dc.path, o.threads, direct ? ", O_DIRECT" : ", page cache", why);
+    } else {
+      nlog_info("NVMe directory {}: io_uring{}, queue depth {}, request size {} KiB, NUMA node {}",
+                dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth,
+                o.request_size / 1024, dc.numa_node);
+    }
+    if (o.wrap_backend) backend = o.wrap_backend(static_cast<uint16_t>(i), std::move(backend));
+    Dir d;
+    d.direct = direct;
+    d.queue = std::make_unique<IoQueue>(std::move(backend), IoQueueOptions{o.request_size, 1000});
+    if (Status s = watch(d.queue->event_fd()); !s) return fail(s);
+    IoQueue* q = d.queue.get();
+    e->dirs_.push_back(std::move(d));
+    auto st = DirStore::open(static_cast<uint16_t>(i), dc, o.file_size, o.format, direct,
+                             [q](int fd) { return q->backend().add_file(fd); });
+    if (!st) return fail(st.error());
+    stores.push_back(std::move(*st));
+  }
+  e->store_ = std::make_unique<ExtentStore>(std::move(stores), o.stripe_unit);
+  return e;
+}
+
+Engine::~Engine() {
+  drain();
+  dirs_.clear();  // queues drain and backends stop before the data files close
+  store_.reset();
+  if (epfd_ >= 0) ::close(epfd_);
+  if (efd_ >= 0) ::close(efd_);
+}
+
+bool Engine::register_memory(std::span<const MemRegion> regions) {
+  bool all = true;
+  for (Dir& d : dirs_) {
+    if (d.queue->backend().name().find("io_uring") == std::string_view::npos) continue;
+    d.registered = d.queue->backend().register_memory(regions);
+    all = all && d.registered;
+  }
+  return all;
+}
+
+void Engine::defer(std::function<void()> fn) {
+  ready_.push_back(std::move(fn));
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
+}
+
+void Engine::start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool write) {
+  Op& op = *ops_.at(op_id);
+  const Extent& e = op.loc.extents[ext];
+  Op::Part& part = op.parts[ext];
+  Dir& d = dirs_[e.dir];
+  int file = store_->dir(e.dir).backend_file(e.file);
+  IoOp kind = write ? IoOp::kWrite : IoOp::kRead;
+  auto submit = [&](uint64_t off, std::byte* buf, uint64_t n) {
+    ++part.pending;
+    ++op.outstanding;
+    d.queue->submit(kind, file, e.offset + off, buf, n,
+                    [this, op_id, ext](int64_t r) { io_done(op_id, ext, r); });
+  };
+  uint64_t len = e.length;
+  if (!d.direct) {
+    submit(0, base, len);
+    return;
+  }
+  // O_DIRECT: aligned memory goes straight to the device; the rest through a bounce buffer.
+  uint64_t direct_len = is_aligned(base) ? (len & ~(kExtentAlign - 1)) : 0;
+  if (direct_len > 0) submit(0, base, direct_len);
+  uint64_t rest = len - direct_len;
+  if (rest == 0) return;
+  uint64_t padded = (rest + kExtentAlign - 1) & ~(kExtentAlign - 1);
+  part.bounce = alloc_bounce(padded);
+  part.bounce_off = direct_len;
+  part.bounce_len = rest;
+  if (write) {
+    std::memcpy(part.bounce.get(), base + direct_len, rest);
+    std::memset(part.bounce.get() + rest, 0, padded - rest);
+  }
+  submit(direct_len, part.bounce.get(), padded);
+}
+
+void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone done,
+                   const NvmeLocation* replaces) {
+  auto extents = store_->allocate(src.size());
+  if (!extents) {
+    Status s(extents.error().code(),
+             fmt::format("spill of tensor {} ({} bytes): {}", tensor_id, src.size(),
+                         extents.error().message()));
+    defer([done = std::move(done), s] { done(fail(s)); });
+    return;
+  }
+  uint64_t id = next_op_++;
+  auto op = std::make_unique<Op>();
+  op->write = true;
+  op->tensor_id = tensor_id;
+  op->base = const_cast<std::byte*>(src.data());  // only read: the op is a write
+  op->loc.size = src.size();
+  op->loc.extents = std::move(*extents);
+  if (replaces) {
+    op->has_replaces = true;
+    op->replaces = *replaces;
+  }
+  op->spill_done = std::move(done);
+  op->parts.resize(op->loc.extents.size());
+  uint64_t pos = 0;
+  for (size_t i = 0; i < op->loc.extents.size(); ++i) {
+    Extent& e = op->loc.extents[i];
+    e.checksum = extent_checksum(src.subspan(pos, e.length));
+    op->parts[i].pos = pos;
+    pos += e.length;
+  }
+  Op* raw = op.get();
+  ops_.emplace(id, std::move(op));
+  ++counters_.spills;
+  if (raw->loc.extents.empty()) {  // a zero-byte tensor: nothing to do but report
+    finish(id);
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
+    return;
+  }
+  for (size_t i = 0; i < raw->loc.extents.size(); ++i)
+    start_extent_io(id, i, raw->base + raw->parts[i].pos, true);
+}
+
+void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone done) {
+  uint64_t total = 0;
+  for (const Extent& e : loc.extents) {
+    if (e.dir >= store_->dirs() || e.file >= store_->dir(e.dir).files()) {
+      defer([done = std::move(done)] {
+        done(Status(Code::kInvalidArgument, "fetch: location names a data file that does not exist"));
+      });
+      return;
+    }
+    total += e.length;
+  }
+  if (total != loc.size || dst.size() != loc.size) {
+    Status s(Code::kInvalidArgument,
+             fmt::format("fetch: destination holds {} bytes, location {} (extents add up to {})",
+                         dst.size(), loc.size, total));
+    defer([done = std::move(done), s] { done(s); });
+    return;
+  }
+  uint64_t id = next_op_++;
+  auto op = std::make_unique<Op>();
+  op->base = dst.data();
+  op->loc = loc;
+  op->fetch_done = std::move(done);
+  op->parts.resize(loc.extents.size());
+  uint64_t pos = 0;
+  for (size_t i = 0; i < loc.extents.size(); ++i) {
+    op->parts[i].pos = pos;
+    pos += loc.extents[i].length;
+  }
+  Op* raw = op.get();
+  ops_.emplace(id, std::move(op));
+  ++counters_.fetches;
+  if (raw->loc.extents.empty()) {  // a zero-byte tensor: nothing to do but report
+    finish(id);
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
+    return;
+  }
+  for (size_t i = 0; i < raw->loc.extents.size(); ++i)
+    start_extent_io(id, i, raw->base + raw->parts[i].pos, false);
+}
+
+void Engine::io_done(uint64_t op_id, size_t ext, int64_t result) {
+  Op& op = *ops_.at(op_id);
+  Op::Part& part = op.parts[ext];
+  const Extent& e = op.loc.extents[ext];
+  if (result < 0) {
+    part.failed = true;
+    ++counters_.io_errors;
+    if (op.error.is_ok())
+      op.error = Status::from_errno(static_cast<int>(-result),
+                                    fmt::format("{} {} at offset {}", op.write ? "write" : "read",
+                                                store_->dir(e.dir).file_path(e.file), e.offset));
+  }
+  --part.pending;
+  --op.outstanding;
+  if (part.pending == 0) {
+    if (!op.write && !part.failed) {
+      std::byte* dst = op.base + part.pos;
+      if (part.bounce) std::memcpy(dst + part.bounce_off, part.bounce.get(), part.bounce_len);
+      if (extent_checksum({dst, e.length}) != e.checksum) {
+        ++counters_.checksum_failures;
+        part.failed = true;
+        std::string msg = fmt::format("checksum mismatch in {} at offset {}",
+                                      store_->dir(e.dir).file_path(e.file), e.offset);
+        nlog_error("{} ({} bytes)", msg, e.length);
+        if (op.error.is_ok() || op.error.code() != Code::kCorruption)
+          op.error = Status(Code::kCorruption, std::move(msg));
+      }
+    }
+    part.bounce.reset();
+  }
+  if (op.outstanding == 0) finish(op_id);
+}
+
+void Engine::finish(uint64_t op_id) {
+  auto node = ops_.extract(op_id);
+  std::unique_ptr<Op> op = std::move(node.mapped());
+  if (op->write) {
+    if (!op->error.is_ok()) {
+      if (Status s = store_->release(op->loc.extents); !s)
+        nlog_error("freeing extents of a failed spill: {}", s.to_string());
+      Status err(op->error.code(), fmt::format("spill of tensor {}: {}", op->tensor_id,
+                                               op->error.message()));
+      ready_.push_back([done = std::move(op->spill_done), err] { done(fail(err)); });
+      return;
+    }
+    if (op->has_replaces) {
+      if (Status s = store_->release(op->replaces.extents); !s)
+        nlog_error("freeing the replaced copy of tensor {}: {}", op->tensor_id, s.to_string());
+    }
+    counters_.spill_bytes += op->loc.size;
+    ready_.push_back([done = std::move(op->spill_done), loc = std::move(op->loc)]() mutable {
+      done(std::move(loc));
+    });
+  } else {
+    if (op->error.is_ok()) counters_.fetch_bytes += op->loc.size;
+    ready_.push_back([done = std::move(op->fetch_done), st = op->error] { done(st); });
+  }
+}
+
+Status Engine::free(const NvmeLocation& loc) { return store_->release(loc.extents); }
+Status Engine::adopt(const NvmeLocation& loc) { return store_->reserve(loc.extents); }
+
+size_t Engine::poll() {
+  uint64_t v;
+  while (::read(efd_, &v, sizeof v) == sizeof v) {
+  }
+  for (Dir& d : dirs_) d.queue->poll();
+  size_t n = 0;
+  while (!ready_.empty()) {
+    auto batch = std::move(ready_);
+    ready_.clear();
+    for (auto& fn : batch) {
+      fn();
+      ++n;
+    }
+  }
+  return n;
+}
+
+void Engine::wait() {
+  if (poll() > 0) return;
+  while (!ops_.empty() || !ready_.empty()) {
+    wait_readable(epfd_, 1000);
+    if (poll() > 0) return;
+  }
+}
+
+void Engine::drain() {
+  while (!ops_.empty() || !ready_.empty()) wait();
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = counters_;
+  s.dirs.clear();
+  for (size_t i = 0; i < dirs_.size(); ++i) {
+    const DirStore& ds = store_->dir(i);
+    const IoQueue& q = *dirs_[i].queue;
+    DirStats d;
+    d.path = ds.path();
+    d.numa_node = ds.numa_node();
+    d.backend = std::string(q.backend().name());
+    d.direct_io = dirs_[i].direct;
+    d.registered_buffers = dirs_[i].registered;
+    d.capacity = ds.capacity();
+    d.used = ds.used();
+    d.file_bytes = ds.file_bytes();
+    d.bytes_read = q.counters().bytes_read;
+    d.bytes_written = q.counters().bytes_written;
+    d.requests = q.counters().requests;
+    d.short_retries = q.counters().short_retries;
+    d.eagain_retries = q.counters().eagain_retries;
+    d.in_flight = q.backend().in_flight();
+    d.queue_depth = q.backend().queue_depth();
+    d.request_size = q.request_size();
+    s.capacity += d.capacity;
+    s.used += d.used;
+    s.dirs.push_back(std::move(d));
+  }
+  return s;
+}
+
+}  // namespace tier::nvme

@@ -1,0 +1,136 @@
+// Engine: the NVMe tier as the daemon drives it.
+//
+// open() sets up every configured directory: its data files (ExtentStore), a backend chosen
+// per directory (io_uring with O_DIRECT when the kernel and filesystem allow it, else the
+// pread/pwrite thread pool, with a log line saying why), and an IoQueue over it. spill() writes a
+// tensor's bytes to newly allocated extents, computing one XXH3 checksum per extent; fetch()
+// reads them back and verifies every checksum: a mismatch fails the fetch with kCorruption and
+// the destination's contents must then not be used (the bytes are never presented as data).
+//
+// Driving: the engine is single-threaded. The daemon polls event_fd() (readable when any
+// directory has completions or a callback is pending) and calls poll() when it is readable;
+// callbacks run only from poll()/wait()/drain(), never from inside spill()/fetch(), exactly once
+// each, and may start new operations. Buffers passed to spill()/fetch() must stay valid and
+// untouched until their callback runs. The destructor drains all I/O in flight.
+//
+// Alignment: O_DIRECT wants 4 KiB-aligned memory and lengths. Buffers that are aligned (the
+// RAM tier's tensor offsets are) go straight to the device; an unaligned tail, or a whole
+// unaligned buffer, goes through a bounce buffer (a memcpy).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "nvme/extent_store.hpp"
+#include "nvme/io_backend.hpp"
+#include "nvme/io_queue.hpp"
+#include "nvme/location.hpp"
+
+namespace tier::nvme {
+
+enum class BackendChoice : uint8_t { kAuto = 0, kUring = 1, kPread = 2 };
+
+struct EngineOptions {
+  std::vector<DirConfig> dirs;
+  uint64_t file_size = uint64_t{1} << 30;   // each preallocated data file
+  uint64_t stripe_unit = uint64_t{8} << 20; // tensors larger than this are striped across dirs
+  uint32_t queue_depth = 32;                // per directory
+  uint32_t request_size = 1u << 20;         // bytes per I/O request
+  uint32_t threads = 4;                     // pread backend workers per directory
+  BackendChoice backend = BackendChoice::kAuto;
+  bool format = false;  // delete existing data files at open
+  // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
+  std::function<std::unique_ptr<IoBackend>(uint16_t dir, std::unique_ptr<IoBackend>)> wrap_backend;
+};
+
+struct DirStats {
+  std::string path;
+  int numa_node = -1;
+  std::string backend;  // "io_uring" or "pread" (tierctl status shows it)
+  bool direct_io = false, registered_buffers = false;
+  uint64_t capacity = 0, used = 0, file_bytes = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;  // device bytes, padding included
+  uint64_t requests = 0, short_retries = 0, eagain_retries = 0;
+  uint64_t in_flight = 0;      // requests in flight now
+  uint32_t queue_depth = 0, request_size = 0;
+};
+
+struct EngineStats {
+  std::vector<DirStats> dirs;
+  uint64_t spills = 0, fetches = 0, spill_bytes = 0, fetch_bytes = 0;
+  uint64_t io_errors = 0, checksum_failures = 0;
+  uint64_t capacity = 0, used = 0;
+};
+
+class Engine {
+ public:
+  using SpillDone = std::function<void(Result<NvmeLocation>)>;
+  using FetchDone = std::function<void(Status)>;
+
+  [[nodiscard]] static Result<std::unique_ptr<Engine>> open(EngineOptions o);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Registers the memory spills and fetches will use (the arenas) as io_uring fixed buffers,
+  // best effort (see IoBackend::register_memory). Call with nothing in flight. Returns true
+  // when every io_uring directory registered them.
+  bool register_memory(std::span<const MemRegion> regions);
+
+  // Writes `src` to newly allocated extents; on success `done` gets the new location. When
+  // `replaces` is given, its extents are freed only after the new copy is complete; on failure
+  // the new extents are freed and `replaces` stays intact (nothing already stored is lost).
+  // Errors: kResourceExhausted (tier full / ENOSPC), kIo (device error, naming file and offset).
+  void spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone done,
+             const NvmeLocation* replaces = nullptr);
+  // Reads `loc` into `dst` (dst.size() == loc.size) and verifies each extent's checksum.
+  // Errors: kCorruption ("checksum mismatch in <file> at offset N"), kIo, kInvalidArgument.
+  void fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone done);
+  // Returns the extents to free space. The location must not be in use by a fetch.
+  [[nodiscard]] Status free(const NvmeLocation& loc);
+  // Marks a recorded location's extents used (rebuilding state after a restart).
+  [[nodiscard]] Status adopt(const NvmeLocation& loc);
+
+  // Readable when poll() has work; stays valid for the engine's lifetime.
+  int event_fd() const noexcept { return epfd_; }
+  size_t poll();
+  // Blocks until at least one callback ran (returns at once when nothing is pending).
+  void wait();
+  void drain();
+  size_t pending() const noexcept { return ops_.size(); }
+
+  EngineStats stats() const;
+  size_t dirs() const noexcept { return store_->dirs(); }
+  std::string file_path(const Extent& e) const { return store_->dir(e.dir).file_path(e.file); }
+  const EngineOptions& options() const noexcept { return opts_; }
+
+ private:
+  struct Dir {
+    std::unique_ptr<IoQueue> queue;
+    bool direct = false;
+    bool registered = false;
+  };
+  struct Op;
+
+  Engine() = default;
+  void defer(std::function<void()> fn);
+  void start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool write);
+  void io_done(uint64_t op_id, size_t ext, int64_t result);
+  void finish(uint64_t op_id);
+
+  EngineOptions opts_;
+  std::unique_ptr<ExtentStore> store_;
+  std::vector<Dir> dirs_;
+  int epfd_ = -1, efd_ = -1;
+  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;
+  uint64_t next_op_ = 1;
+  std::vector<std::function<void()>> ready_;  // callbacks to run at the end of poll()
+  EngineStats counters_;
+};
+
+}  // namespace tier::nvme

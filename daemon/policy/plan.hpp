@@ -1,0 +1,35 @@
+// PlanIndex: a registered plan (the ordered tensor uses of one training step, repeating every
+// step) indexed for "when is this tensor next used?".
+//
+// Positions: the cursor is the index in [0, length) of the next expected use; the daemon
+// advances it as the plan's leases arrive. A tensor may appear several times in one step
+// (forward and backward). Immutable after construction; safe to share between threads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace tier::policy {
+
+class PlanIndex {
+ public:
+  PlanIndex() = default;
+  explicit PlanIndex(std::vector<uint64_t> order);
+
+  size_t length() const noexcept { return order_.size(); }
+  bool empty() const noexcept { return order_.empty(); }
+  uint64_t at(uint64_t pos) const { return order_.at(pos % order_.size()); }
+  bool contains(uint64_t id) const { return positions_.contains(id); }
+  // Uses between `cursor` and the next use of `id`, counting cyclically: 0 when `id` is the use
+  // at `cursor`, length()-1 at most; nullopt when the plan does not use `id`.
+  std::optional<uint64_t> next_use(uint64_t id, uint64_t cursor) const;
+  const std::vector<uint64_t>& order() const noexcept { return order_; }
+
+ private:
+  std::vector<uint64_t> order_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> positions_;  // ascending positions
+};
+
+}  // namespace tier::policy
