@@ -1,0 +1,54 @@
+// An NCCL communicator across the ranks of tier-train, bootstrapped through MPI: rank 0 makes
+// the ncclUniqueId and broadcasts it (MPI_Bcast on MPI_COMM_WORLD, or the caller's broadcast
+// function when MPI calls must go through the trainer's comm thread), then every rank joins.
+//
+// Host C++23 (uses tier::Status); the collectives take device pointers and a CUDA stream and
+// only enqueue: completion is ordered by events on that stream.
+//
+// Thread-safety: one thread at a time per communicator (NCCL's own rule).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "tier/status.hpp"
+
+struct ncclComm;
+
+namespace tier::train::cuda {
+
+class NcclComm {
+ public:
+  // Broadcasts `bytes` at `data` from rank 0 to every rank (collective).
+  using Broadcast = std::function<Status(void* data, size_t bytes)>;
+
+  // `device` is this rank's GPU. With size == 1 no broadcast happens. When `bcast` is empty,
+  // MPI_Bcast on MPI_COMM_WORLD is used (MPI must be initialized, and no other thread may be
+  // in MPI at the same time unless MPI runs in MPI_THREAD_MULTIPLE).
+  [[nodiscard]] static Result<std::unique_ptr<NcclComm>> create(int rank, int size, int device,
+                                                                Broadcast bcast = {});
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // recv[r * count + i] = rank r's send[i] (ZeRO-3 layout: a layer is `size` equal shards).
+  [[nodiscard]] Status all_gather(const float* send, float* recv, size_t count, cudaStream_t s);
+  // recv[i] = sum over ranks of their send[rank * count + i].
+  [[nodiscard]] Status reduce_scatter(const float* send, float* recv, size_t count,
+                                      cudaStream_t s);
+  // In-place sum across ranks (small buffers: losses, norms).
+  [[nodiscard]] Status all_reduce(float* buf, size_t count, cudaStream_t s);
+
+ private:
+  NcclComm() = default;
+  ncclComm* comm_ = nullptr;
+  int rank_ = 0, size_ = 1, device_ = 0;
+};
+
+}  // namespace tier::train::cuda

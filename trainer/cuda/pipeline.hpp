@@ -1,0 +1,80 @@
+// The GPU side of ZeRO-3 streaming: per layer, the rank's parameter shard goes host → device
+// on a copy stream (straight from its tierd lease through tier::gpu::Stager), the full layer is
+// all-gathered with NCCL on a comm stream, and the compute stream (the backend's) waits only
+// for that layer's gather. Gradients go the other way: compute → reduce-scatter on the comm
+// stream → device → host on the D2H stream into the rank's grad shard. Events order the three
+// streams, so layer i+1's fetch and gather run while layer i computes:
+//
+//   copy:    H2D(i)   H2D(i+1)   H2D(i+2) ...        (waits: slot free = consumed(i-depth))
+//   comm:       AG(i)     AG(i+1)    AG(i+2) ...     (waits: h2d(i))
+//   compute:       F(i)       F(i+1)      F(i+2)     (waits: gathered(i); records consumed(i))
+//
+// `depth` slots (default 2: double buffering) bound the device memory: depth × (shard + layer)
+// floats for parameters and as many for gradients.
+//
+// The host spans passed in must stay pinned (lease held) until the returned event / Transfer
+// completes. Thread-safety: one thread drives a pipeline.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tier/gpu.hpp"
+#include "tier/status.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/nccl_comm.hpp"
+
+namespace tier::train::cuda {
+
+struct PipelineOptions {
+  size_t shard_floats = 0;  // the largest per-rank shard (padded layer / ranks)
+  int depth = 2;            // layers in flight per direction
+};
+
+class LayerPipeline {
+ public:
+  // `compute` is the backend's stream (backend_stream()); `comm` may be null for one rank.
+  [[nodiscard]] static Result<std::unique_ptr<LayerPipeline>> create(
+      tier::gpu::Stager& stager, NcclComm* comm, cudaStream_t compute, const PipelineOptions& o);
+  ~LayerPipeline();
+  LayerPipeline(const LayerPipeline&) = delete;
+  LayerPipeline& operator=(const LayerPipeline&) = delete;
+
+  // Enqueues H2D of this rank's shard and the all-gather of the layer; returns the device
+  // buffer (ranks × shard.size() floats) that will hold the full layer. The compute stream has
+  // been made to wait for the gather, so kernels enqueued on it after this call see the layer.
+  // The buffer stays valid until `depth` more fetches; call done_with() after the layer's last
+  // kernel was enqueued.
+  [[nodiscard]] Result<float*> fetch(int layer, std::span<const float> shard);
+  // Records that the compute stream finished enqueuing its use of the layer's slot.
+  [[nodiscard]] Status done_with(int layer);
+
+  // A zeroed device buffer (ranks × shard_floats) for the layer's full gradient, ready on the
+  // compute stream (it waited for the slot's previous reduce-scatter).
+  [[nodiscard]] Result<float*> grad_buffer(int layer, size_t shard_floats);
+  // After the compute stream wrote the layer's gradient: reduce-scatter it (sum over ranks)
+  // and copy this rank's shard into `shard` (host, pinned). Completes when the Transfer does.
+  [[nodiscard]] Result<tier::gpu::Transfer> push_grad(int layer, std::span<float> shard);
+
+  // ZeRO-Offload alternative for the optimizer: AdamW on the GPU over host shards (fp32 master
+  // p, moments m, v, gradient g, all pinned): H2D, the fused kernel, D2H of p, m, v. Blocks
+  // until the shards are back on the host. `working_bf16` (device, may be null) receives the
+  // bf16 working copy of the updated parameters.
+  [[nodiscard]] Status adamw(std::span<float> p, std::span<float> m, std::span<float> v,
+                             std::span<const float> g, const AdamW& h,
+                             uint16_t* working_bf16 = nullptr);
+
+  cudaStream_t copy_stream() const;
+  cudaStream_t comm_stream() const;
+
+ private:
+  struct Impl;
+  explicit LayerPipeline(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tier::train::cuda
