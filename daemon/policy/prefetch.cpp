@@ -10,6 +10,9 @@ PrefetchPlan plan_prefetch(const PrefetchInput& in) {
   out.next_start = std::numeric_limits<double>::infinity();
   if (in.plan == nullptr || in.plan->empty() || in.bandwidth <= 0) return out;
   std::unordered_set<uint64_t> seen;
+  const double base = in.cursor_at.value_or(in.now);
+  // Starts within this of now count as due now (the backward pass accumulates rounding).
+  const double eps = 1e-9;
   uint64_t len = in.plan->length();
   for (uint64_t k = 0; k < len; ++k) {
     uint64_t id = in.plan->at(in.cursor + k);
@@ -27,7 +30,7 @@ PrefetchPlan plan_prefetch(const PrefetchInput& in) {
     it.id = id;
     it.bytes = b;
     it.distance = k;
-    it.use_at = in.now + static_cast<double>(k) * in.seconds_per_use;
+    it.use_at = base + static_cast<double>(k) * in.seconds_per_use;
     out.items.push_back(it);
   }
   // Backwards: each fetch finishes by its use and before the next one must start.
@@ -36,11 +39,11 @@ PrefetchPlan plan_prefetch(const PrefetchInput& in) {
     double dur = static_cast<double>(it->bytes) / in.bandwidth * (1.0 + in.margin);
     it->finish_at = std::min(it->use_at, latest);
     it->start_at = it->finish_at - dur;
-    it->late = it->start_at < in.now;
+    it->late = it->start_at < in.now - eps;
     latest = it->start_at;
   }
   for (const PrefetchItem& it : out.items) {
-    if (it.start_at <= in.now) out.start_now.push_back(it.id);
+    if (it.start_at <= in.now + eps) out.start_now.push_back(it.id);
     else out.next_start = std::min(out.next_start, it.start_at);
   }
   return out;

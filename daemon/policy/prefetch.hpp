@@ -3,7 +3,8 @@
 // earlier than needed).
 //
 // Model: the plan's uses happen every `seconds_per_use` (measured: the mean time between cursor
-// advances), starting with the use at the cursor at `now`. The device moves `bandwidth` bytes/s
+// advances), the use at the cursor being due at `cursor_at` (when the cursor got there plus one
+// interval; defaults to `now`). The device moves `bandwidth` bytes/s
 // and serves fetches one after another in use order. The look-ahead window is the upcoming uses
 // (at most one step) whose distinct tensors fit in `budget_bytes`. For each tensor in the window
 // that is not resident (nor already in flight), the latest start is computed backwards from the
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "policy/plan.hpp"
@@ -32,6 +34,7 @@ struct PrefetchInput {
   double bandwidth = 1e9;      // bytes/s the device delivers (measured)
   double seconds_per_use = 0;  // measured mean time between plan uses
   double now = 0;              // seconds, the caller's clock
+  std::optional<double> cursor_at;  // when the use at the cursor is due; unset = now
   double margin = 0.05;        // extra lead time as a fraction of each transfer time
 };
 

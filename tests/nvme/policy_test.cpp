@@ -1,0 +1,224 @@
+// Tiering policy: Belady on the cyclic plan against an exhaustive optimum, LRU fallback,
+// prefetch timing, watermarks.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include "policy/eviction.hpp"
+#include "policy/plan.hpp"
+#include "policy/prefetch.hpp"
+#include "policy/watermark.hpp"
+
+using namespace tier::policy;
+
+namespace {
+
+// Fewest misses any eviction sequence achieves on `trace` with room for k equal-sized tensors
+// (demand fetching: on a miss with a full cache exactly one resident tensor is dropped).
+int brute_force_min_misses(const std::vector<uint64_t>& trace, int k) {
+  std::map<std::pair<size_t, uint32_t>, int> memo;
+  auto go = [&](auto&& self, size_t t, uint32_t cache) -> int {
+    if (t == trace.size()) return 0;
+    auto key = std::make_pair(t, cache);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
+    uint32_t bit = 1u << trace[t];
+    int best;
+    if (cache & bit) {
+      best = self(self, t + 1, cache);
+    } else if (__builtin_popcount(cache) < k) {
+      best = 1 + self(self, t + 1, cache | bit);
+    } else {
+      best = std::numeric_limits<int>::max();
+      for (uint32_t c = cache; c; c &= c - 1) {
+        uint32_t victim = c & -c;
+        best = std::min(best, 1 + self(self, t + 1, (cache & ~victim) | bit));
+      }
+    }
+    memo[key] = best;
+    return best;
+  };
+  return go(go, 0, 0);
+}
+
+// Misses of the policy under test: victims from choose_victims (with the plan when given).
+int simulate(const PlanIndex& plan, size_t cycles, int k, bool use_plan) {
+  std::set<uint64_t> cache;
+  std::unordered_map<uint64_t, uint64_t> last_use;
+  int misses = 0;
+  uint64_t clock = 0;
+  for (size_t t = 0; t < cycles * plan.length(); ++t) {
+    uint64_t x = plan.at(t);
+    if (!cache.contains(x)) {
+      ++misses;
+      if (static_cast<int>(cache.size()) >= k) {
+        std::vector<Candidate> cands;
+        for (uint64_t y : cache)
+          cands.push_back(make_candidate(y, 1, last_use[y], use_plan ? &plan : nullptr, t + 1));
+        auto v = choose_victims(cands, 1);
+        REQUIRE(v.size() == 1);
+        cache.erase(v[0]);
+      }
+      cache.insert(x);
+    }
+    last_use[x] = ++clock;
+  }
+  return misses;
+}
+
+}  // namespace
+
+TEST_CASE("plan index: next use counts cyclically and handles repeats") {
+  PlanIndex p({10, 11, 12, 11, 13});
+  CHECK(p.next_use(10, 0) == 0u);
+  CHECK(p.next_use(10, 1) == 4u);  // wraps into the next step
+  CHECK(p.next_use(11, 2) == 1u);  // second use within the step
+  CHECK(p.next_use(11, 4) == 2u);
+  CHECK(p.next_use(13, 7) == 2u);  // cursor beyond one step is taken modulo the length
+  CHECK_FALSE(p.next_use(99, 0).has_value());
+}
+
+TEST_CASE("eviction: Belady on the cyclic plan matches the exhaustive optimum") {
+  std::mt19937_64 g(2024);
+  int cases = 0, lru_worse = 0;
+  for (int c = 0; c < 400; ++c) {
+    int m = 2 + static_cast<int>(g() % 6);           // distinct tensors
+    int n = m + static_cast<int>(g() % 5);           // plan length (repeats allowed)
+    int k = 1 + static_cast<int>(g() % (m - 1));     // room for k tensors
+    size_t cycles = 1 + g() % 3;
+    std::vector<uint64_t> order;
+    for (int i = 0; i < m; ++i) order.push_back(i);
+    for (int i = m; i < n; ++i) order.push_back(g() % m);
+    std::shuffle(order.begin(), order.end(), g);
+    PlanIndex plan(order);
+    std::vector<uint64_t> trace;
+    for (size_t t = 0; t < cycles * order.size(); ++t) trace.push_back(plan.at(t));
+    int opt = brute_force_min_misses(trace, k);
+    int belady = simulate(plan, cycles, k, true);
+    int lru = simulate(plan, cycles, k, false);
+    INFO("plan size " << n << " tensors " << m << " room " << k << " cycles " << cycles);
+    REQUIRE(belady == opt);
+    REQUIRE(lru >= opt);
+    lru_worse += lru > opt;
+    ++cases;
+  }
+  CHECK(cases == 400);
+  CHECK(lru_worse > 0);  // the cases are not all trivial
+}
+
+TEST_CASE("eviction: a cyclic plan over twice the room defeats LRU but not the plan") {
+  std::vector<uint64_t> order;
+  for (uint64_t i = 0; i < 16; ++i) order.push_back(i);
+  PlanIndex plan(order);
+  int lru = simulate(plan, 4, 8, false);
+  int belady = simulate(plan, 4, 8, true);
+  CHECK(lru == 64);  // every access misses
+  CHECK(belady < 16 + 3 * 9 + 1);  // cold misses, then about n - k + 1 per step
+}
+
+TEST_CASE("eviction: tensors in no plan go first, least recently used first") {
+  PlanIndex plan({1, 2, 3});
+  std::vector<Candidate> c = {
+      make_candidate(1, 100, 50, &plan, 1),   // planned, next use in 2
+      make_candidate(2, 100, 10, &plan, 1),   // planned, next use now (0)
+      make_candidate(7, 100, 30, &plan, 1),   // unplanned, used at 30
+      make_candidate(8, 100, 20, &plan, 1),   // unplanned, used at 20
+      make_candidate(3, 100, 40, &plan, 1),   // planned, next use in 1
+  };
+  CHECK(eviction_order(c) == std::vector<uint64_t>{8, 7, 1, 3, 2});
+  CHECK(choose_victims(c, 150) == std::vector<uint64_t>{8, 7});
+  CHECK(choose_victims(c, 0).empty());
+  CHECK(choose_victims(c, 10000).size() == 5);
+  // No plan at all: plain LRU.
+  std::vector<Candidate> lru = {make_candidate(5, 1, 3, nullptr, 0), make_candidate(6, 1, 1, nullptr, 0),
+                                make_candidate(4, 1, 2, nullptr, 0)};
+  CHECK(eviction_order(lru) == std::vector<uint64_t>{6, 4, 5});
+}
+
+TEST_CASE("prefetch: each fetch is timed to finish just before its use") {
+  PlanIndex plan({1, 2, 3, 4, 5, 6});
+  PrefetchInput in;
+  in.plan = &plan;
+  in.cursor = 0;
+  in.present = [](uint64_t id) { return id == 1; };
+  in.bytes_of = [](uint64_t) { return uint64_t{100'000'000}; };
+  in.budget_bytes = 1'000'000'000;
+  in.bandwidth = 1e9;        // 0.1 s per tensor
+  in.seconds_per_use = 0.5;  // device keeps up easily
+  in.margin = 0;
+  in.now = 10;
+  auto p = plan_prefetch(in);
+  REQUIRE(p.items.size() == 5);  // 2..6; 1 is resident
+  for (const PrefetchItem& it : p.items) {
+    CHECK(it.finish_at == Approx(it.use_at));          // arrives just in time...
+    CHECK(it.start_at == Approx(it.use_at - 0.1));     // ...and is not started earlier
+    CHECK_FALSE(it.late);
+  }
+  CHECK(p.start_now.empty());
+  CHECK(p.next_start == Approx(10.4));  // tensor 2, used at 10.5
+  in.cursor_at = 10;  // later, with the cursor still at 0 (its use due at 10): tensor 2 is due
+  in.now = 10.45;
+  auto q = plan_prefetch(in);
+  CHECK(q.start_now == std::vector<uint64_t>{2});
+}
+
+TEST_CASE("prefetch: a device slower than the plan starts fetches earlier, back to back") {
+  PlanIndex plan({1, 2, 3, 4});
+  PrefetchInput in;
+  in.plan = &plan;
+  in.present = [](uint64_t) { return false; };
+  in.bytes_of = [](uint64_t) { return uint64_t{300}; };
+  in.budget_bytes = 10'000;
+  in.bandwidth = 1000;       // 0.3 s per tensor
+  in.seconds_per_use = 0.1;  // uses every 0.1 s
+  in.margin = 0;
+  in.now = 0;
+  auto p = plan_prefetch(in);
+  REQUIRE(p.items.size() == 4);
+  for (size_t i = 0; i < p.items.size(); ++i) {
+    const PrefetchItem& it = p.items[i];
+    CHECK(it.finish_at <= it.use_at + 1e-9);
+    if (i + 1 < p.items.size()) CHECK(it.finish_at == Approx(p.items[i + 1].start_at));
+  }
+  CHECK(p.items.back().finish_at == Approx(0.3));
+  CHECK(p.items.front().start_at == Approx(-0.9));
+  CHECK(p.items.front().late);
+  // everything that should already have started is to be issued now, in use order
+  CHECK(p.start_now == std::vector<uint64_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("prefetch: the window stops at the residency budget and skips repeats") {
+  PlanIndex plan({1, 2, 1, 3, 4, 5});
+  PrefetchInput in;
+  in.plan = &plan;
+  in.cursor = 1;
+  in.present = [](uint64_t id) { return id == 2; };
+  in.bytes_of = [](uint64_t) { return uint64_t{100}; };
+  in.budget_bytes = 350;  // room for 3 distinct tensors: 2, 1, 3
+  in.bandwidth = 1e6;
+  in.seconds_per_use = 1;
+  auto p = plan_prefetch(in);
+  CHECK(p.window_bytes == 300);
+  CHECK(p.window_uses == 3);  // 2, 1, 3; 4 did not fit
+  REQUIRE(p.items.size() == 2);
+  CHECK(p.items[0].id == 1);
+  CHECK(p.items[0].distance == 1);
+  CHECK(p.items[1].id == 3);
+  CHECK(p.items[1].distance == 2);
+}
+
+TEST_CASE("watermarks: evict only above high, then down to low") {
+  Watermarks w{0.9, 0.7};
+  CHECK(bytes_to_evict(900, 1000, w) == 0);
+  CHECK(bytes_to_evict(901, 1000, w) == 201);
+  CHECK(bytes_to_evict(1000, 1000, w) == 300);
+  CHECK(bytes_to_admit(500, 100, 1000, w) == 0);
+  CHECK(bytes_to_admit(850, 100, 1000, w) == 250);
+  CHECK(bytes_to_admit(950, 200, 1000, w) == 450);
+  Watermarks odd{0.5, 0.8};  // low above high is clamped to high
+  CHECK(bytes_to_evict(600, 1000, odd) == 100);
+}
