@@ -95,17 +95,17 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
   state_.counters.requests++;
   auto hdr = parse_header(datagram);
   if (!hdr) {
-    // The header cannot be trusted: answer what we can and drop the connection.
-    uint16_t type = 0;
-    uint32_t rid = 0;
+    // The header cannot be trusted: drop the connection. When it is recognisably ours (magic
+    // and a known type: e.g. another protocol version) say why first.
+    state_.counters.errors++;
+    out.close = true;
     if (datagram.size() >= kHeaderBytes) {
       Header raw;
       std::memcpy(&raw, datagram.data(), kHeaderBytes);
-      type = raw.type & static_cast<uint16_t>(~kReplyBit);
-      rid = raw.request_id;
+      uint16_t type = raw.type & static_cast<uint16_t>(~kReplyBit);
+      if (raw.magic == kMagic && type >= 1 && type <= kMaxMsgType)
+        reply_err_raw(type, raw.request_id, hdr.error(), out);
     }
-    reply_err_raw(type, rid, hdr.error(), out);
-    out.close = true;
     return;
   }
   const Header& h = *hdr;
