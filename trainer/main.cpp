@@ -1,0 +1,181 @@
+// tier-train: a thin ZeRO-3 trainer whose sharded state lives in tierd (or, as the baseline,
+// in private memory). See docs/trainer.md.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "tier/types.hpp"
+#include "trainer/bench.hpp"
+#include "trainer/check.hpp"
+#include "trainer/comm.hpp"
+#include "trainer/cpu/cpu_backend.hpp"
+#include "trainer/plan.hpp"
+#include "trainer/trainer.hpp"
+
+using namespace tier::train;
+
+#ifdef TIER_TRAIN_HAVE_CUDA
+namespace tier::train {
+std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
+}
+#endif
+
+namespace {
+
+[[noreturn]] void die(Comm* comm, const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "tier-train: %s\n", msg.c_str());
+  std::fflush(stderr);
+  // Other ranks may be blocked in a collective: take the whole job down.
+  if (comm != nullptr && comm->size() > 1) std::_Exit(code);
+  std::exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tier-train: a ZeRO-3 trainer whose sharded state lives in tierd"};
+  std::string model_name = "small", data_path, state = "resident", job = "tier-train", socket,
+              backend = "cpu", ram_quota, nvme_quota;
+  int layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, threads = 0, buffers = 0;
+  TrainOptions o;
+  bool do_plan = false, json = false, bench_opt = false, force_mpi = false;
+  PlanOptions po;
+  app.add_option("--model", model_name, "preset: tiny, small, 124M, 350M, 1.3B, 2.7B, 6.7B, 13B, 175B")
+      ->capture_default_str();
+  app.add_option("--layers", layers, "transformer blocks (overrides the preset)");
+  app.add_option("--dim", dim, "model width (overrides the preset)");
+  app.add_option("--heads", heads, "attention heads (overrides the preset)");
+  app.add_option("--seq", seq, "sequence length (overrides the preset)");
+  app.add_option("--vocab", vocab, "vocabulary size (default 256: bytes)");
+  app.add_option("--data", data_path, "training text (default: /usr/share/common-licenses)");
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of init and data order")->capture_default_str();
+  app.add_option("--batch", o.batch, "global batch: sequences per step, split across ranks")
+      ->capture_default_str();
+  app.add_option("--lr", o.adamw.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "warmup steps (0: steps/10)");
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")
+      ->capture_default_str();
+  app.add_option("--val-every", o.val_every, "validation loss every N steps (0: at the end, -1: never)");
+  app.add_option("--val-seqs", o.val_seqs, "validation sequences (default: --batch)");
+  app.add_option("--backend", backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--state", state, "resident (private memory) or tier (tierd)")->capture_default_str();
+  app.add_option("--job", job, "tierd pool of this job")->capture_default_str();
+  app.add_option("--socket", socket, "tierd socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
+  app.add_option("--ram-quota", ram_quota, "RAM quota of the job's pool (e.g. 2G)");
+  app.add_option("--nvme-quota", nvme_quota, "NVMe quota of the job's pool");
+  app.add_option("--prefetch", o.prefetch, "layers gathered ahead of compute")->capture_default_str();
+  app.add_option("--buffers", buffers, "1 or 2 copies of param/m/v (default: 2 for tier, 1 resident)");
+  app.add_flag("--resume", o.resume, "continue the job from the state in tierd");
+  app.add_option("--threads", threads, "compute threads per rank (default: cores / local ranks)");
+  app.add_flag("--mpi", force_mpi, "initialize MPI even when not started by mpirun/srun");
+  app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
+  app.add_flag("--json", json, "--plan: one JSON object");
+  app.add_flag("--bench-optimizer", bench_opt, "benchmark the AdamW step against a scalar loop");
+  add_plan_options(app, po);
+  CLI11_PARSE(app, argc, argv);
+
+  auto pm = preset(model_name);
+  if (!pm) die(nullptr, pm.error().message(), 2);
+  ModelConfig m = *pm;
+  if (layers || dim || heads || seq || vocab) m.name = "custom";
+  if (layers) m.layers = layers;
+  if (dim) m.dim = dim;
+  if (heads) m.heads = heads;
+  if (seq) m.seq = seq;
+  if (vocab) m.vocab = vocab;
+  if (auto s = validate(m); !s) die(nullptr, s.message(), 2);
+  o.model = m;
+
+  if (do_plan) {
+    po.model = m;
+    auto p = make_plan(po);
+    if (!p) die(nullptr, p.error().message(), 2);
+    std::fputs((json ? plan_json(*p) : plan_text(*p)).c_str(), stdout);
+    return 0;
+  }
+  if (bench_opt) {
+    const int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    set_cpu_threads(n);
+    std::fputs(bench_optimizer(n).c_str(), stdout);
+    return 0;
+  }
+
+  auto comm_r = Comm::create(&argc, &argv, force_mpi);
+  if (!comm_r) die(nullptr, comm_r.error().to_string());
+  Comm& comm = **comm_r;
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  const int nthreads = threads > 0 ? threads
+                       : std::getenv("OMP_NUM_THREADS") ? std::atoi(std::getenv("OMP_NUM_THREADS"))
+                                                        : std::max(1, hw / comm.local_size());
+  set_cpu_threads(nthreads);
+
+  std::unique_ptr<Backend> be;
+  if (backend == "cpu") {
+    be = make_cpu_backend();
+  } else if (backend == "cuda") {
+#ifdef TIER_TRAIN_HAVE_CUDA
+    be = make_cuda_backend(comm.local_rank());
+#endif
+    if (!be) die(&comm, "--backend cuda: this build has no CUDA backend", 2);
+  } else {
+    die(&comm, fmt::format("--backend must be cpu or cuda, not '{}'", backend), 2);
+  }
+
+  std::unique_ptr<ShardStore> store;
+  if (state == "resident") {
+    store = make_resident_store();
+    o.buffers = buffers > 0 ? buffers : 1;
+    if (o.resume) die(&comm, "--resume needs --state tier (resident state dies with the process)", 2);
+  } else if (state == "tier") {
+    TierStoreOptions to;
+    to.socket = socket;
+    to.pool = job;
+    if (!ram_quota.empty()) {
+      auto q = tier::parse_size(ram_quota);
+      if (!q) die(&comm, q.error().message(), 2);
+      to.ram_quota = *q;
+    }
+    if (!nvme_quota.empty()) {
+      auto q = tier::parse_size(nvme_quota);
+      if (!q) die(&comm, q.error().message(), 2);
+      to.nvme_quota = *q;
+    }
+    auto s = make_tier_store(to);
+    if (!s) die(&comm, "--state tier: " + s.error().to_string());
+    store = std::move(*s);
+    o.buffers = buffers > 0 ? buffers : 2;
+    if (o.resume && o.buffers != 2) die(&comm, "--resume needs --buffers 2", 2);
+  } else {
+    die(&comm, fmt::format("--state must be resident or tier, not '{}'", state), 2);
+  }
+
+  const int T = o.seq > 0 ? o.seq : m.seq;
+  auto data = Dataset::load(data_path, T);
+  if (!data) die(&comm, data.error().message());
+
+  if (comm.rank() == 0)
+    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s, state %s, "
+                 "batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
+                 m.describe().c_str(), comm.size(), nthreads, be->name(), store->name(), o.batch,
+                 T, data->source().c_str(), data->train_bytes(), data->val_bytes());
+  auto r = train(o, *data, comm, *be, *store, stdout);
+  if (!r) die(&comm, r.error().to_string());
+  if (comm.rank() == 0) {
+    std::fprintf(stderr,
+                 "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %.4f; %.1f ms/step, "
+                 "%.0f tokens/s, %.4f TFLOP/s per rank, stall %.2f ms/step, optimizer %.2f "
+                 "ms/step; state %s (%s per rank)\n",
+                 static_cast<long long>(r->first_step), static_cast<long long>(r->last_step),
+                 r->first_loss, r->last_loss, r->last_val_loss, r->mean_ms, r->mean_tokens_per_s,
+                 r->mean_tflops, r->mean_stall_ms, r->mean_opt_ms, store->name(),
+                 tier::format_size(store->bytes()).c_str());
+  }
+  store.reset();
+  return 0;
+}

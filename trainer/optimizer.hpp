@@ -1,0 +1,50 @@
+// AdamW over one shard, the learning-rate schedule and the gradient-norm helper.
+//
+// adamw_update is vectorized (AVX2 when the CPU has it, chosen at run time; the build needs
+// no -march flag) and multi-threaded with OpenMP over chunks of the shard. It is compiled
+// without floating-point contraction so that every element gets bit-identical arithmetic
+// whether it falls in a vector body or a remainder loop: the same seed then gives the same
+// parameters whatever the shard boundaries (rank count) are.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tier::train {
+
+struct AdamWConfig {
+  float lr = 6e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+// What one step needs beyond the config: the scheduled lr, the step number t (1-based) for
+// bias correction, and the clip factor applied to every gradient.
+struct AdamWStep {
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  float bias1 = 1, bias2 = 1;  // 1 - beta1^t, 1 - beta2^t
+  float grad_scale = 1;
+};
+AdamWStep make_step(const AdamWConfig& c, float lr, int64_t t, float grad_scale);
+
+// One AdamW step on n elements. Inputs p, m, v (old) and g; outputs p_out, m_out, v_out, which
+// may be the same arrays as the inputs (in place) or other buffers (double buffering). `decay`
+// says whether weight decay applies to these elements.
+void adamw_update(const float* p, const float* m, const float* v, const float* g, float* p_out,
+                  float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay);
+// The baseline: the same math as a plain scalar single-threaded loop.
+void adamw_update_scalar(const float* p, const float* m, const float* v, const float* g,
+                         float* p_out, float* m_out, float* v_out, size_t n, const AdamWStep& s,
+                         bool decay);
+// Which code path adamw_update takes on this CPU: "avx2" or "generic".
+const char* adamw_isa();
+
+// Sum of squares in double (for the global gradient norm), multi-threaded.
+double sum_squares(const float* g, size_t n);
+
+// Linear warmup over `warmup` steps, then cosine decay to min_lr_frac * lr at `total`.
+float lr_at(float lr, int64_t step, int64_t warmup, int64_t total, float min_lr_frac = 0.1f);
+
+}  // namespace tier::train

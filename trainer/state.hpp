@@ -1,0 +1,94 @@
+// Where a rank keeps its ZeRO-3 shards: private memory (--state resident, the baseline) or
+// tensors in a tierd pool (--state tier). The trainer sees only pinned views of shard tensors.
+//
+// Per rank and layer the store holds: param, m, v (AdamW moments) in `buffers` copies (1, or 2
+// for double buffering: the optimizer of step s reads copy (s-1)%2 and writes copy s%2, so a
+// step interrupted half-way leaves the last committed copy intact), and one grad. Plus one
+// node-shared commit marker that says which step completed last on every rank.
+//
+// Thread-safety: acquire/prefetch may be called from the comm thread and the main thread at
+// once; implementations are thread-safe. A Pinned view must be released (or destroyed) before
+// the store is destroyed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tier/status.hpp"
+
+namespace tier::train {
+
+enum class ShardKind : uint8_t { kParam = 0, kM = 1, kV = 2, kGrad = 3 };
+const char* shard_kind_name(ShardKind k);
+
+struct ShardRef {
+  int layer = 0;
+  ShardKind kind = ShardKind::kParam;
+  int buffer = 0;  // 0 or 1 for param/m/v when double buffered; 0 for grad
+};
+
+// A shard's bytes, pinned while `pin` is alive (a tierd lease, or nothing for resident).
+struct Pinned {
+  float* data = nullptr;
+  size_t floats = 0;
+  std::shared_ptr<void> pin;
+  void release() { pin.reset(); }
+};
+
+struct StoreLayout {
+  int rank = 0, ranks = 1, local_rank = 0;
+  int buffers = 1;                   // 1 or 2
+  std::vector<size_t> shard_floats;  // per layer: padded layer size / ranks
+};
+
+// What the marker records: steps completed by every rank and the run's identity, so a resume
+// can refuse state written by a different model or rank count.
+struct CommitMarker {
+  static constexpr uint64_t kMagic = 0x7469657274726e31ull;  // "tiertrn1"; layout version 1
+  uint64_t magic = 0;
+  uint64_t step = 0;        // steps completed; their params are in buffer step % buffers
+  uint64_t ranks = 0;
+  uint64_t config_hash = 0;
+};
+static_assert(sizeof(CommitMarker) == 32, "the commit marker is stored as-is in a tensor");
+
+class ShardStore {
+ public:
+  virtual ~ShardStore() = default;
+  virtual const char* name() const = 0;
+  // Creates (or, when they exist, opens) every tensor of this rank and the marker.
+  [[nodiscard]] virtual Status open(const StoreLayout& layout) = 0;
+  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, bool write) = 0;
+  // Pins many at once (one round trip for tierd). Same order as refs.
+  [[nodiscard]] virtual Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs,
+                                                                 bool write);
+  // Hints that these shards are needed soon. Best effort; errors are ignored.
+  virtual void prefetch(std::span<const ShardRef> refs) { (void)refs; }
+  // Registers the ordered shard uses of one step. Best effort.
+  virtual void set_plan(std::span<const ShardRef> refs) { (void)refs; }
+  [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
+  // Publishes the marker (rank 0 only, after every rank finished the step).
+  [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;
+  // Bytes this rank keeps in the store.
+  virtual uint64_t bytes() const = 0;
+};
+
+std::unique_ptr<ShardStore> make_resident_store();
+
+struct TierStoreOptions {
+  std::string socket;  // empty: $TIERD_SOCKET or the default
+  std::string pool = "tier-train";
+  uint64_t ram_quota = 0;   // 0: the daemon's default
+  uint64_t nvme_quota = 0;  // 0: the daemon's default
+};
+// Fails with kUnsupported when tier-train was built without libtier.
+[[nodiscard]] Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o);
+
+// "r3.l12.param.1": rank, layer, kind, buffer (the grad has no buffer suffix).
+std::string shard_tensor_name(int rank, const ShardRef& ref);
+
+}  // namespace tier::train

@@ -1,0 +1,201 @@
+// --state tier: every shard is a tensor in a tierd pool, reached zero-copy through leases.
+#include "trainer/state.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#ifdef TIER_TRAIN_HAVE_CLIENT
+#include "tier/client.hpp"
+#endif
+
+namespace tier::train {
+
+#ifndef TIER_TRAIN_HAVE_CLIENT
+Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions&) {
+  return fail(Code::kUnsupported, "tier-train was built without libtier (--state tier)");
+}
+#else
+
+namespace {
+
+constexpr int kLeaseTimeoutMs = 60'000;
+constexpr const char* kMarkerName = "commit";
+
+class TierStore final : public ShardStore {
+ public:
+  TierStore(std::unique_ptr<Client> c, TierStoreOptions o) : client_(std::move(c)), opts_(std::move(o)) {}
+  const char* name() const override { return "tier"; }
+
+  Status open(const StoreLayout& layout) override {
+    layout_ = layout;
+    PoolOptions po;
+    po.ram_quota = opts_.ram_quota;
+    po.nvme_quota = opts_.nvme_quota;
+    if (auto p = client_->create_pool(opts_.pool, po, /*exist_ok=*/true); !p) return p.error();
+    ids_.assign(layout.shard_floats.size() * 8, 0);
+    bytes_ = 0;
+    for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
+      for (int k = 0; k < 4; ++k) {
+        const int copies = k == static_cast<int>(ShardKind::kGrad) ? 1 : layout.buffers;
+        for (int b = 0; b < copies; ++b) {
+          const ShardRef ref{static_cast<int>(l), static_cast<ShardKind>(k), b};
+          const uint64_t size = layout.shard_floats[l] * sizeof(float);
+          auto id = create(shard_tensor_name(layout.rank, ref), size,
+                           {static_cast<int64_t>(layout.shard_floats[l])});
+          if (!id) return id.error();
+          ids_[index(ref)] = *id;
+          bytes_ += size;
+        }
+      }
+    }
+    auto m = create(kMarkerName, sizeof(CommitMarker), {static_cast<int64_t>(sizeof(CommitMarker))},
+                    DType::kBytes);
+    if (!m) return m.error();
+    marker_id_ = *m;
+    return {};
+  }
+
+  Result<Pinned> acquire(const ShardRef& ref, bool write) override {
+    const uint64_t id = lookup(ref);
+    if (id == 0)
+      return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, ref)));
+    auto l = client_->lease(id, write ? LeaseMode::kWrite : LeaseMode::kRead,
+                            LeaseWait{kLeaseTimeoutMs});
+    if (!l) return fail(l.error());
+    return pin(std::move(*l), ref);
+  }
+
+  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, bool write) override {
+    std::vector<uint64_t> ids;
+    ids.reserve(refs.size());
+    for (const auto& r : refs) {
+      const uint64_t id = lookup(r);
+      if (id == 0)
+        return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, r)));
+      ids.push_back(id);
+    }
+    auto ls = client_->lease_batch(ids, write ? LeaseMode::kWrite : LeaseMode::kRead,
+                                   LeaseWait{kLeaseTimeoutMs});
+    if (!ls) return fail(ls.error());
+    std::vector<Pinned> out;
+    out.reserve(refs.size());
+    for (size_t i = 0; i < refs.size(); ++i) {
+      auto p = pin(std::move((*ls)[i]), refs[i]);
+      if (!p) return fail(p.error());
+      out.push_back(std::move(*p));
+    }
+    return out;
+  }
+
+  void prefetch(std::span<const ShardRef> refs) override {
+    std::vector<uint64_t> ids;
+    for (const auto& r : refs)
+      if (uint64_t id = lookup(r)) ids.push_back(id);
+    if (!ids.empty()) (void)client_->prefetch(opts_.pool, ids);
+  }
+
+  void set_plan(std::span<const ShardRef> refs) override {
+    std::vector<uint64_t> ids;
+    for (const auto& r : refs)
+      if (uint64_t id = lookup(r)) ids.push_back(id);
+    // kUnsupported (a daemon without planning) and other failures only cost the hint.
+    (void)client_->set_plan(opts_.pool, ids);
+  }
+
+  Result<CommitMarker> read_marker() override {
+    auto l = client_->lease(marker_id_, LeaseMode::kRead, LeaseWait{kLeaseTimeoutMs});
+    if (!l) return fail(l.error());
+    CommitMarker m;
+    if (l->bytes().size() < sizeof m) return fail(Code::kInternal, "commit marker too small");
+    std::memcpy(&m, l->bytes().data(), sizeof m);
+    return m;
+  }
+
+  // Only the step field changes between commits of one run, and it is written with one
+  // aligned 8-byte atomic store: a rank killed at any instant leaves either the old or the new
+  // step, never a torn value. The other fields are written when the run (re)initializes.
+  Status write_marker(const CommitMarker& m) override {
+    auto l = client_->lease(marker_id_, LeaseMode::kWrite, LeaseWait{kLeaseTimeoutMs});
+    if (!l) return l.error();
+    auto* dst = reinterpret_cast<CommitMarker*>(l->bytes().data());
+    if (dst->magic != m.magic || dst->ranks != m.ranks || dst->config_hash != m.config_hash) {
+      std::atomic_ref<uint64_t>(dst->magic).store(0, std::memory_order_release);
+      dst->ranks = m.ranks;
+      dst->config_hash = m.config_hash;
+      std::atomic_ref<uint64_t>(dst->step).store(m.step, std::memory_order_release);
+      std::atomic_ref<uint64_t>(dst->magic).store(m.magic, std::memory_order_release);
+    } else {
+      std::atomic_ref<uint64_t>(dst->step).store(m.step, std::memory_order_release);
+    }
+    return l->release();
+  }
+
+  uint64_t bytes() const override { return bytes_; }
+
+ private:
+  static size_t index(const ShardRef& r) {
+    return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
+           static_cast<size_t>(r.buffer & 1);
+  }
+  uint64_t lookup(const ShardRef& r) const {
+    const size_t i = index(r);
+    return r.layer >= 0 && i < ids_.size() ? ids_[i] : 0;
+  }
+
+  Result<uint64_t> create(const std::string& name, uint64_t size, std::vector<int64_t> shape,
+                          DType dtype = DType::kF32) {
+    TensorDesc d;
+    d.name = name;
+    d.size = size;
+    d.dtype = dtype;
+    d.shape = std::move(shape);
+    d.placement = Placement::near_gpu(layout_.local_rank);
+    auto t = client_->create_tensor(opts_.pool, d, /*exist_ok=*/true);
+    if (!t) return fail(t.error());
+    if (t->size != size) {
+      // Left over from another model or rank count: replace it.
+      if (auto s = client_->delete_tensor(opts_.pool, name); !s) return fail(s);
+      t = client_->create_tensor(opts_.pool, d, /*exist_ok=*/false);
+      if (!t) return fail(t.error());
+    }
+    return t->id;
+  }
+
+  Result<Pinned> pin(Lease lease, const ShardRef& ref) {
+    const size_t want = layout_.shard_floats[static_cast<size_t>(ref.layer)];
+    if (lease.bytes().size() < want * sizeof(float))
+      return fail(Code::kInternal, fmt::format("lease of {} is {} bytes, want {}",
+                                               shard_tensor_name(layout_.rank, ref),
+                                               lease.bytes().size(), want * sizeof(float)));
+    Pinned p;
+    p.data = reinterpret_cast<float*>(lease.bytes().data());
+    p.floats = want;
+    p.pin = std::make_shared<Lease>(std::move(lease));
+    return p;
+  }
+
+  std::unique_ptr<Client> client_;
+  TierStoreOptions opts_;
+  StoreLayout layout_;
+  std::vector<uint64_t> ids_;
+  uint64_t marker_id_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o) {
+  ConnectOptions co;
+  co.client_name = "tier-train";
+  co.connect_timeout = std::chrono::milliseconds(5000);
+  auto c = Client::connect(o.socket, co);
+  if (!c) return fail(c.error());
+  return std::unique_ptr<ShardStore>(new TierStore(std::move(*c), o));
+}
+
+#endif
+
+}  // namespace tier::train

@@ -1,0 +1,447 @@
+#include "trainer/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace tier::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+enum class UseKind { kEmbedFwd, kBlockFwd, kHead, kBlockBwd, kEmbedBwd };
+struct Use {
+  UseKind kind;
+  int layer;
+};
+
+// The sequence of layer uses of one training step (grad) or one forward pass (eval).
+std::vector<Use> step_uses(int L, bool grad) {
+  std::vector<Use> u;
+  u.push_back({UseKind::kEmbedFwd, 0});
+  for (int l = 1; l <= L; ++l) u.push_back({UseKind::kBlockFwd, l});
+  u.push_back({UseKind::kHead, 0});
+  if (!grad) return u;
+  for (int l = L; l >= 1; --l) u.push_back({UseKind::kBlockBwd, l});
+  u.push_back({UseKind::kEmbedBwd, 0});
+  return u;
+}
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// Device buffers of one rank, sized for B sequences of T tokens.
+struct Buffers {
+  Backend* be = nullptr;
+  std::vector<float*> owned;
+  std::vector<float*> slots;         // K+1 gathered layers [max_pad]
+  std::vector<float*> slots_host;    // host staging when the backend is not host-accessible
+  float* g0 = nullptr;               // layer 0 gradient [pad0]
+  float* gblk[2] = {nullptr, nullptr};  // block gradients [pad1], alternating
+  std::vector<float*> g_host;        // staging for g0, gblk[0], gblk[1]
+  std::vector<float*> xs;            // residual stream x_0..x_L [B,T,C]
+  std::vector<float*> acts;          // per block [block_acts_floats]
+  float* head = nullptr;
+  float* scratch = nullptr;
+  float* dx = nullptr;
+  int32_t* tokens = nullptr;
+  int32_t* targets = nullptr;
+  std::vector<std::vector<float>> host_owned;
+
+  ~Buffers() {
+    for (float* p : owned) be->free(p);
+    if (tokens) be->free_tokens(tokens);
+    if (targets) be->free_tokens(targets);
+  }
+  float* dev(size_t n) {
+    float* p = be->alloc(std::max<size_t>(n, 1));
+    if (p) owned.push_back(p);
+    return p;
+  }
+  float* host(size_t n) {
+    host_owned.emplace_back(n);
+    return host_owned.back().data();
+  }
+};
+
+}  // namespace
+
+uint64_t run_config_hash(const TrainOptions& o, int ranks) {
+  uint64_t h = 0x5eed;
+  for (uint64_t v : {uint64_t(o.model.layers), uint64_t(o.model.dim), uint64_t(o.model.heads),
+                     uint64_t(o.model.seq), uint64_t(o.model.vocab), uint64_t(ranks),
+                     uint64_t(o.batch), uint64_t(o.seq), o.seed, uint64_t(o.buffers)})
+    h = mix_seed(h, v);
+  return h;
+}
+
+Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm, Backend& be,
+                         ShardStore& store, std::FILE* out) {
+  const ModelConfig& m = opts.model;
+  if (auto s = validate(m); !s) return fail(s);
+  const int R = comm.size(), rank = comm.rank();
+  const int T = opts.seq > 0 ? opts.seq : m.seq;
+  if (T > m.seq) return fail(Code::kInvalidArgument, fmt::format("--seq {} exceeds the model's {}", T, m.seq));
+  if (opts.batch < R || opts.batch % R != 0)
+    return fail(Code::kInvalidArgument,
+                fmt::format("--batch {} must be a positive multiple of the rank count {}", opts.batch, R));
+  if (opts.buffers != 1 && opts.buffers != 2) return fail(Code::kInvalidArgument, "buffers must be 1 or 2");
+  const int Bg = opts.batch, B = Bg / R;
+  const int L = m.layers, NL = m.num_layers();
+  const int K = std::max(0, opts.prefetch);
+  const Dims d = m.dims(B, T);
+  const size_t BTC = static_cast<size_t>(B) * T * m.dim;
+
+  // Shard geometry: padded so every shard is a whole number of 64-byte lines.
+  std::vector<size_t> layer_n(NL), pad(NL), shard(NL);
+  size_t max_pad = 0;
+  for (int l = 0; l < NL; ++l) {
+    layer_n[l] = m.layer_floats(l);
+    pad[l] = round_up(layer_n[l], 16 * static_cast<size_t>(R));
+    shard[l] = pad[l] / R;
+    max_pad = std::max(max_pad, pad[l]);
+  }
+  StoreLayout layout;
+  layout.rank = rank;
+  layout.ranks = R;
+  layout.local_rank = comm.local_rank();
+  layout.buffers = opts.buffers;
+  layout.shard_floats = shard;
+  if (auto s = store.open(layout); !s) return fail(s);
+
+  const uint64_t hash = run_config_hash(opts, R);
+  int64_t start = 1;
+  const bool marker_writer = comm.local_rank() == 0;  // one per node: each node's tierd has one
+  if (opts.resume) {
+    auto mk = store.read_marker();
+    if (!mk) return fail(mk.error());
+    if (mk->magic != CommitMarker::kMagic || mk->config_hash != hash || mk->ranks != uint64_t(R))
+      return fail(Code::kInvalidArgument,
+                  "--resume: the job's state was not written by this model, rank count, batch and "
+                  "seed (or no step was ever committed)");
+    // A marker says step s only after every rank finished s; nodes whose marker writer died
+    // between the barrier and its write say s - 1. Both buffers are intact then (see commit).
+    double s = static_cast<double>(mk->step);
+    if (auto st = comm.allreduce_max(&s, 1); !st) return fail(st);
+    start = static_cast<int64_t>(s) + 1;
+  } else {
+    // Invalidate the marker before overwriting the state, then initialize buffer 0.
+    if (marker_writer) {
+      if (auto s = store.write_marker(CommitMarker{}); !s) return fail(s);
+    }
+    if (auto s = comm.barrier(); !s) return fail(s);
+    std::vector<float> full;
+    for (int l = 0; l < NL; ++l) {
+      full.assign(pad[l], 0.0f);
+      init_layer(m, l, opts.seed, std::span<float>(full.data(), layer_n[l]));
+      for (int b = 0; b < opts.buffers; ++b) {
+        auto pv = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, b},
+                                                           {l, ShardKind::kM, b},
+                                                           {l, ShardKind::kV, b}},
+                                     true);
+        if (!pv) return fail(pv.error());
+        std::memcpy((*pv)[0].data, full.data() + rank * shard[l], shard[l] * sizeof(float));
+        std::memset((*pv)[1].data, 0, shard[l] * sizeof(float));
+        std::memset((*pv)[2].data, 0, shard[l] * sizeof(float));
+      }
+      auto g = store.acquire({l, ShardKind::kGrad, 0}, true);
+      if (!g) return fail(g.error());
+      std::memset(g->data, 0, shard[l] * sizeof(float));
+    }
+    if (auto s = comm.barrier(); !s) return fail(s);
+    if (marker_writer) {
+      CommitMarker mk{CommitMarker::kMagic, 0, uint64_t(R), hash};
+      if (auto s = store.write_marker(mk); !s) return fail(s);
+    }
+    if (auto s = comm.barrier(); !s) return fail(s);
+  }
+
+  // Device buffers.
+  Buffers buf;
+  buf.be = &be;
+  const bool host = be.host_accessible();
+  for (int i = 0; i <= K; ++i) {
+    buf.slots.push_back(buf.dev(max_pad));
+    buf.slots_host.push_back(host ? buf.slots.back() : buf.host(max_pad));
+  }
+  buf.g0 = buf.dev(pad[0]);
+  const size_t pad_blk = NL > 1 ? pad[1] : 1;
+  buf.gblk[0] = buf.dev(pad_blk);
+  buf.gblk[1] = buf.dev(pad_blk);
+  buf.g_host = host ? std::vector<float*>{buf.g0, buf.gblk[0], buf.gblk[1]}
+                    : std::vector<float*>{buf.host(pad[0]), buf.host(pad_blk), buf.host(pad_blk)};
+  for (int l = 0; l <= L; ++l) buf.xs.push_back(buf.dev(BTC));
+  for (int l = 0; l < L; ++l) buf.acts.push_back(buf.dev(block_acts_floats(d)));
+  buf.head = buf.dev(head_acts_floats(d));
+  buf.scratch = buf.dev(block_scratch_floats(d));
+  buf.dx = buf.dev(BTC);
+  buf.tokens = be.alloc_tokens(static_cast<size_t>(B) * T);
+  buf.targets = be.alloc_tokens(static_cast<size_t>(B) * T);
+  for (float* p : buf.owned)
+    if (p == nullptr) return fail(Code::kResourceExhausted, "backend allocation failed");
+  if (!buf.tokens || !buf.targets) return fail(Code::kResourceExhausted, "backend allocation failed");
+  std::vector<int32_t> tok_h(static_cast<size_t>(B) * T), tgt_h(tok_h.size());
+
+  // Shards pinned by in-flight collectives; touched only on the comm thread.
+  std::vector<Pinned> gather_pins(static_cast<size_t>(K) + 1), rs_pins(NL);
+
+  // The step's plan for tierd: param shards in gather order, grads in backward order, then the
+  // optimizer's shards. Registered for both buffers' parity (it repeats every two steps).
+  {
+    std::vector<ShardRef> plan;
+    for (int b = 0; b < opts.buffers; ++b) {
+      for (const Use& u : step_uses(L, true)) {
+        plan.push_back({u.layer, ShardKind::kParam, b});
+        if (u.kind == UseKind::kBlockBwd || u.kind == UseKind::kEmbedBwd)
+          plan.push_back({u.layer, ShardKind::kGrad, 0});
+      }
+      for (int l = 0; l < NL; ++l)
+        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
+          plan.push_back({l, k, b});
+    }
+    store.set_plan(plan);
+  }
+
+  // One pass over `uses` with params from buffer `cur`. Returns the summed loss of this rank.
+  double stall_ms = 0;
+  auto run_pass = [&](const std::vector<Use>& uses, int cur, bool grad) -> Result<double> {
+    std::vector<Comm::Handle> gh(uses.size());
+    std::vector<Comm::Handle> rsh(NL);
+    auto issue_gather = [&](size_t j) {
+      const size_t slot = j % (static_cast<size_t>(K) + 1);
+      const int layer = uses[j].layer;
+      const ShardRef ref{layer, ShardKind::kParam, cur};
+      std::vector<ShardRef> hint;
+      if (K > 0 && j + K < uses.size()) hint.push_back({uses[j + K].layer, ShardKind::kParam, cur});
+      Comm::Op op;
+      op.start = [&, ref, slot, layer, hint](Comm::Request& req) -> Status {
+        if (!hint.empty()) store.prefetch(hint);
+        auto p = store.acquire(ref, false);
+        if (!p) return p.error();
+        gather_pins[slot] = std::move(*p);
+        return comm.start_allgather(gather_pins[slot].data, buf.slots_host[slot], shard[layer], req);
+      };
+      op.finish = [&, slot] { gather_pins[slot].release(); };
+      gh[j] = comm.submit(std::move(op));
+    };
+    auto issue_rs = [&](int layer, float* full_dev, float* full_host) {
+      if (!host) {
+        be.download(full_host, full_dev, pad[layer]);
+      }
+      Comm::Op op;
+      op.start = [&, layer, full_host](Comm::Request& req) -> Status {
+        auto p = store.acquire({layer, ShardKind::kGrad, 0}, true);
+        if (!p) return p.error();
+        rs_pins[layer] = std::move(*p);
+        return comm.start_reduce_scatter(full_host, rs_pins[layer].data, shard[layer], req);
+      };
+      op.finish = [&, layer] { rs_pins[layer].release(); };
+      rsh[layer] = comm.submit(std::move(op));
+    };
+    auto wait = [&](Comm::Handle& h) -> Status {
+      const auto t0 = Clock::now();
+      Status s = h.wait();
+      h = Comm::Handle{};
+      stall_ms += ms_since(t0);
+      return s;
+    };
+
+    for (size_t j = 0; j <= static_cast<size_t>(K) && j < uses.size(); ++j) issue_gather(j);
+    double loss = 0;
+    const float scale = 1.0f / (static_cast<float>(Bg) * static_cast<float>(T));
+    for (size_t i = 0; i < uses.size(); ++i) {
+      const size_t slot = i % (static_cast<size_t>(K) + 1);
+      if (auto s = wait(gh[i]); !s) return fail(s);
+      const Use u = uses[i];
+      float* P = buf.slots[slot];
+      if (!host) be.upload(P, buf.slots_host[slot], pad[u.layer]);
+      switch (u.kind) {
+        case UseKind::kEmbedFwd:
+          be.embed_forward(d, P, buf.tokens, buf.xs[0]);
+          break;
+        case UseKind::kBlockFwd:
+          be.block_forward(d, P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
+                           buf.xs[u.layer]);
+          break;
+        case UseKind::kHead:
+          if (grad) be.zero(buf.g0, pad[0]);
+          loss += be.head_forward(d, P, buf.xs[L], buf.targets, carve_head_acts(buf.head, d),
+                                  grad ? buf.dx : nullptr, grad ? buf.g0 : nullptr, scale);
+          break;
+        case UseKind::kBlockBwd: {
+          const int gi = u.layer % 2;
+          // The buffer was last reduce-scattered for block layer + 2.
+          if (u.layer + 2 <= L && rsh[u.layer + 2].valid())
+            if (auto s = wait(rsh[u.layer + 2]); !s) return fail(s);
+          be.zero(buf.gblk[gi], pad[u.layer]);
+          be.block_backward(d, P, buf.gblk[gi], buf.xs[u.layer - 1],
+                            carve_block_acts(buf.acts[u.layer - 1], d), buf.dx, buf.dx,
+                            buf.scratch);
+          issue_rs(u.layer, buf.gblk[gi], buf.g_host[1 + gi]);
+          break;
+        }
+        case UseKind::kEmbedBwd:
+          be.embed_backward(d, buf.g0, buf.tokens, buf.dx);
+          issue_rs(0, buf.g0, buf.g_host[0]);
+          break;
+      }
+      // The slot's layer is no longer needed on the device: reuse it for the next gather.
+      if (i + K + 1 < uses.size()) {
+        if (!host) be.synchronize();
+        issue_gather(i + K + 1);
+      }
+    }
+    for (auto& h : rsh)
+      if (h.valid())
+        if (auto s = wait(h); !s) return fail(s);
+    return loss;
+  };
+
+  const std::vector<Use> train_uses = step_uses(L, true), eval_uses = step_uses(L, false);
+  const int64_t warmup = opts.warmup > 0 ? opts.warmup : std::max<int64_t>(1, opts.steps / 10);
+  const int val_total = round_up(static_cast<size_t>(std::max(opts.val_seqs, Bg)), Bg);
+  const double flops_step = m.flops_per_token(T) * Bg * T;
+
+  auto validate_at = [&](int cur) -> Result<double> {
+    double sum = 0;
+    for (int c = 0; c < val_total / Bg; ++c) {
+      data.val_batch(c * Bg + rank * B, B, val_total, T, tok_h.data(), tgt_h.data());
+      be.upload_tokens(buf.tokens, tok_h.data(), tok_h.size());
+      be.upload_tokens(buf.targets, tgt_h.data(), tgt_h.size());
+      auto l = run_pass(eval_uses, cur, false);
+      if (!l) return l;
+      sum += *l;
+    }
+    if (auto s = comm.allreduce_sum(&sum, 1); !s) return fail(s);
+    return sum / (static_cast<double>(val_total) * T);
+  };
+
+  RunSummary sum;
+  sum.first_step = start;
+  int64_t n = 0;
+  for (int64_t step = start; step <= opts.steps; ++step) {
+    const auto t0 = Clock::now();
+    stall_ms = 0;
+    const int cur = opts.buffers == 2 ? static_cast<int>((step - 1) % 2) : 0;
+    const int nxt = opts.buffers == 2 ? static_cast<int>(step % 2) : 0;
+    data.train_batch(opts.seed, step, rank * B, B, T, tok_h.data(), tgt_h.data());
+    be.upload_tokens(buf.tokens, tok_h.data(), tok_h.size());
+    be.upload_tokens(buf.targets, tgt_h.data(), tgt_h.size());
+    auto loss = run_pass(train_uses, cur, true);
+    if (!loss) return fail(loss.error());
+
+    // Global gradient norm and loss in one all-reduce.
+    const auto t_opt = Clock::now();
+    double red[2] = {0, *loss};
+    for (int l = 0; l < NL; ++l) {
+      auto g = store.acquire({l, ShardKind::kGrad, 0}, false);
+      if (!g) return fail(g.error());
+      red[0] += sum_squares(g->data, shard[l]);
+    }
+    if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
+    const double norm = std::sqrt(red[0]);
+    const float clip = opts.grad_clip > 0 && norm > opts.grad_clip
+                           ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
+    const float lr = lr_at(opts.adamw.lr, step, warmup, opts.steps);
+    const AdamWStep st = make_step(opts.adamw, lr, step, clip);
+    for (int l = 0; l < NL; ++l) {
+      // In: param, m, v of buffer cur and the grad. Out: param, m, v of buffer nxt (the same
+      // tensors when single-buffered, pinned for writing).
+      std::vector<Pinned> in, outp;
+      if (opts.buffers == 2) {
+        auto a = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
+                                                          {l, ShardKind::kM, cur},
+                                                          {l, ShardKind::kV, cur},
+                                                          {l, ShardKind::kGrad, 0}},
+                                    false);
+        if (!a) return fail(a.error());
+        in = std::move(*a);
+        auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, nxt},
+                                                          {l, ShardKind::kM, nxt},
+                                                          {l, ShardKind::kV, nxt}},
+                                    true);
+        if (!b) return fail(b.error());
+        outp = std::move(*b);
+      } else {
+        auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, 0},
+                                                          {l, ShardKind::kM, 0},
+                                                          {l, ShardKind::kV, 0}},
+                                    true);
+        if (!b) return fail(b.error());
+        outp = std::move(*b);
+        auto g = store.acquire({l, ShardKind::kGrad, 0}, false);
+        if (!g) return fail(g.error());
+        in = {outp[0], outp[1], outp[2], std::move(*g)};
+      }
+      const size_t lo = static_cast<size_t>(rank) * shard[l], hi = lo + shard[l];
+      for (const Range& r : decay_ranges(m, l)) {
+        const size_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
+        if (a >= b) continue;
+        const size_t o = a - lo;
+        adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
+                     outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
+      }
+    }
+    const double opt_ms = ms_since(t_opt);
+
+    // Commit: every rank finished writing buffer nxt; then each node's marker says so. No rank
+    // writes buffer cur again before the next step's collectives, which need every marker
+    // writer to have passed this point: so a crash anywhere leaves a committed, intact buffer.
+    if (auto s = comm.barrier(); !s) return fail(s);
+    if (marker_writer) {
+      CommitMarker mk{CommitMarker::kMagic, static_cast<uint64_t>(step), uint64_t(R), hash};
+      if (auto s = store.write_marker(mk); !s) return fail(s);
+    }
+
+    StepStats ss;
+    ss.step = step;
+    ss.loss = red[1] / (static_cast<double>(Bg) * T);
+    ss.ms = ms_since(t0);
+    ss.stall_ms = stall_ms;
+    ss.opt_ms = opt_ms;
+    ss.tokens_per_s = static_cast<double>(Bg) * T / (ss.ms / 1000.0);
+    ss.tflops = flops_step / R / (ss.ms / 1000.0) / 1e12;
+    const bool last = step == opts.steps;
+    if (opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0))) {
+      auto v = validate_at(nxt);
+      if (!v) return fail(v.error());
+      ss.val_loss = *v;
+      sum.last_val_loss = *v;
+    }
+    if (rank == 0 && out != nullptr) {
+      std::string line = fmt::format(
+          "{{\"step\":{},\"loss\":{:.9g},\"ms\":{:.3f},\"tokens_per_s\":{:.1f},\"tflops\":{:.6f},"
+          "\"stall_ms\":{:.3f},\"h2d_gbps\":0,\"nvme_gbps\":0,\"opt_ms\":{:.3f}",
+          ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, ss.opt_ms);
+      if (ss.val_loss >= 0) line += fmt::format(",\"val_loss\":{:.9g}", ss.val_loss);
+      line += "}\n";
+      std::fputs(line.c_str(), out);
+      std::fflush(out);
+    }
+    if (n == 0) sum.first_loss = ss.loss;
+    sum.last_loss = ss.loss;
+    sum.last_step = step;
+    sum.mean_ms += ss.ms;
+    sum.mean_tokens_per_s += ss.tokens_per_s;
+    sum.mean_tflops += ss.tflops;
+    sum.mean_stall_ms += ss.stall_ms;
+    sum.mean_opt_ms += ss.opt_ms;
+    ++n;
+  }
+  if (n > 0) {
+    sum.mean_ms /= n;
+    sum.mean_tokens_per_s /= n;
+    sum.mean_tflops /= n;
+    sum.mean_stall_ms /= n;
+    sum.mean_opt_ms /= n;
+  }
+  return sum;
+}
+
+}  // namespace tier::train

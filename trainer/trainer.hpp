@@ -1,0 +1,67 @@
+// The ZeRO-3 training loop of tier-train.
+//
+// Every layer's parameters are one flat buffer, padded to a multiple of 16 * R floats and cut
+// into R equal shards; rank r owns shard r of every layer's params, grads and AdamW moments in
+// its ShardStore. A step walks the layer "uses"
+//
+//   embed(0) fwd, block 1..L fwd, head(0) fwd+bwd, block L..1 bwd, embed(0) bwd
+//
+// and for each use all-gathers the layer's params into one of K+1 slots (K = --prefetch: the
+// gathers of the next K uses are in flight while this one computes), computes, and frees the
+// slot. Each backward use reduce-scatters the layer's gradient into the rank's grad shard.
+// Then the global gradient norm is all-reduced, AdamW updates every shard, and the step is
+// committed: a barrier, then the commit marker (see state.hpp) says the step is complete.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tier/status.hpp"
+#include "trainer/backend.hpp"
+#include "trainer/comm.hpp"
+#include "trainer/data.hpp"
+#include "trainer/model.hpp"
+#include "trainer/optimizer.hpp"
+#include "trainer/state.hpp"
+
+namespace tier::train {
+
+struct TrainOptions {
+  ModelConfig model;
+  int64_t steps = 20;
+  uint64_t seed = 1337;
+  int batch = 8;   // global sequences per step, split evenly across ranks
+  int seq = 0;     // tokens per sequence; 0: model.seq
+  AdamWConfig adamw;
+  int64_t warmup = 0;  // 0: steps / 10
+  float grad_clip = 1.0f;
+  int64_t val_every = 0;  // 0: only after the last step; < 0: never
+  int val_seqs = 0;       // validation sequences (rounded up to a multiple of batch); 0: batch
+  int prefetch = 1;       // K
+  int buffers = 1;        // 2: double-buffered param/m/v (restartable)
+  bool resume = false;    // continue from the store's committed step
+};
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0, ms = 0, tokens_per_s = 0, tflops = 0, stall_ms = 0, opt_ms = 0;
+  double val_loss = -1;  // < 0: not computed this step
+};
+
+struct RunSummary {
+  int64_t first_step = 0, last_step = 0;
+  double first_loss = 0, last_loss = 0, last_val_loss = -1;
+  double mean_ms = 0, mean_tokens_per_s = 0, mean_tflops = 0, mean_stall_ms = 0, mean_opt_ms = 0;
+};
+
+// Runs the training; rank 0 writes one JSON line per step to `out` (others write nothing).
+// Returns the summary (the same on every rank).
+[[nodiscard]] Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm,
+                                       Backend& backend, ShardStore& store, std::FILE* out);
+
+// The hash a commit marker carries: the model, rank count, batch, seq, seed and buffering.
+uint64_t run_config_hash(const TrainOptions& opts, int ranks);
+
+}  // namespace tier::train
