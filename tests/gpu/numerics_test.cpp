@@ -1,0 +1,272 @@
+// The CUDA backend against the CPU backend on tiny shapes: every layer's forward and backward,
+// in exact fp32 GEMM mode (tight tolerance) and in bf16 tensor-core mode (bf16 tolerance), and
+// the fused AdamW kernel against the CPU AdamW. Skips visibly without a device; the factory's
+// no-device answer is checked everywhere.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+#include "trainer/backend.hpp"
+#include "trainer/cpu/cpu_backend.hpp"
+#include "trainer/cuda/cuda_backend.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/optimizer.hpp"
+
+using namespace tier::train;
+
+namespace {
+
+// Deterministic values in [-a, a] (+ offset).
+std::vector<float> random_floats(size_t n, uint64_t seed, float a = 1.0f, float offset = 0.0f) {
+  std::vector<float> v(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : v) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    x = offset + a * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
+  }
+  return v;
+}
+
+// max |got - want| relative to max |want| (and to 1e-3 for all-small references).
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 1e-3;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return diff / scale;
+}
+
+#define CHECK_CLOSE(got, want, tol)                    \
+  do {                                                 \
+    const double e_ = rel_err(got, want);              \
+    INFO(#got << " vs CPU: relative error " << e_);    \
+    CHECK(e_ <= (tol));                                \
+  } while (0)
+
+// Device buffer helper over a Backend.
+struct Dev {
+  Backend& be;
+  float* p = nullptr;
+  size_t n = 0;
+  Dev(Backend& be, const std::vector<float>& host) : be(be), p(be.alloc(host.size())), n(host.size()) {
+    be.upload(p, host.data(), n);
+  }
+  Dev(Backend& be, size_t n, bool zeroed) : be(be), p(be.alloc(n)), n(n) {
+    if (zeroed) be.zero(p, n);
+  }
+  ~Dev() { be.free(p); }
+  std::vector<float> get() const {
+    std::vector<float> h(n);
+    be.download(h.data(), p, n);
+    return h;
+  }
+};
+
+template <class T>
+T* device_alloc(size_t n) {
+  void* p = nullptr;
+  return cudaMalloc(&p, n * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
+}
+
+struct Case {
+  bool exact;
+  double tol;
+};
+
+void run_layers(const Case& cs) {
+  INFO((cs.exact ? "fp32 GEMMs" : "bf16 tensor-core GEMMs"));
+  std::string err;
+  auto gpu = tier::train::cuda::make_cuda_backend({.device = 0, .exact_gemm = cs.exact}, &err);
+  REQUIRE(gpu != nullptr);
+  auto cpu = make_cpu_backend();
+  const Dims d{.B = 2, .T = 8, .C = 32, .NH = 4, .V = 64, .max_T = 16};
+  const size_t BT = size_t(d.B) * d.T, BTC = BT * d.C;
+  std::vector<int32_t> tokens(BT), targets(BT);
+  for (size_t i = 0; i < BT; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 37 + 5) % d.V);
+    targets[i] = static_cast<int32_t>((i * 11 + 3) % d.V);
+  }
+  int32_t* dtok = gpu->alloc_tokens(BT);
+  int32_t* dtgt = gpu->alloc_tokens(BT);
+  gpu->upload_tokens(dtok, tokens.data(), BT);
+  gpu->upload_tokens(dtgt, targets.data(), BT);
+
+  // ---- embed ----
+  const EmbedLayout el = embed_layout(d);
+  std::vector<float> ep = random_floats(el.total, 1, 0.1f);
+  for (size_t i = 0; i < size_t(d.C); ++i) ep[el.lnf_w + i] = 1.0f + 0.1f * ep[el.lnf_w + i];
+  {
+    std::vector<float> out(BTC);
+    cpu->embed_forward(d, ep.data(), tokens.data(), out.data());
+    Dev dp(*gpu, ep), dout(*gpu, BTC, false);
+    gpu->embed_forward(d, dp.p, dtok, dout.p);
+    CHECK_CLOSE(dout.get(), out, 1e-6);
+
+    const std::vector<float> g_in = random_floats(BTC, 2);
+    std::vector<float> grads(el.total, 0.0f);
+    cpu->embed_backward(d, grads.data(), tokens.data(), g_in.data());
+    Dev dg(*gpu, el.total, true), dgin(*gpu, g_in);
+    gpu->embed_backward(d, dg.p, dtok, dgin.p);
+    CHECK_CLOSE(dg.get(), grads, 1e-5);
+  }
+
+  // ---- block ----
+  const BlockLayout bl = block_layout(d);
+  std::vector<float> bp = random_floats(bl.total, 3, 0.2f);
+  for (size_t off : {bl.ln1_w, bl.ln2_w})
+    for (size_t i = 0; i < size_t(d.C); ++i) bp[off + i] = 1.0f + 0.1f * bp[off + i];
+  const std::vector<float> x = random_floats(BTC, 4);
+  const std::vector<float> dy = random_floats(BTC, 5);
+  {
+    std::vector<float> acts(block_acts_floats(d)), y(BTC), grads(bl.total, 0.0f), dx(BTC),
+        scratch(block_scratch_floats(d));
+    cpu->block_forward(d, bp.data(), x.data(), carve_block_acts(acts.data(), d), y.data());
+    cpu->block_backward(d, bp.data(), grads.data(), x.data(), carve_block_acts(acts.data(), d),
+                        dy.data(), dx.data(), scratch.data());
+
+    Dev dp(*gpu, bp), dxin(*gpu, x), dacts(*gpu, block_acts_floats(d), false), dyout(*gpu, BTC, false);
+    gpu->block_forward(d, dp.p, dxin.p, carve_block_acts(dacts.p, d), dyout.p);
+    CHECK_CLOSE(dyout.get(), y, cs.tol);
+    Dev ddy(*gpu, dy), dgr(*gpu, bl.total, true), ddx(*gpu, BTC, false),
+        dscr(*gpu, block_scratch_floats(d), false);
+    gpu->block_backward(d, dp.p, dgr.p, dxin.p, carve_block_acts(dacts.p, d), ddy.p, ddx.p, dscr.p);
+    CHECK_CLOSE(ddx.get(), dx, cs.tol);
+    const std::vector<float> g = dgr.get();
+    // Per parameter tensor, so a wrong one is named.
+    const std::pair<const char*, std::pair<size_t, size_t>> parts[] = {
+        {"ln1", {bl.ln1_w, bl.qkv_w}},   {"qkv", {bl.qkv_w, bl.proj_w}},
+        {"proj", {bl.proj_w, bl.ln2_w}}, {"ln2", {bl.ln2_w, bl.fc_w}},
+        {"fc", {bl.fc_w, bl.fcproj_w}},  {"fcproj", {bl.fcproj_w, bl.total}}};
+    for (const auto& [name, r] : parts) {
+      INFO("block gradient " << name);
+      CHECK_CLOSE(std::vector<float>(g.begin() + r.first, g.begin() + r.second),
+                  std::vector<float>(grads.begin() + r.first, grads.begin() + r.second), cs.tol);
+    }
+    std::vector<float> acts_gpu = dacts.get();
+    const BlockActs ca = carve_block_acts(acts.data(), d);
+    const BlockActs ga = carve_block_acts(acts_gpu.data(), d);
+    const size_t att_n = size_t(d.B) * d.NH * d.T * d.T;
+    // Only the causal part of att is defined.
+    std::vector<float> att_c, att_g;
+    for (size_t i = 0; i < att_n; ++i) {
+      const size_t t1 = (i / d.T) % d.T, t2 = i % d.T;
+      if (t2 <= t1) {
+        att_c.push_back(ca.att[i]);
+        att_g.push_back(ga.att[i]);
+      }
+    }
+    CHECK_CLOSE(att_g, att_c, cs.tol);
+  }
+
+  // ---- head ----
+  {
+    const HeadActs unused{};
+    (void)unused;
+    const float scale = 1.0f / static_cast<float>(BT);
+    std::vector<float> acts(head_acts_floats(d)), dx(BTC), grads(el.total, 0.0f);
+    const double loss_cpu = cpu->head_forward(d, ep.data(), x.data(), targets.data(),
+                                              carve_head_acts(acts.data(), d), dx.data(),
+                                              grads.data(), scale);
+    Dev dp(*gpu, ep), dxin(*gpu, x), dacts(*gpu, head_acts_floats(d), false),
+        ddx(*gpu, BTC, false), dg(*gpu, el.total, true);
+    const double loss_gpu = gpu->head_forward(d, dp.p, dxin.p, dtgt, carve_head_acts(dacts.p, d),
+                                              ddx.p, dg.p, scale);
+    INFO("backend error: " << tier::train::cuda::backend_error(*gpu));
+    REQUIRE(std::isfinite(loss_gpu));
+    CHECK(std::abs(loss_gpu - loss_cpu) <= cs.tol * std::abs(loss_cpu));
+    CHECK_CLOSE(ddx.get(), dx, cs.tol);
+    CHECK_CLOSE(dg.get(), grads, cs.tol);
+    // Forward only (no dx) gives the same loss.
+    const double loss_fwd = gpu->head_forward(d, dp.p, dxin.p, dtgt, carve_head_acts(dacts.p, d),
+                                              nullptr, nullptr, 0.0f);
+    CHECK(std::abs(loss_fwd - loss_cpu) <= cs.tol * std::abs(loss_cpu));
+  }
+  gpu->free_tokens(dtok);
+  gpu->free_tokens(dtgt);
+  CHECK(tier::train::cuda::backend_error(*gpu).empty());
+}
+
+}  // namespace
+
+TEST_CASE("CUDA backend factory without a device says so", "[gpu]") {
+  int n = 0;
+  const bool present = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  (void)cudaGetLastError();
+  std::string err;
+  auto be = tier::train::cuda::make_cuda_backend({}, &err);
+  if (!present) {
+    CHECK(be == nullptr);
+    CHECK(err.starts_with("no CUDA device"));
+  } else {
+    REQUIRE(be != nullptr);
+    CHECK(std::string(be->name()) == "cuda");
+    CHECK_FALSE(be->host_accessible());
+  }
+}
+
+TEST_CASE("CUDA layers match the CPU backend with fp32 GEMMs", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  run_layers({.exact = true, .tol = 2e-4});
+}
+
+TEST_CASE("CUDA layers match the CPU backend with bf16 GEMMs within bf16 tolerance", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  run_layers({.exact = false, .tol = 3e-2});
+}
+
+TEST_CASE("fused AdamW kernel matches the CPU AdamW and rounds its bf16 copy", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  const size_t n = 100003;
+  std::vector<float> p = random_floats(n, 7), m = random_floats(n, 8, 0.01f),
+                     v = random_floats(n, 9, 0.001f, 0.002f), g = random_floats(n, 10);
+  AdamWConfig cfg;
+  const AdamWStep s = make_step(cfg, 1e-3f, 3, 0.5f);
+  std::vector<float> pc(n), mc(n), vc(n);
+  adamw_update_scalar(p.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(), vc.data(), n,
+                      s, true);
+
+  float* dp = device_alloc<float>(n);
+  float* dm = device_alloc<float>(n);
+  float* dv = device_alloc<float>(n);
+  float* dg = device_alloc<float>(n);
+  uint16_t* db = device_alloc<uint16_t>(n);
+  REQUIRE((dp && dm && dv && dg && db));
+  cudaMemcpy(dp, p.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dm, m.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dv, v.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice);
+  tier::train::cuda::AdamW h{.lr = 1e-3f, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
+                             .weight_decay = cfg.weight_decay, .step = 3, .grad_scale = 0.5f};
+  REQUIRE(tier::train::cuda::adamw(dp, dg, dm, dv, db, n, h, nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<float> pg(n), mg(n), vg(n), bf(n);
+  std::vector<uint16_t> b16(n);
+  cudaMemcpy(pg.data(), dp, n * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(mg.data(), dm, n * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(vg.data(), dv, n * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(b16.data(), db, n * 2, cudaMemcpyDeviceToHost);
+  CHECK_CLOSE(pg, pc, 1e-6);
+  CHECK_CLOSE(mg, mc, 1e-6);
+  CHECK_CLOSE(vg, vc, 1e-6);
+  // bf16 → f32 on the device, and the bf16 copy is the fp32 master rounded to 8 mantissa bits.
+  REQUIRE(tier::train::cuda::bf16_to_f32(dg, db, n, nullptr) == cudaSuccess);
+  cudaMemcpy(bf.data(), dg, n * 4, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < n; i += 997) {
+    uint32_t bits;
+    std::memcpy(&bits, &bf[i], 4);
+    CHECK((bits & 0xffffu) == 0u);
+    CHECK(b16[i] == (bits >> 16));
+  }
+  CHECK_CLOSE(bf, pg, 1.0 / 256);
+  for (void* q : {static_cast<void*>(dp), static_cast<void*>(dm), static_cast<void*>(dv),
+                  static_cast<void*>(dg), static_cast<void*>(db)})
+    cudaFree(q);
+}
