@@ -33,6 +33,10 @@ TestDaemon::TestDaemon(DaemonOptions opts) : opts_(std::move(opts)) {
 
 TestDaemon::~TestDaemon() {
   if (pid_ > 0) stop();
+  // Arenas are named shared memory that outlives the daemon by design; remove this state
+  // dir's arenas so the test suite leaves /dev/shm clean.
+  std::string cleanup = bin_path("tierd") + " --state-dir '" + state_dir_ + "' --cleanup-arenas >/dev/null 2>&1";
+  (void)!std::system(cleanup.c_str());
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }

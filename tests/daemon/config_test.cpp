@@ -1,0 +1,185 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "daemon/config.hpp"
+#include "tier/types.hpp"
+
+using namespace tier;
+using namespace tier::daemon;
+
+TEST_CASE("config: defaults from empty text") {
+  auto c = parse_config("");
+  REQUIRE(c);
+  CHECK(c->state_dir == "/var/lib/tierd");
+  CHECK(c->ram == "50%");
+  CHECK(c->hugepages == HugePages::kNone);
+  CHECK(c->alignment == "2M");
+  CHECK(c->nvme.empty());
+  CHECK(c->watchdog);
+  CHECK_FALSE(c->remove_arenas_on_exit);
+}
+
+TEST_CASE("config: every key") {
+  auto c = parse_config(R"(
+socket = "/tmp/x.sock"
+state_dir = "/tmp/state"
+ram = "64G"
+pool_quota = 1073741824
+nvme_pool_quota = "10%"
+alignment = "4K"
+hugepages = "2M"
+hugetlbfs_mount = "/dev/hugepages"
+topology = "synthetic:pack:2 numa:1 core:1 pu:1"
+nvme = [ { path = "/mnt/a", numa_node = 1 }, { path = "/mnt/b" } ]
+admin_group = "wheel"
+watchdog = false
+status_interval_ms = 1000
+max_clients = 10
+max_leases_per_client = 99
+remove_arenas_on_exit = true
+log_level = "debug"
+)");
+  REQUIRE(c);
+  CHECK(c->socket == "/tmp/x.sock");
+  CHECK(c->state_dir == "/tmp/state");
+  CHECK(c->ram == "64G");
+  CHECK(c->pool_quota == "1073741824");
+  CHECK(c->alignment == "4K");
+  CHECK(c->hugepages == HugePages::k2M);
+  CHECK(c->topology == "synthetic:pack:2 numa:1 core:1 pu:1");
+  REQUIRE(c->nvme.size() == 2);
+  CHECK(c->nvme[0].path == "/mnt/a");
+  CHECK(c->nvme[0].numa_node == 1);
+  CHECK(c->nvme[1].numa_node == -1);
+  CHECK(c->admin_group == "wheel");
+  CHECK_FALSE(c->watchdog);
+  CHECK(c->status_interval_ms == 1000);
+  CHECK(c->max_clients == 10);
+  CHECK(c->max_leases_per_client == 99);
+  CHECK(c->remove_arenas_on_exit);
+  CHECK(c->log_level == "debug");
+}
+
+TEST_CASE("config: errors name the problem") {
+  auto expect_err = [](std::string_view text, std::string_view needle) {
+    auto c = parse_config(text);
+    REQUIRE_FALSE(c);
+    CHECK(c.error().code() == Code::kInvalidArgument);
+    INFO(c.error().message());
+    CHECK(c.error().message().find(needle) != std::string::npos);
+  };
+  expect_err("rma = \"1G\"", "unknown config key 'rma'");
+  expect_err("ram = \"12Q\"", "ram");
+  expect_err("ram = -5", "ram");
+  expect_err("ram = \"200%\"", "ram");
+  expect_err("hugepages = \"4M\"", "hugepages");
+  expect_err("watchdog = 1", "watchdog");
+  expect_err("socket = 3", "socket");
+  expect_err("alignment = \"3K\"", "power of two");
+  expect_err("alignment = \"2G\"", "power of two");
+  expect_err("nvme = \"/mnt/a\"", "nvme");
+  expect_err("nvme = [ { numa_node = 0 } ]", "needs a path");
+  expect_err("nvme = [ { path = \"/a\", speed = 3 } ]", "nvme.speed");
+  expect_err("status_interval_ms = 5", "status_interval_ms");
+  expect_err("log_level = \"loud\"", "log_level");
+  expect_err("state_dir = \"\"", "state_dir");
+  expect_err("ram = \"1G\"\nram = \"2G\"", "line 2");
+  expect_err("[section]\nx = 1", "unknown config key 'section'");
+  expect_err("ram = \"1G", "syntax error");
+}
+
+TEST_CASE("config: the shipped example parses and equals the defaults") {
+  std::ifstream f(std::string(TIER_SOURCE_DIR) + "/daemon/tierd.toml.example");
+  REQUIRE(f);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto c = parse_config(ss.str());
+  REQUIRE(c);
+  Config d;
+  CHECK(c->state_dir == d.state_dir);
+  CHECK(c->ram == d.ram);
+  CHECK(c->pool_quota == d.pool_quota);
+  CHECK(c->alignment == d.alignment);
+  CHECK(c->max_leases_per_client == d.max_leases_per_client);
+  // The commented nvme example is itself valid.
+  std::string uncommented = ss.str();
+  for (std::string from : {"# nvme = [", "#   { path = \"/mnt/nvme0/tierd\", numa_node = 0 },",
+                           "#   { path = \"/mnt/nvme1/tierd\", numa_node = 1 },", "# ]"}) {
+    auto pos = uncommented.find(from);
+    REQUIRE(pos != std::string::npos);
+    uncommented.erase(pos, 2);
+  }
+  auto c2 = parse_config(uncommented);
+  REQUIRE(c2);
+  CHECK(c2->nvme.size() == 2);
+}
+
+TEST_CASE("config: command-line overrides and size resolution") {
+  Config c;
+  Overrides o;
+  o.ram = "25%";
+  o.state_dir = "/tmp/s";
+  o.hugepages = "1G";
+  o.nvme_dirs = {"/tmp"};
+  o.topology = "synthetic:numa:2 core:1 pu:1";
+  REQUIRE(apply_overrides(c, o));
+  CHECK(c.ram == "25%");
+  CHECK(c.hugepages == HugePages::k1G);
+  REQUIRE(c.nvme.size() == 1);
+  Overrides bad;
+  bad.ram = "lots";
+  CHECK_FALSE(apply_overrides(c, bad));
+  Overrides bad2;
+  bad2.hugepages = "3M";
+  CHECK_FALSE(apply_overrides(c, bad2));
+
+  auto r = resolve_sizes(c, 8ull << 30);
+  REQUIRE(r);
+  CHECK(r->ram == 2ull << 30);
+  CHECK(r->pool_quota == 2ull << 30);  // 100% of the tier
+  CHECK(r->alignment == 2ull << 20);
+  c.ram = "16G";
+  CHECK_FALSE(resolve_sizes(c, 8ull << 30));  // more than the machine
+  c.ram = "1.5G";
+  c.pool_quota = "50%";
+  r = resolve_sizes(c, 8ull << 30);
+  REQUIRE(r);
+  CHECK(r->ram == 1536ull << 20);
+  CHECK(r->pool_quota == 768ull << 20);
+  CHECK(read_mem_total().value_or(0) > 0);
+}
+
+TEST_CASE("config: sizes") {
+  CHECK(parse_size("4096").value() == 4096);
+  CHECK(parse_size("512M").value() == 512ull << 20);
+  CHECK(parse_size("64G").value() == 64ull << 30);
+  CHECK(parse_size("1.5T").value() == 3ull << 39);
+  CHECK(parse_size("80%", 1000).value() == 800);
+  CHECK_FALSE(parse_size("80%"));
+  CHECK_FALSE(parse_size("1.5"));
+  CHECK_FALSE(parse_size("G"));
+}
+
+TEST_CASE("config: paths and the socket fallback") {
+  Config c;
+  c.state_dir = (std::filesystem::temp_directory_path() / "tierd-config-test-state").string();
+  c.nvme = {{"/nonexistent/nvme", -1}};
+  auto st = check_paths(c);
+  REQUIRE_FALSE(st);
+  CHECK(st.message().find("/nonexistent/nvme") != std::string::npos);
+  c.nvme = {{"/tmp", -1}};
+  CHECK(check_paths(c));
+  std::filesystem::remove_all(c.state_dir);
+  c.topology = "/nonexistent.xml";
+  CHECK_FALSE(check_paths(c));
+  c.socket = "/x/y.sock";
+  CHECK(resolve_socket(c) == "/x/y.sock");
+  c.socket.clear();
+  setenv("TIERD_SOCKET", "/env.sock", 1);
+  CHECK(resolve_socket(c) == "/env.sock");
+  unsetenv("TIERD_SOCKET");
+  CHECK(resolve_socket(c) == "/run/tierd/tierd.sock");
+}

@@ -1,0 +1,116 @@
+#include <catch2/catch.hpp>
+
+#include "daemon/leases.hpp"
+
+using namespace tier;
+using namespace tier::daemon;
+
+namespace {
+struct Fixture {
+  Catalog cat;
+  Pool* pool = nullptr;
+  std::vector<Tensor*> t;
+  LeaseTable table;
+  SessionLeases s1{1}, s2{2};
+  Fixture() {
+    pool = *cat.create_pool("job", 0, 1 << 30, 0);
+    for (int i = 0; i < 4; ++i) {
+      TensorDesc d;
+      d.name = "t" + std::to_string(i);
+      d.size = 4096;
+      t.push_back(*cat.create_tensor(*pool, d, 0));
+    }
+  }
+  Status lease(SessionLeases& s, LeaseMode m, std::vector<Tensor*> ts, std::vector<uint64_t>* ids = nullptr) {
+    std::vector<uint64_t> tmp;
+    return table.acquire(s, m, ts, cat, ids ? *ids : tmp);
+  }
+};
+}  // namespace
+
+TEST_CASE("leases: readers share, a writer excludes") {
+  Fixture f;
+  std::vector<uint64_t> r1, r2;
+  REQUIRE(f.lease(f.s1, LeaseMode::kRead, {f.t[0]}, &r1));
+  REQUIRE(f.lease(f.s2, LeaseMode::kRead, {f.t[0]}, &r2));
+  CHECK(f.t[0]->readers == 2);
+  auto w = f.lease(f.s2, LeaseMode::kWrite, {f.t[0]});
+  CHECK(w.code() == Code::kBusy);
+  REQUIRE(f.table.release(f.s1, r1[0], f.cat));
+  REQUIRE(f.table.release(f.s2, r2[0], f.cat));
+  std::vector<uint64_t> wid;
+  REQUIRE(f.lease(f.s1, LeaseMode::kWrite, {f.t[0]}, &wid));
+  CHECK(f.t[0]->writer);
+  CHECK(f.lease(f.s2, LeaseMode::kRead, {f.t[0]}).code() == Code::kBusy);
+  CHECK(f.lease(f.s1, LeaseMode::kWrite, {f.t[0]}).code() == Code::kBusy);  // even the holder
+  CHECK(f.pool->leases == 1);
+  REQUIRE(f.table.release(f.s1, wid[0], f.cat));
+  CHECK_FALSE(f.t[0]->writer);
+  CHECK(f.pool->leases == 0);
+  CHECK(f.table.live() == 0);
+}
+
+TEST_CASE("leases: batches are all or nothing") {
+  Fixture f;
+  std::vector<uint64_t> w;
+  REQUIRE(f.lease(f.s1, LeaseMode::kWrite, {f.t[2]}, &w));
+  std::vector<uint64_t> ids;
+  CHECK(f.lease(f.s2, LeaseMode::kWrite, {f.t[0], f.t[1], f.t[2], f.t[3]}, &ids).code() == Code::kBusy);
+  CHECK(ids.empty());
+  CHECK_FALSE(f.t[0]->writer);
+  CHECK_FALSE(f.t[1]->writer);
+  CHECK(f.s2.count == 0);
+  CHECK(f.lease(f.s2, LeaseMode::kWrite, {f.t[0], f.t[0]}).code() == Code::kInvalidArgument);
+  std::vector<uint64_t> rr;
+  REQUIRE(f.lease(f.s2, LeaseMode::kRead, {f.t[0], f.t[0], f.t[1]}, &rr));  // reads may repeat
+  CHECK(rr.size() == 3);
+  CHECK(f.t[0]->readers == 2);
+}
+
+TEST_CASE("leases: ownership, stale ids and session close") {
+  Fixture f;
+  std::vector<uint64_t> a, b;
+  REQUIRE(f.lease(f.s1, LeaseMode::kRead, {f.t[0], f.t[1]}, &a));
+  REQUIRE(f.lease(f.s2, LeaseMode::kWrite, {f.t[2], f.t[3]}, &b));
+  CHECK(f.table.release(f.s2, a[0], f.cat).code() == Code::kNotFound);  // not s2's
+  CHECK(f.table.find(a[0])->session_id == 1);
+  CHECK(f.table.release_all(f.s1, f.cat) == 2);
+  CHECK(f.s1.count == 0);
+  CHECK(f.t[0]->readers == 0);
+  CHECK(f.table.release(f.s1, a[0], f.cat).code() == Code::kNotFound);  // already gone
+  // The slot is reused with a new generation: the old id stays dead.
+  std::vector<uint64_t> c;
+  REQUIRE(f.lease(f.s1, LeaseMode::kRead, {f.t[0]}, &c));
+  CHECK(c[0] != a[0]);
+  CHECK(f.table.find(a[0]) == nullptr);
+  CHECK(f.table.find(a[1]) == nullptr);
+  CHECK(f.table.live() == 3);
+  CHECK(f.table.release_all(f.s2, f.cat) == 2);
+  CHECK_FALSE(f.t[2]->writer);
+  // Releasing in the middle of a session's list keeps the list intact.
+  std::vector<uint64_t> many;
+  REQUIRE(f.lease(f.s2, LeaseMode::kRead, {f.t[0], f.t[1], f.t[2], f.t[3]}, &many));
+  REQUIRE(f.table.release(f.s2, many[2], f.cat));
+  REQUIRE(f.table.release(f.s2, many[0], f.cat));
+  CHECK(f.table.release_all(f.s2, f.cat) == 2);
+  CHECK(f.t[1]->readers == 0);
+}
+
+TEST_CASE("leases: waiters keep FIFO order and expire at their deadline") {
+  LeaseTable table;
+  auto now = Clock::now();
+  table.add_waiter(Waiter{1, 10, LeaseMode::kRead, {1}, now + std::chrono::milliseconds(100)});
+  table.add_waiter(Waiter{2, 20, LeaseMode::kRead, {1}, Clock::time_point::max()});
+  table.add_waiter(Waiter{3, 30, LeaseMode::kRead, {1}, now + std::chrono::milliseconds(50)});
+  CHECK(table.next_deadline() == now + std::chrono::milliseconds(50));
+  std::vector<uint32_t> order;
+  table.retry_waiters([&](Waiter& w) { order.push_back(w.request_id); return w.request_id == 20; });
+  CHECK(order == std::vector<uint32_t>{10, 20, 30});
+  CHECK(table.waiter_count() == 2);
+  std::vector<uint32_t> expired;
+  table.expire_waiters(now + std::chrono::milliseconds(60), [&](Waiter& w) { expired.push_back(w.request_id); });
+  CHECK(expired == std::vector<uint32_t>{30});
+  table.drop_waiters(1);
+  CHECK(table.waiter_count() == 0);
+  CHECK_FALSE(table.next_deadline());
+}
