@@ -17,6 +17,8 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "daemon/ram/arena.hpp"
@@ -468,4 +470,48 @@ TEST_CASE("clean exit keeps /dev/shm clean with --remove-arenas-on-exit; --clean
     CHECK(std::system(cmd.c_str()) == 0);
     CHECK(shm_objects_with_prefix(prefix) == 0);
   }
+}
+
+TEST_CASE("command line: --check-config and exit codes") {
+  char tmpl[] = "/tmp/tierd-cli.XXXXXX";
+  REQUIRE(mkdtemp(tmpl));
+  std::string dir = tmpl;
+  auto run = [&](const std::string& args) {
+    std::string cmd = bin_path("tierd") + " " + args + " >" + dir + "/out 2>&1";
+    int st = std::system(cmd.c_str());
+    REQUIRE(WIFEXITED(st));
+    return WEXITSTATUS(st);
+  };
+  auto out = [&] {
+    std::ifstream f(dir + "/out");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  std::string base = "--state-dir " + dir + "/state --socket " + dir + "/s ";
+  CHECK(run(base + "--ram 1G --check-config") == 0);
+  CHECK(out().find("configuration ok") != std::string::npos);
+  CHECK(run(base + "--ram 1G --topology-synthetic 'pack:2 numa:1 core:1 pu:1' --check-config") == 0);
+  CHECK(out().find("2 NUMA nodes") != std::string::npos);
+  CHECK(run(base + "--ram lots --check-config") == 2);
+  CHECK(out().find("invalid size 'lots'") != std::string::npos);
+  CHECK(run(base + "--no-such-flag") == 2);
+  CHECK(run(base + "--nvme-dir /nonexistent/dir --check-config") == 2);
+  CHECK(out().find("/nonexistent/dir") != std::string::npos);
+  CHECK(run(base + "--hugepages 3M --check-config") == 2);
+  {
+    std::ofstream cfg(dir + "/bad.toml");
+    cfg << "ram = \"1G\"\nsokcet = \"/x\"\n";
+  }
+  CHECK(run(base + "--config " + dir + "/bad.toml --check-config") == 2);
+  CHECK(out().find("unknown config key 'sokcet'") != std::string::npos);
+  CHECK(run("--config " + std::string(TIER_SOURCE_DIR) + "/daemon/tierd.toml.example " + base +
+            "--check-config") == 0);
+  // The socket is in use by a live daemon: a second one refuses to start (runtime error).
+  {
+    TestDaemon d(opts());
+    CHECK(run("--state-dir " + dir + "/state --socket " + d.socket() + " --ram 64M") == 1);
+    CHECK(out().find("another tierd is serving") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }
