@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "client/arena_map.hpp"
@@ -95,6 +97,11 @@ struct Client::Impl {
       (void)conn.call(MsgType::kRelease, release_req, empty);
     }
   }
+
+  // One attempt (one daemon-side wait of at most timeout_ms); these take mu themselves.
+  Result<Lease> lease_once(Client* owner, uint64_t tensor_id, LeaseMode mode, int32_t timeout_ms);
+  Result<std::vector<Lease>> lease_batch_once(Client* owner, std::span<const uint64_t> tensor_ids,
+                                              LeaseMode mode, int32_t timeout_ms);
 
   // One lease request for `ids`, granted whole or not at all. Appends to `out`. Caller holds mu.
   Status lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, LeaseWait wait, Client* owner,
@@ -234,11 +241,47 @@ Status Client::delete_tensor(std::string_view pool, std::string_view name) {
 
 // ---- leases ----
 
+// Waiting leases go to the daemon in slices of at most kWaitSliceMs, with the Client's mutex
+// dropped between slices. The daemon grants a waiting lease the moment the conflict goes away,
+// so slicing adds no latency to a grant; what it buys is that a sibling thread of the same
+// Client, which may be the very holder that must release, gets the socket between slices
+// instead of deadlocking behind the waiter until its timeout. The cost: a waiter re-queues at
+// the daemon every slice, so waiters are not strictly first come, first served.
+namespace {
+
+constexpr int32_t kWaitSliceMs = 20;
+
+template <class Attempt>
+auto with_wait_slices(LeaseWait wait, Attempt attempt) -> decltype(attempt(int32_t{0})) {
+  if (wait.timeout_ms == 0) return attempt(0);
+  const bool forever = wait.timeout_ms < 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, wait.timeout_ms));
+  for (;;) {
+    int32_t slice = kWaitSliceMs;
+    if (!forever) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      slice = static_cast<int32_t>(std::clamp<int64_t>(left, 1, kWaitSliceMs));
+    }
+    auto r = attempt(slice);
+    if (r.has_value() || r.error().code() != Code::kTimeout) return r;
+    if (!forever && std::chrono::steady_clock::now() >= deadline) return r;
+    // Let a thread blocked on the mutex (maybe the holder, about to release) in first.
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace
+
 Result<Lease> Client::lease(uint64_t tensor_id, LeaseMode mode, LeaseWait wait) {
-  std::lock_guard g(impl_->mu);
-  Impl& m = *impl_;
+  return with_wait_slices(wait, [&](int32_t slice) { return impl_->lease_once(this, tensor_id, mode, slice); });
+}
+
+Result<Lease> Client::Impl::lease_once(Client* owner, uint64_t tensor_id, LeaseMode mode,
+                                       int32_t timeout_ms) {
+  std::lock_guard g(mu);
+  Impl& m = *this;
   m.lease_req.mode = static_cast<uint8_t>(mode);
-  m.lease_req.timeout_ms = wait.timeout_ms;
+  m.lease_req.timeout_ms = timeout_ms;
   m.lease_req.tensor_ids.assign(1, tensor_id);
   Status st = m.conn.call(MsgType::kLease, m.lease_req, m.lease_rep);
   if (!st.is_ok()) return fail(std::move(st));
@@ -253,7 +296,7 @@ Result<Lease> Client::lease(uint64_t tensor_id, LeaseMode mode, LeaseWait wait) 
     return fail(span.error());
   }
   Lease l;
-  l.client_ = this;
+  l.client_ = owner;
   l.id_ = gr.lease_id;
   l.tensor_id_ = tensor_id;
   l.mode_ = mode;
@@ -302,20 +345,29 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
 
 Result<std::vector<Lease>> Client::lease_batch(std::span<const uint64_t> tensor_ids, LeaseMode mode,
                                                LeaseWait wait) {
+  return with_wait_slices(wait, [&](int32_t slice) {
+    return impl_->lease_batch_once(this, tensor_ids, mode, slice);
+  });
+}
+
+Result<std::vector<Lease>> Client::Impl::lease_batch_once(Client* owner,
+                                                          std::span<const uint64_t> tensor_ids,
+                                                          LeaseMode mode, int32_t timeout_ms) {
+  const LeaseWait wait{timeout_ms};
   std::vector<Lease> out;
   if (tensor_ids.empty()) return out;
   out.reserve(tensor_ids.size());
-  std::lock_guard g(impl_->mu);
+  std::lock_guard g(mu);
   // Batches above one reply's worth go as several requests; a failure in a later one gives back
   // what the earlier ones got, so the caller still sees all or nothing.
   for (size_t i = 0; i < tensor_ids.size(); i += kLeaseChunk) {
     size_t n = std::min(kLeaseChunk, tensor_ids.size() - i);
-    Status st = impl_->lease_chunk(tensor_ids.subspan(i, n), mode, wait, this, out);
+    Status st = lease_chunk(tensor_ids.subspan(i, n), mode, wait, owner, out);
     if (!st.is_ok()) {
       std::vector<uint64_t> ids;
       ids.reserve(out.size());
       for (Lease& l : out) { ids.push_back(l.id_); l.detach(); }
-      impl_->release_quietly(ids);
+      release_quietly(ids);
       return fail(std::move(st));
     }
   }

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "support/daemon_fixture.hpp"
@@ -185,7 +187,9 @@ TEST_CASE("a batch of leases is granted whole or not at all") {
 }
 
 TEST_CASE("a batch larger than one reply still comes back whole") {
-  TestDaemon d({.ram = "1G"});
+  DaemonOptions opts;
+  opts.ram = "1G";
+  TestDaemon d(opts);
   auto a = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 512ull << 20}).has_value());
   std::vector<uint64_t> ids;
@@ -286,23 +290,31 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
 
   // Each worker: private tensor round trips, shared reads, and increments of a counter under a
   // waiting write lease (lost updates would show a lease that was not exclusive).
+  std::mutex err_mu;
+  std::string first_error;
+  auto note = [&](const std::string& what, const Status& st) {
+    std::lock_guard g(err_mu);
+    if (first_error.empty()) first_error = what + ": " + st.to_string();
+    return false;
+  };
   auto work = [&](Client& c, int i) -> bool {
     for (int r = 0; r < kRounds; ++r) {
       {
         auto w = c.lease(own[i], LeaseMode::kWrite);
-        if (!w) return false;
+        if (!w) return note("own write lease", w.error());
         fill_pattern(w->bytes(), i * 1000 + r);
       }
       {
         auto rd = c.lease(own[i], LeaseMode::kRead);
-        if (!rd || !has_pattern(rd->bytes(), i * 1000 + r)) return false;
+        if (!rd) return note("own read lease", rd.error());
+        if (!has_pattern(rd->bytes(), i * 1000 + r)) return note("own read", Status(Code::kCorruption, "pattern"));
       }
       {
         auto rd = c.lease(shared_id, LeaseMode::kRead, LeaseWait{10000});
-        if (!rd) return false;
+        if (!rd) return note("shared read lease", rd.error());
       }
       auto w = c.lease(counter_id, LeaseMode::kWrite, LeaseWait{10000});
-      if (!w) return false;
+      if (!w) return note("counter write lease", w.error());
       uint64_t v;
       std::memcpy(&v, w->bytes().data(), 8);
       ++v;
@@ -317,7 +329,9 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
     REQUIRE(pid >= 0);
     if (pid == 0) {
       auto c = Client::connect(d.socket());
-      _exit(c && work(**c, kThreads + p) ? 0 : 1);
+      bool ok = c && work(**c, kThreads + p);
+      if (!ok) std::fprintf(stderr, "process worker %d: %s\n", p, first_error.c_str());
+      _exit(ok ? 0 : 1);
     }
     pids.push_back(pid);
   }
@@ -340,6 +354,7 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
     CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
   }
   CHECK(failures == 0);
+  CHECK(first_error == "");
   auto r = admin->lease(counter_id, LeaseMode::kRead);
   REQUIRE(r.has_value());
   uint64_t v;
@@ -401,4 +416,23 @@ TEST_CASE("status, topology and the tiering calls answer with a value or a clear
   CHECK((snap.has_value() || ok_or_unsupported(snap.error())));
   auto m = c->metrics();
   CHECK((m.has_value() || m.error().code() == Code::kUnsupported));
+}
+
+TEST_CASE("a thread waiting for a lease does not lock its sibling out of the shared client") {
+  TestDaemon d;
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
+  uint64_t id = make_tensor(*c, "p", "t", 4096);
+  auto held = c->lease(id, LeaseMode::kWrite);
+  REQUIRE(held.has_value());
+  Status released;
+  std::thread holder([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    released = held->release();  // same Client as the waiter below
+  });
+  auto waited = c->lease(id, LeaseMode::kWrite, LeaseWait{5000});
+  holder.join();
+  CHECK(released.is_ok());
+  REQUIRE(waited.has_value());
+  CHECK(waited->bytes().size() == 4096);
 }
