@@ -337,3 +337,21 @@ void* backend_stream(const Backend& b) {
 }
 
 }  // namespace tier::train::cuda
+
+namespace tier::train {
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  cuda::CudaBackendOptions o;
+  o.device = n > 0 ? local_rank % n : 0;
+  std::string err;
+  auto b = cuda::make_cuda_backend(o, &err);
+  if (!b) std::fprintf(stderr, "tier-train: --backend cuda: %s\n", err.c_str());
+  return b;
+}
+
+}  // namespace tier::train

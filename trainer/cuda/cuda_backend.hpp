@@ -44,3 +44,11 @@ std::string backend_error(const Backend& b);
 void* backend_stream(const Backend& b);
 
 }  // namespace tier::train::cuda
+
+namespace tier::train {
+// What tier-train's main() calls for `--backend cuda` (declared there under
+// TIER_TRAIN_HAVE_CUDA): the backend on device local_rank % device count, fp32-storage with bf16
+// tensor-core GEMMs. Returns nullptr when no device can be used, after printing the reason to
+// stderr as one "tier-train: --backend cuda: ..." line (the caller has no other way to show it).
+std::unique_ptr<Backend> make_cuda_backend(int local_rank);
+}  // namespace tier::train
