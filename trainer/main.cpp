@@ -77,6 +77,11 @@ int main(int argc, char** argv) {
   app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
   app.add_flag("--json", json, "--plan: one JSON object");
   app.add_flag("--bench-optimizer", bench_opt, "benchmark the AdamW step against a scalar loop");
+  std::string fault_kill;
+  app.add_option("--fault-kill", fault_kill,
+                 "testing: STEP:POINT:RANK kills that rank (SIGKILL) at forward, backward, "
+                 "optimizer, precommit or postcommit of that step")
+      ->group("testing");
   add_plan_options(app, po);
   CLI11_PARSE(app, argc, argv);
 
@@ -91,6 +96,13 @@ int main(int argc, char** argv) {
   if (vocab) m.vocab = vocab;
   if (auto s = validate(m); !s) die(nullptr, s.message(), 2);
   o.model = m;
+  if (!fault_kill.empty()) {
+    const auto a = fault_kill.find(':'), b = fault_kill.rfind(':');
+    if (a == std::string::npos || a == b) die(nullptr, "--fault-kill wants STEP:POINT:RANK", 2);
+    o.fault_step = std::atoll(fault_kill.substr(0, a).c_str());
+    o.fault_point = fault_kill.substr(a + 1, b - a - 1);
+    o.fault_rank = std::atoi(fault_kill.substr(b + 1).c_str());
+  }
 
   if (do_plan) {
     po.model = m;

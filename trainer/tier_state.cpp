@@ -35,6 +35,11 @@ class TierStore final : public ShardStore {
     po.ram_quota = opts_.ram_quota;
     po.nvme_quota = opts_.nvme_quota;
     if (auto p = client_->create_pool(opts_.pool, po, /*exist_ok=*/true); !p) return p.error();
+    // Near the rank's GPU when the node has one (local rank i drives GPU i), else anywhere:
+    // the daemon then uses the NUMA node of this process's CPU.
+    placement_ = Placement::any();
+    if (auto topo = client_->topology(); topo && layout.local_rank < static_cast<int>(topo->gpus.size()))
+      placement_ = Placement::near_gpu(layout.local_rank);
     ids_.assign(layout.shard_floats.size() * 8, 0);
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
@@ -152,10 +157,10 @@ class TierStore final : public ShardStore {
     d.size = size;
     d.dtype = dtype;
     d.shape = std::move(shape);
-    d.placement = Placement::near_gpu(layout_.local_rank);
+    d.placement = placement_;
     auto t = client_->create_tensor(opts_.pool, d, /*exist_ok=*/true);
-    if (!t) return fail(t.error());
-    if (t->size != size) {
+    if (!t && t.error().code() != Code::kAlreadyExists) return fail(t.error());
+    if (!t || t->size != size) {
       // Left over from another model or rank count: replace it.
       if (auto s = client_->delete_tensor(opts_.pool, name); !s) return fail(s);
       t = client_->create_tensor(opts_.pool, d, /*exist_ok=*/false);
@@ -183,6 +188,7 @@ class TierStore final : public ShardStore {
   std::vector<uint64_t> ids_;
   uint64_t marker_id_ = 0;
   uint64_t bytes_ = 0;
+  Placement placement_;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 
 namespace tier::train {
@@ -209,6 +210,12 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   }
 
   // One pass over `uses` with params from buffer `cur`. Returns the summed loss of this rank.
+  int64_t cur_step = 0;
+  auto fault = [&](const char* point) {
+    if (opts.fault_step == cur_step && opts.fault_rank == rank && opts.fault_point == point)
+      std::raise(SIGKILL);
+  };
+
   double stall_ms = 0;
   auto run_pass = [&](const std::vector<Use>& uses, int cur, bool grad) -> Result<double> {
     std::vector<Comm::Handle> gh(uses.size());
@@ -273,6 +280,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
           if (grad) be.zero(buf.g0, pad[0]);
           loss += be.head_forward(d, P, buf.xs[L], buf.targets, carve_head_acts(buf.head, d),
                                   grad ? buf.dx : nullptr, grad ? buf.g0 : nullptr, scale);
+          if (grad) fault("forward");
           break;
         case UseKind::kBlockBwd: {
           const int gi = u.layer % 2;
@@ -284,6 +292,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
                             carve_block_acts(buf.acts[u.layer - 1], d), buf.dx, buf.dx,
                             buf.scratch);
           issue_rs(u.layer, buf.gblk[gi], buf.g_host[1 + gi]);
+          if (u.layer == L) fault("backward");
           break;
         }
         case UseKind::kEmbedBwd:
@@ -327,6 +336,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   int64_t n = 0;
   for (int64_t step = start; step <= opts.steps; ++step) {
     const auto t0 = Clock::now();
+    cur_step = step;
     stall_ms = 0;
     const int cur = opts.buffers == 2 ? static_cast<int>((step - 1) % 2) : 0;
     const int nxt = opts.buffers == 2 ? static_cast<int>(step % 2) : 0;
@@ -387,6 +397,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
                      outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
       }
+      if (l == 0) fault("optimizer");
     }
     const double opt_ms = ms_since(t_opt);
 
@@ -394,10 +405,12 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     // writes buffer cur again before the next step's collectives, which need every marker
     // writer to have passed this point: so a crash anywhere leaves a committed, intact buffer.
     if (auto s = comm.barrier(); !s) return fail(s);
+    fault("precommit");
     if (marker_writer) {
       CommitMarker mk{CommitMarker::kMagic, static_cast<uint64_t>(step), uint64_t(R), hash};
       if (auto s = store.write_marker(mk); !s) return fail(s);
     }
+    fault("postcommit");
 
     StepStats ss;
     ss.step = step;

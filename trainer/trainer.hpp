@@ -42,6 +42,12 @@ struct TrainOptions {
   int prefetch = 1;       // K
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
+  // Fault injection for the warm-restart tests: rank `fault_rank` kills itself (SIGKILL) in
+  // step `fault_step` at `fault_point`: "forward", "backward", "optimizer" (after the first
+  // layer's update), "precommit" (after the barrier, before the marker) or "postcommit".
+  int64_t fault_step = 0;
+  int fault_rank = 0;
+  std::string fault_point;
 };
 
 struct StepStats {
