@@ -1,5 +1,8 @@
 #include "trainer/cuda/nccl_comm.hpp"
 
+// The C API only: without these, Open MPI's mpi.h drags in its C++ bindings (libmpi_cxx).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #include <nccl.h>
 

@@ -1,0 +1,126 @@
+// The layer pipeline and the NCCL communicator on one rank: fetch puts a shard's bytes into the
+// layer buffer the compute stream sees, push_grad brings a gradient back into its host shard,
+// the GPU AdamW over host shards matches the CPU AdamW, and a one-rank NCCL communicator
+// (no MPI needed) gathers and reduce-scatters. Skips visibly without a device.
+#include <cuda_runtime_api.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "gpu_support.hpp"
+#include "tier/gpu.hpp"
+#include "trainer/cuda/nccl_comm.hpp"
+#include "trainer/cuda/pipeline.hpp"
+#include "trainer/optimizer.hpp"
+
+namespace {
+
+std::vector<float> ramp(size_t n, float a, float b) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = a + b * static_cast<float>(i % 1013) / 1013.0f;
+  return v;
+}
+
+std::vector<float> device_get(const float* d, size_t n, cudaStream_t s) {
+  std::vector<float> h(n);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  auto stager = tier::gpu::Stager::create_detached();
+  REQUIRE(stager.has_value());
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t n = 300007;
+  auto pl = tier::train::cuda::LayerPipeline::create(**stager, nullptr, compute,
+                                                      {.shard_floats = n, .depth = 2});
+  REQUIRE(pl.has_value());
+  auto& p = **pl;
+
+  // Three layers through two slots: the third reuses the first slot.
+  std::vector<std::vector<float>> shards;
+  for (int l = 0; l < 3; ++l) {
+    shards.push_back(ramp(n, static_cast<float>(l), 1.0f));
+    REQUIRE((*stager)->register_range(std::as_writable_bytes(std::span<float>(shards.back()))).is_ok());
+  }
+  for (int l = 0; l < 3; ++l) {
+    auto full = p.fetch(l, shards[l]);
+    REQUIRE(full.has_value());
+    CHECK(device_get(*full, n, compute) == shards[l]);
+    REQUIRE(p.done_with(l).is_ok());
+  }
+  CHECK_FALSE(p.done_with(17).is_ok());
+
+  // Gradient: the compute stream writes the buffer, push_grad lands it in the host shard.
+  std::vector<float> grad_host(n, -1.0f);
+  REQUIRE((*stager)->register_range(std::as_writable_bytes(std::span<float>(grad_host))).is_ok());
+  auto gbuf = p.grad_buffer(5, n);
+  REQUIRE(gbuf.has_value());
+  const std::vector<float> g = ramp(n, -0.5f, 1.0f);
+  REQUIRE(cudaMemcpyAsync(*gbuf, g.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute) ==
+          cudaSuccess);
+  auto t = p.push_grad(5, grad_host);
+  REQUIRE(t.has_value());
+  REQUIRE(t->wait().is_ok());
+  CHECK(grad_host == g);
+
+  // GPU AdamW over host shards vs the CPU AdamW.
+  std::vector<float> pw = ramp(n, -1.0f, 2.0f), m(n, 0.01f), v(n, 0.002f);
+  std::vector<float> pc(n), mc(n), vc(n);
+  tier::train::AdamWConfig cfg;
+  const auto st = tier::train::make_step(cfg, 1e-3f, 2, 1.0f);
+  tier::train::adamw_update_scalar(pw.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(),
+                                   vc.data(), n, st, true);
+  tier::train::cuda::AdamW h{.lr = 1e-3f, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
+                             .weight_decay = cfg.weight_decay, .step = 2, .grad_scale = 1.0f};
+  REQUIRE(p.adamw(pw, m, v, g, h).is_ok());
+  double err = 0;
+  for (size_t i = 0; i < n; ++i)
+    err = std::max({err, std::abs(double(pw[i]) - pc[i]), std::abs(double(m[i]) - mc[i]),
+                    std::abs(double(v[i]) - vc[i])});
+  CHECK(err <= 1e-6);
+  pl->reset();
+  cudaStreamDestroy(compute);
+}
+
+TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters without MPI", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  auto comm = tier::train::cuda::NcclComm::create(0, 1, 0);
+  REQUIRE(comm.has_value());
+  CHECK((*comm)->size() == 1);
+  const size_t n = 4096;
+  const std::vector<float> h = ramp(n, 3.0f, 1.0f);
+  float *a = nullptr, *b = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&a), n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&b), n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(a, h.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE((*comm)->all_gather(a, b, n, nullptr).is_ok());
+  CHECK(device_get(b, n, nullptr) == h);
+  REQUIRE(cudaMemset(b, 0, n * sizeof(float)) == cudaSuccess);
+  REQUIRE((*comm)->reduce_scatter(a, b, n, nullptr).is_ok());
+  CHECK(device_get(b, n, nullptr) == h);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+TEST_CASE("NCCL communicator without a device says so", "[gpu]") {
+  int n = 0;
+  const bool present = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  (void)cudaGetLastError();
+  auto bad = tier::train::cuda::NcclComm::create(1, 1, 0);  // rank out of range: always refused
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code() == tier::Code::kInvalidArgument);
+  if (!present) {
+    auto c = tier::train::cuda::NcclComm::create(0, 1, 0);
+    REQUIRE_FALSE(c.has_value());
+    CHECK(c.error().code() == tier::Code::kUnsupported);
+    CHECK(c.error().message().starts_with("no CUDA device"));
+  }
+}
