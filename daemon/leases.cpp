@@ -1,5 +1,7 @@
 #include "daemon/leases.hpp"
 
+#include <algorithm>
+
 namespace tier::daemon {
 
 namespace {
@@ -8,20 +10,29 @@ uint64_t make_id(uint32_t gen, uint32_t slot) { return (static_cast<uint64_t>(ge
 }  // namespace
 
 Status LeaseTable::check(LeaseMode mode, std::span<Tensor* const> tensors) const {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor* t = tensors[i];
-    if (mode == LeaseMode::kWrite) {
-      if (t->writer || t->readers > 0)
-        return Status(Code::kBusy, "tensor '" + t->name + "' is leased (" +
-                                       (t->writer ? std::string("write") :
-                                                    std::to_string(t->readers) + " read") + ")");
-      for (size_t j = 0; j < i; ++j)
-        if (tensors[j] == t)
-          return Status(Code::kInvalidArgument,
-                        "tensor '" + t->name + "' appears twice in one write lease");
-    } else if (t->writer) {
+  for (const Tensor* t : tensors) {
+    if (mode == LeaseMode::kWrite && (t->writer || t->readers > 0))
+      return Status(Code::kBusy, "tensor '" + t->name + "' is leased (" +
+                                     (t->writer ? std::string("write") :
+                                                  std::to_string(t->readers) + " read") + ")");
+    if (mode == LeaseMode::kRead && t->writer)
       return Status(Code::kBusy, "tensor '" + t->name + "' is write-leased");
+  }
+  if (mode == LeaseMode::kWrite && tensors.size() > 1) {
+    // A write batch naming a tensor twice could never be granted.
+    const Tensor* dup = nullptr;
+    if (tensors.size() <= 16) {
+      for (size_t i = 1; i < tensors.size() && !dup; ++i)
+        for (size_t j = 0; j < i; ++j)
+          if (tensors[j] == tensors[i]) { dup = tensors[i]; break; }
+    } else {
+      dup_scratch_.assign(tensors.begin(), tensors.end());
+      std::sort(dup_scratch_.begin(), dup_scratch_.end());
+      auto it = std::adjacent_find(dup_scratch_.begin(), dup_scratch_.end());
+      if (it != dup_scratch_.end()) dup = *it;
     }
+    if (dup)
+      return Status(Code::kInvalidArgument, "tensor '" + dup->name + "' appears twice in one write lease");
   }
   return Status::ok();
 }

@@ -102,6 +102,7 @@ class LeaseTable {
   void unlink_slot(SessionLeases& s, uint32_t idx, Catalog& catalog);
 
   std::vector<Slot> slots_;
+  mutable std::vector<const Tensor*> dup_scratch_;  // check(): duplicate detection of big batches
   uint32_t free_head_ = UINT32_MAX;
   uint64_t live_ = 0;
   std::deque<Waiter> waiters_;

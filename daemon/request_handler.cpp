@@ -18,6 +18,12 @@ constexpr uint16_t kType(MsgType t) { return static_cast<uint16_t>(t); }
 // Room left for the reply status and vector counts when filling a list reply.
 constexpr size_t kListBudget = kMaxMessageBytes - 1024;
 
+// Grants that fit one LeaseRep: header, empty ReplyStatus (u16 + u32 length), vector count,
+// then 5 u64 per grant. Below wire::kMaxBatch, so it bounds lease batches.
+constexpr size_t kGrantBytes = 5 * 8;
+constexpr size_t kMaxLeaseGrants = (kMaxMessageBytes - kHeaderBytes - 6 - 4) / kGrantBytes;
+static_assert(kMaxLeaseGrants == 1637);
+
 size_t encoded_size(const TensorInfoW& t) {
   return 8 + 4 + t.name.size() + 8 + 1 + 4 + 8 * t.shape.size() + 4 + 1 + 1 + 4 + 1;
 }
@@ -373,8 +379,11 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
   const LeaseReq& req = lease_req_;
   if (req.mode != static_cast<uint8_t>(LeaseMode::kRead) && req.mode != static_cast<uint8_t>(LeaseMode::kWrite))
     return reply_err(h, Status(Code::kInvalidArgument, "lease mode must be read or write"), out);
-  if (req.tensor_ids.empty() || req.tensor_ids.size() > kMaxBatch)
-    return reply_err(h, Status(Code::kInvalidArgument, "a lease names 1.." + std::to_string(kMaxBatch) + " tensors"), out);
+  if (req.tensor_ids.empty() || req.tensor_ids.size() > kMaxLeaseGrants)
+    return reply_err(h, Status(Code::kInvalidArgument,
+                               "a lease names 1.." + std::to_string(kMaxLeaseGrants) +
+                                   " tensors (the grants must fit one 64 KiB reply)"),
+                     out);
   if (s.leases.count + req.tensor_ids.size() > state_.config.max_leases_per_client)
     return reply_err(h, Status(Code::kResourceExhausted,
                                "this client holds " + std::to_string(s.leases.count) +

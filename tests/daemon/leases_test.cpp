@@ -61,6 +61,10 @@ TEST_CASE("leases: batches are all or nothing") {
   CHECK_FALSE(f.t[1]->writer);
   CHECK(f.s2.count == 0);
   CHECK(f.lease(f.s2, LeaseMode::kWrite, {f.t[0], f.t[0]}).code() == Code::kInvalidArgument);
+  std::vector<Tensor*> big;
+  for (int i = 0; i < 40; ++i) big.push_back(f.t[static_cast<size_t>(i % 2)]);
+  CHECK(f.lease(f.s2, LeaseMode::kWrite, big).code() == Code::kInvalidArgument);
+  CHECK(f.s2.count == 0);
   std::vector<uint64_t> rr;
   REQUIRE(f.lease(f.s2, LeaseMode::kRead, {f.t[0], f.t[0], f.t[1]}, &rr));  // reads may repeat
   CHECK(rr.size() == 3);
@@ -113,4 +117,33 @@ TEST_CASE("leases: waiters keep FIFO order and expire at their deadline") {
   table.drop_waiters(1);
   CHECK(table.waiter_count() == 0);
   CHECK_FALSE(table.next_deadline());
+}
+
+TEST_CASE("catalog: a pool of 1M tensors; lookups by id and name") {
+  Catalog cat;
+  Pool* p = *cat.create_pool("big", 0, 1ull << 40, 0);
+  constexpr uint64_t kN = 1'000'000;
+  uint64_t created = 0;
+  for (uint64_t i = 0; i < kN; ++i) {
+    TensorDesc d;
+    d.name = std::to_string(i);
+    d.size = 4096;
+    created += cat.create_tensor(*p, std::move(d), 0).has_value();
+  }
+  REQUIRE(created == kN);
+  CHECK(cat.tensor_count() == kN);
+  CHECK(p->tensors.size() == kN);
+  for (uint64_t id = 1; id <= kN; id += 9973) {
+    Tensor* t = cat.find_tensor(id);
+    REQUIRE(t);
+    CHECK(t->name == std::to_string(id - 1));
+    CHECK(cat.find_tensor(*p, t->name) == t);
+  }
+  CHECK(p->tensors.upper_bound(kN - 3)->first == kN - 2);
+  cat.erase_tensor(*p, 500);
+  CHECK(cat.find_tensor(500) == nullptr);
+  CHECK(cat.find_tensor(*p, "499") == nullptr);
+  cat.erase_pool(p->id);
+  CHECK(cat.tensor_count() == 0);
+  CHECK(cat.next_tensor_id() == kN + 1);  // ids are never reused
 }

@@ -200,6 +200,7 @@ TEST_CASE("handler: request validation") {
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{3, 0, {t->id}})) == Code::kInvalidArgument);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, {}})) == Code::kInvalidArgument);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(kMaxBatch + 1, t->id)})) == Code::kInvalidArgument);
+  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(1638, t->id)})) == Code::kInvalidArgument);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, {12345}})) == Code::kNotFound);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(65, t->id)})) == Code::kResourceExhausted);
   CHECK(err(h.call<Empty>(*s, MsgType::kRelease, ReleaseReq{{42}})) == Code::kNotFound);
