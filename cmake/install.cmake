@@ -1,0 +1,129 @@
+# Install rules, the CMake package config (find_package(tier) -> tier::client), the pkg-config
+# file, the Python binding and the CPack .deb. Included at the very end of the top-level list so
+# every target exists; each target is guarded with if(TARGET ...) so a partial tree still builds.
+#
+# Layout under CMAKE_INSTALL_PREFIX (GNUInstallDirs; LIBDIR is lib/<multiarch> on Debian):
+#   sbin/tierd                                 the daemon (an admin-run service, hence sbin)
+#   bin/tierctl bin/tier-bench bin/tier-train
+#   LIBDIR/libtier.so.X.Y.Z, .so.X, .so      libtier, SONAME libtier.so.X
+#   include/tier/{client,status,types}.hpp
+#   LIBDIR/cmake/tier/tierConfig*.cmake, tierTargets*.cmake
+#   LIBDIR/pkgconfig/tier.pc
+#   lib/systemd/system/tierd.service          ExecStart points at the installed sbin/tierd
+#   lib/systemd/system/tierd.service.d/10-user.conf   User=tierd
+#   share/doc/tierd/tierd.toml.example, docs
+#   lib/python3/dist-packages/tierd.*.so       the Python module (when it was built)
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(TIER_SYSTEMD_UNIT_DIR "lib/systemd/system" CACHE STRING
+    "Where the systemd unit is installed, relative to the install prefix")
+set(TIER_PYTHON_INSTALL_DIR "lib/python3/dist-packages" CACHE STRING
+    "Where the Python module is installed, relative to the install prefix")
+set(TIER_DOC_DIR "${CMAKE_INSTALL_DATADIR}/doc/tierd")
+
+# The Python binding (python/CMakeLists.txt skips itself when Python3 or pybind11 is missing).
+if(EXISTS ${PROJECT_SOURCE_DIR}/python/CMakeLists.txt)
+  add_subdirectory(${PROJECT_SOURCE_DIR}/python ${PROJECT_BINARY_DIR}/python)
+endif()
+
+# Installed programs find libtier relative to themselves, so a prefix is relocatable
+# (cmake --install --prefix anywhere, or the .deb's /usr).
+function(tier_install_rpath target from_dir)
+  file(RELATIVE_PATH rel "/${from_dir}" "/${CMAKE_INSTALL_LIBDIR}")
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/${rel}")
+endfunction()
+
+# --- libtier --------------------------------------------------------------------------------
+# SONAME libtier.so.<major>: the ABI of include/tier/*.hpp. While the major version is 0 every
+# minor release may break it (the SONAME then becomes libtier.so.0 of a new package version).
+set_target_properties(tier_client PROPERTIES
+  VERSION ${PROJECT_VERSION}
+  SOVERSION ${PROJECT_VERSION_MAJOR}
+  EXPORT_NAME client)
+# The public headers need C++23 (std::expected); consumers get the flag from the target.
+set_property(TARGET tier_client APPEND PROPERTY INTERFACE_COMPILE_FEATURES cxx_std_23)
+# tier_wire is a static library linked PRIVATE into libtier.so: its objects are inside the .so
+# (Status, dtype and size helpers are exported from it), so consumers never link it and the
+# export does not name it (checked by tests/pkg/install_consumer.sh).
+install(TARGETS tier_client EXPORT tierTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT libtier NAMELINK_COMPONENT dev
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The GPU header belongs to tier::gpu, a static CUDA library that is not installed.
+install(FILES
+    ${PROJECT_SOURCE_DIR}/include/tier/client.hpp
+    ${PROJECT_SOURCE_DIR}/include/tier/status.hpp
+    ${PROJECT_SOURCE_DIR}/include/tier/types.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tier COMPONENT dev)
+
+set(TIER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/tier)
+install(EXPORT tierTargets NAMESPACE tier:: FILE tierTargets.cmake
+  DESTINATION ${TIER_CMAKE_DIR} COMPONENT dev)
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/tierConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/pkg/tierConfig.cmake
+  INSTALL_DESTINATION ${TIER_CMAKE_DIR})
+# 0.x: only the same minor version is compatible.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/pkg/tierConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/pkg/tierConfig.cmake ${PROJECT_BINARY_DIR}/pkg/tierConfigVersion.cmake
+  DESTINATION ${TIER_CMAKE_DIR} COMPONENT dev)
+
+# pkg-config: prefix is computed from the .pc file's own location, so the tree is relocatable.
+file(RELATIVE_PATH TIER_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" TIER_PC_TO_PREFIX "${TIER_PC_TO_PREFIX}")
+configure_file(${CMAKE_CURRENT_LIST_DIR}/tier.pc.in ${PROJECT_BINARY_DIR}/pkg/tier.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/pkg/tier.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
+
+# --- programs -------------------------------------------------------------------------------
+# OPTIONAL: a tree where only some programs were built (cmake --build --target ...) still
+# installs; tests/pkg checks that every program present in build/bin was installed.
+if(TARGET tierd)
+  tier_install_rpath(tierd ${CMAKE_INSTALL_SBINDIR})
+  install(TARGETS tierd RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR} COMPONENT daemon OPTIONAL)
+endif()
+foreach(prog tierctl tier-bench tier-train)
+  if(TARGET ${prog})
+    tier_install_rpath(${prog} ${CMAKE_INSTALL_BINDIR})
+    install(TARGETS ${prog} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools OPTIONAL)
+  endif()
+endforeach()
+
+# --- systemd unit and example config ----------------------------------------------------------
+# The unit is the daemon's own daemon/tierd.service with its ExecStart path rewritten to this
+# install's sbin/tierd; cmake/tierd.service.in stands in while that file does not exist.
+# The configured prefix is used (a `cmake --install --prefix` elsewhere keeps the configured
+# path in the unit: the unit is only meaningful for the prefix the build was configured for).
+set(TIER_UNIT_TIERD "${CMAKE_INSTALL_FULL_SBINDIR}/tierd")
+if(EXISTS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
+  file(READ ${PROJECT_SOURCE_DIR}/daemon/tierd.service tier_unit_text)
+  string(REGEX REPLACE "(ExecStart[^=]*=[-@+!:]*)[^ \n]*tierd" "\\1${TIER_UNIT_TIERD}"
+         tier_unit_text "${tier_unit_text}")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
+else()
+  file(READ ${CMAKE_CURRENT_LIST_DIR}/tierd.service.in tier_unit_text)
+  string(REPLACE "@TIER_UNIT_TIERD@" "${TIER_UNIT_TIERD}" tier_unit_text "${tier_unit_text}")
+endif()
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/pkg/tierd.service CONTENT "${tier_unit_text}")
+install(FILES ${PROJECT_BINARY_DIR}/pkg/tierd.service
+  DESTINATION ${TIER_SYSTEMD_UNIT_DIR} COMPONENT daemon)
+# The packaging's part of the unit: run as the tierd system user (see the file).
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/10-user.conf
+  DESTINATION ${TIER_SYSTEMD_UNIT_DIR}/tierd.service.d COMPONENT daemon)
+if(EXISTS ${PROJECT_SOURCE_DIR}/daemon/tierd.toml.example)
+  install(FILES ${PROJECT_SOURCE_DIR}/daemon/tierd.toml.example DESTINATION ${TIER_DOC_DIR} COMPONENT daemon)
+endif()
+foreach(doc README.md docs/install.md docs/python.md)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/${doc})
+    install(FILES ${PROJECT_SOURCE_DIR}/${doc} DESTINATION ${TIER_DOC_DIR} COMPONENT dev)
+  endif()
+endforeach()
+
+# --- Python module ----------------------------------------------------------------------------
+if(TARGET tierd_python)
+  file(RELATIVE_PATH tier_py_rel "/${TIER_PYTHON_INSTALL_DIR}" "/${CMAKE_INSTALL_LIBDIR}")
+  set_target_properties(tierd_python PROPERTIES INSTALL_RPATH "$ORIGIN/${tier_py_rel}")
+  install(TARGETS tierd_python LIBRARY DESTINATION ${TIER_PYTHON_INSTALL_DIR} COMPONENT python OPTIONAL)
+endif()
+
+include(${CMAKE_CURRENT_LIST_DIR}/cpack.cmake)
