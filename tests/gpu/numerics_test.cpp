@@ -270,3 +270,33 @@ TEST_CASE("fused AdamW kernel matches the CPU AdamW and rounds its bf16 copy", "
                   static_cast<void*>(dg), static_cast<void*>(db)})
     cudaFree(q);
 }
+
+TEST_CASE("an upload into a parameter buffer waits for the layer that read it", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  std::string err;
+  auto gpu = tier::train::cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
+  REQUIRE(gpu != nullptr);
+  auto cpu = make_cpu_backend();
+  const Dims d{.B = 4, .T = 64, .C = 64, .NH = 4, .V = 64, .max_T = 64};
+  const size_t BTC = size_t(d.B) * d.T * d.C;
+  const BlockLayout bl = block_layout(d);
+  const std::vector<float> p1 = random_floats(bl.total, 11, 0.2f, 0.0f);
+  const std::vector<float> p2 = random_floats(bl.total, 12, 0.2f, 0.0f);
+  const std::vector<float> x = random_floats(BTC, 13);
+  std::vector<float> acts(block_acts_floats(d)), y1(BTC), y2(BTC);
+  cpu->block_forward(d, p1.data(), x.data(), carve_block_acts(acts.data(), d), y1.data());
+  cpu->block_forward(d, p2.data(), x.data(), carve_block_acts(acts.data(), d), y2.data());
+
+  // One parameter slot reused back to back, as the trainer's slot ring does: the second upload
+  // must not overwrite the slot while the first layer's kernels still read it.
+  Dev slot(*gpu, bl.total, false), dx(*gpu, x), da(*gpu, block_acts_floats(d), false),
+      dy1(*gpu, BTC, false), dy2(*gpu, BTC, false);
+  gpu->upload(slot.p, p1.data(), bl.total);
+  gpu->block_forward(d, slot.p, dx.p, carve_block_acts(da.p, d), dy1.p);
+  gpu->upload(slot.p, p2.data(), bl.total);
+  gpu->block_forward(d, slot.p, dx.p, carve_block_acts(da.p, d), dy2.p);
+  gpu->synchronize();
+  CHECK_CLOSE(dy1.get(), y1, 2e-4);
+  CHECK_CLOSE(dy2.get(), y2, 2e-4);
+  CHECK(tier::train::cuda::backend_error(*gpu).empty());
+}

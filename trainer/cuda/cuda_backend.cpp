@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <unordered_map>
 
 #include "trainer/cuda/kernels.hpp"
 
@@ -53,6 +54,9 @@ class CudaBackend final : public Backend {
     }
     if (!cu(cudaSetDevice(opts_.device), "cudaSetDevice") ||
         !cu(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate") ||
+        !cu(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate") ||
+        !cu(cudaEventCreateWithFlags(&all_, cudaEventDisableTiming), "cudaEventCreate") ||
+        !cu(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreate") ||
         !cu(cudaMalloc(reinterpret_cast<void**>(&dloss_), sizeof(double)), "cudaMalloc") ||
         !cu(cudaMallocHost(reinterpret_cast<void**>(&hloss_), sizeof(double)), "cudaMallocHost") ||
         !bl(cublasCreate(&blas_), "cublasCreate") || !bl(cublasSetStream(blas_, stream_), "cublasSetStream")) {
@@ -64,7 +68,12 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    if (copy_) (void)cudaStreamSynchronize(copy_);
     if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (auto& [p, ev] : uses_) (void)cudaEventDestroy(ev);
+    if (all_) (void)cudaEventDestroy(all_);
+    if (copied_) (void)cudaEventDestroy(copied_);
+    if (copy_) (void)cudaStreamDestroy(copy_);
     if (blas_) (void)cublasDestroy(blas_);
     if (scratch_) (void)cudaFree(scratch_);
     if (dloss_) (void)cudaFree(dloss_);
@@ -84,15 +93,21 @@ class CudaBackend final : public Backend {
     return static_cast<float*>(p);
   }
   void free(float* p) override {
-    if (p) (void)cudaFree(p);  // cudaFree synchronizes the device
+    if (!p) return;
+    forget_use(p);
+    (void)cudaFree(p);  // cudaFree synchronizes the device
   }
   void zero(float* p, size_t floats) override {
     if (ok()) cu(cudaMemsetAsync(p, 0, floats * sizeof(float), stream_), "cudaMemsetAsync");
   }
-  // Synchronous with respect to the host buffer: the Backend contract lets the caller reuse it
-  // as soon as the call returns. The overlapped path is trainer/cuda/pipeline.hpp.
+  // Returns once the host buffer has been read (the Backend contract lets the caller reuse it
+  // then), but the copy runs on the copy stream, so it overlaps kernels already enqueued on the
+  // compute stream: a layer's parameters upload while the previous layer computes. Ordering:
+  // the copy waits for the last layer call that read `dst` as its parameters (tracked per
+  // pointer), or for all enqueued compute when `dst` was never passed as parameters; the
+  // compute stream waits for the copy before its next kernel.
   void upload(float* dst, const float* src, size_t floats) override {
-    copy(dst, src, floats * sizeof(float), cudaMemcpyHostToDevice);
+    upload_bytes(dst, src, floats * sizeof(float));
   }
   void download(float* dst, const float* src, size_t floats) override {
     copy(dst, src, floats * sizeof(float), cudaMemcpyDeviceToHost);
@@ -103,10 +118,12 @@ class CudaBackend final : public Backend {
     return static_cast<int32_t*>(p);
   }
   void free_tokens(int32_t* p) override {
-    if (p) (void)cudaFree(p);
+    if (!p) return;
+    forget_use(p);
+    (void)cudaFree(p);
   }
   void upload_tokens(int32_t* dst, const int32_t* src, size_t n) override {
-    copy(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice);
+    upload_bytes(dst, src, n * sizeof(int32_t));
   }
   void synchronize() override {
     if (stream_) cu(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -118,6 +135,7 @@ class CudaBackend final : public Backend {
     const EmbedLayout l = embed_layout(d);
     cu(encoder_forward(out, tokens, params + l.wte, params + l.wpe, d.B, d.T, d.C, stream_),
        "encoder_forward");
+    note_use(params);
   }
 
   void embed_backward(const Dims& d, float* grads, const int32_t* tokens, const float* dout) override {
@@ -155,6 +173,7 @@ class CudaBackend final : public Backend {
     // y = r + fcproj(gelu)
     copy_d2d(y, a.r, BTC);
     linear_forward(y, a.fch_gelu, p + l.fcproj_w, p + l.fcproj_b, N, 4 * C, C, 1.0f);
+    note_use(p);
   }
 
   void block_backward(const Dims& d, const float* p, float* g, const float* x, BlockActs a,
@@ -198,6 +217,7 @@ class CudaBackend final : public Backend {
     copy_d2d(dx, dr, BTC);
     cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean,
                           a.ln1_rstd, N, C, stream_), "ln1_backward");
+    note_use(p);
   }
 
   double head_forward(const Dims& d, const float* p, const float* x, const int32_t* targets,
@@ -227,6 +247,7 @@ class CudaBackend final : public Backend {
         zero(dx, BTC);  // loss_scale 0: the gradient is zero
       }
     }
+    note_use(p);
     cu(cudaMemcpyAsync(hloss_, dloss_, sizeof(double), cudaMemcpyDeviceToHost, stream_), "loss D2H");
     synchronize();
     return ok() ? *hloss_ : kNaN;
@@ -250,6 +271,39 @@ class CudaBackend final : public Backend {
     if (!ok() || bytes == 0) return;
     if (cu(cudaMemcpyAsync(dst, src, bytes, kind, stream_), "cudaMemcpyAsync")) synchronize();
   }
+  void upload_bytes(void* dst, const void* src, size_t bytes) {
+    if (!ok() || bytes == 0) return;
+    cudaEvent_t dep = nullptr;
+    if (auto it = uses_.find(dst); it != uses_.end()) {
+      dep = it->second;
+    } else {
+      if (!cu(cudaEventRecord(all_, stream_), "cudaEventRecord")) return;
+      dep = all_;
+    }
+    if (!cu(cudaStreamWaitEvent(copy_, dep, 0), "cudaStreamWaitEvent") ||
+        !cu(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "cudaMemcpyAsync H2D") ||
+        !cu(cudaEventRecord(copied_, copy_), "cudaEventRecord") ||
+        !cu(cudaStreamWaitEvent(stream_, copied_, 0), "cudaStreamWaitEvent"))
+      return;
+    cu(cudaEventSynchronize(copied_), "wait for H2D");
+  }
+  // Records, after the kernels just enqueued, that `params` was read up to here.
+  void note_use(const void* params) {
+    if (!ok()) return;
+    cudaEvent_t& ev = uses_[params];
+    if (!ev && !cu(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate")) {
+      uses_.erase(params);
+      return;
+    }
+    cu(cudaEventRecord(ev, stream_), "cudaEventRecord");
+  }
+  void forget_use(const void* p) {
+    if (auto it = uses_.find(p); it != uses_.end()) {
+      (void)cudaEventDestroy(it->second);
+      uses_.erase(it);
+    }
+  }
+
   void copy_d2d(float* dst, const float* src, size_t floats) {
     if (dst != src) cu(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "copy D2D");
   }
@@ -306,7 +360,11 @@ class CudaBackend final : public Backend {
   }
 
   CudaBackendOptions opts_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // compute: kernels, GEMMs, memsets, downloads
+  cudaStream_t copy_ = nullptr;    // uploads
+  cudaEvent_t all_ = nullptr;      // "everything enqueued on stream_ so far" (untracked uploads)
+  cudaEvent_t copied_ = nullptr;   // the last upload
+  std::unordered_map<const void*, cudaEvent_t> uses_;  // params pointer → after its last reader
   cublasHandle_t blas_ = nullptr;
   cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;
   float* scratch_ = nullptr;
@@ -352,6 +410,18 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
   auto b = cuda::make_cuda_backend(o, &err);
   if (!b) std::fprintf(stderr, "tier-train: --backend cuda: %s\n", err.c_str());
   return b;
+}
+
+bool cuda_pin_host(void* p, size_t bytes, std::string* error) {
+  const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (e == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  if (error) *error = std::string("cudaHostRegister: ") + cudaGetErrorString(e);
+  return false;
+}
+
+void cuda_unpin_host(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace tier::train

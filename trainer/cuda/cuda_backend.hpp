@@ -20,6 +20,7 @@
 // Memory handed out by alloc() must be released with free() before the backend is destroyed.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -51,4 +52,11 @@ namespace tier::train {
 // tensor-core GEMMs. Returns nullptr when no device can be used, after printing the reason to
 // stderr as one "tier-train: --backend cuda: ..." line (the caller has no other way to show it).
 std::unique_ptr<Backend> make_cuda_backend(int local_rank);
+
+// Page-locks host memory the trainer allocated itself (its gather slots and gradient buffers)
+// so Backend::upload / download DMA it directly instead of going through CUDA's pageable
+// staging. Undo with cuda_unpin_host before the memory is freed (a freed range that stays
+// registered would be DMA'd from stale pages). false, with the reason, when refused.
+bool cuda_pin_host(void* p, size_t bytes, std::string* error);
+void cuda_unpin_host(void* p);
 }  // namespace tier::train
