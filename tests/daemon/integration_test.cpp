@@ -306,8 +306,8 @@ TEST_CASE("sd_notify: READY, STATUS and watchdog on a test NOTIFY_SOCKET; SIGTER
   setsockopt(ns, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 
   DaemonOptions o = opts();
-  o.env = {"NOTIFY_SOCKET=" + path, "WATCHDOG_USEC=200000"};
-  std::string all;
+  o.env = {"NOTIFY_SOCKET=" + path, "WATCHDOG_USEC=200000", "JOURNAL_STREAM=8:12345"};
+  std::string all, log;
   int exit_status = -1;
   {
     TestDaemon d(o);
@@ -317,7 +317,12 @@ TEST_CASE("sd_notify: READY, STATUS and watchdog on a test NOTIFY_SOCKET; SIGTER
       if (n > 0) all.append(buf, static_cast<size_t>(n)).append("\n");
     }
     exit_status = d.stop();
+    log = d.log();
   }
+  // Under journald every line carries its syslog priority.
+  CHECK(log.find("<6>listening on ") != std::string::npos);
+  CHECK(log.find("<6>stopped cleanly") != std::string::npos);
+  CHECK(log.find("tierd: ") == std::string::npos);
   char buf[4096];
   ssize_t n = recv(ns, buf, sizeof buf, 0);
   if (n > 0) all.append(buf, static_cast<size_t>(n));
