@@ -60,17 +60,25 @@ Result<bool> probe_direct_io(const std::string& dir, std::string& why) {
 
 struct Engine::Op {
   bool write = false;
+  bool submitting = false;  // spill()/fetch() is still issuing: completion must wait
   uint64_t tensor_id = 0;
   std::byte* base = nullptr;
   NvmeLocation loc;
   bool has_replaces = false;
   NvmeLocation replaces;
-  struct Part {
-    uint64_t pos = 0;         // offset of the extent's bytes in the tensor
-    uint32_t pending = 0;     // transfers in flight for this extent
+  struct Chunk {
+    uint64_t pos = 0;        // offset inside the extent
+    uint64_t len = 0;        // tensor bytes in this chunk
+    Bounce bounce;           // aligned staging copy (io length = len rounded up), or null
+    bool done = false;
+  };
+  struct Part {              // one extent
+    uint64_t pos = 0;        // offset of the extent's bytes in the tensor
+    std::vector<Chunk> chunks;
+    size_t hashed = 0;       // fetch: chunks folded into `hash`, in order
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash{nullptr, &XXH3_freeState};
+    uint32_t pending = 0;
     bool failed = false;
-    Bounce bounce;            // aligned copy of [bounce_off, bounce_off + bounce_len)
-    uint64_t bounce_off = 0, bounce_len = 0;
   };
   std::vector<Part> parts;
   size_t outstanding = 0;
@@ -176,38 +184,54 @@ void Engine::defer(std::function<void()> fn) {
   [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
 }
 
+void Engine::signal_if_ready() {
+  if (ready_.empty()) return;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
+}
+
 void Engine::start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool write) {
   Op& op = *ops_.at(op_id);
-  const Extent& e = op.loc.extents[ext];
+  Extent& e = op.loc.extents[ext];
   Op::Part& part = op.parts[ext];
   Dir& d = dirs_[e.dir];
   int file = store_->dir(e.dir).backend_file(e.file);
   IoOp kind = write ? IoOp::kWrite : IoOp::kRead;
-  auto submit = [&](uint64_t off, std::byte* buf, uint64_t n) {
+  uint64_t rs = d.queue->request_size();
+  size_t n = static_cast<size_t>((e.length + rs - 1) / rs);
+  part.chunks.resize(n);
+  part.hash.reset(XXH3_createState());
+  XXH3_64bits_reset(part.hash.get());
+  for (size_t i = 0; i < n; ++i) {
+    Op::Chunk& c = part.chunks[i];
+    c.pos = i * rs;
+    c.len = std::min<uint64_t>(rs, e.length - c.pos);
+    std::byte* data = base + c.pos;
+    uint64_t io_len = c.len;
+    std::byte* io_buf = data;
+    // O_DIRECT needs aligned memory and length; anything else is staged in a bounce buffer.
+    if (d.direct && (!is_aligned(data) || c.len % kExtentAlign != 0)) {
+      io_len = (c.len + kExtentAlign - 1) & ~(kExtentAlign - 1);
+      c.bounce = alloc_bounce(io_len);
+      io_buf = c.bounce.get();
+      if (write) {
+        std::memcpy(io_buf, data, c.len);
+        std::memset(io_buf + c.len, 0, io_len - c.len);
+      }
+    }
+    if (write) XXH3_64bits_update(part.hash.get(), data, c.len);
     ++part.pending;
     ++op.outstanding;
-    d.queue->submit(kind, file, e.offset + off, buf, n,
-                    [this, op_id, ext](int64_t r) { io_done(op_id, ext, r); });
-  };
-  uint64_t len = e.length;
-  if (!d.direct) {
-    submit(0, base, len);
-    return;
+    d.queue->submit(kind, file, e.offset + c.pos, io_buf, io_len,
+                    [this, op_id, ext, i](int64_t r) { io_done(op_id, ext, i, r); });
+    // Keep the device fed while hashing the rest: reap and refill after every chunk (one
+    // non-blocking eventfd read), so hashing overlaps the transfers instead of preceding them.
+    if (write) d.queue->poll();
   }
-  // O_DIRECT: aligned memory goes straight to the device; the rest through a bounce buffer.
-  uint64_t direct_len = is_aligned(base) ? (len & ~(kExtentAlign - 1)) : 0;
-  if (direct_len > 0) submit(0, base, direct_len);
-  uint64_t rest = len - direct_len;
-  if (rest == 0) return;
-  uint64_t padded = (rest + kExtentAlign - 1) & ~(kExtentAlign - 1);
-  part.bounce = alloc_bounce(padded);
-  part.bounce_off = direct_len;
-  part.bounce_len = rest;
   if (write) {
-    std::memcpy(part.bounce.get(), base + direct_len, rest);
-    std::memset(part.bounce.get() + rest, 0, padded - rest);
+    e.checksum = XXH3_64bits_digest(part.hash.get());
+    part.hash.reset();
   }
-  submit(direct_len, part.bounce.get(), padded);
 }
 
 void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone done,
@@ -223,6 +247,7 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
   uint64_t id = next_op_++;
   auto op = std::make_unique<Op>();
   op->write = true;
+  op->submitting = true;
   op->tensor_id = tensor_id;
   op->base = const_cast<std::byte*>(src.data());  // only read: the op is a write
   op->loc.size = src.size();
@@ -235,22 +260,17 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
   op->parts.resize(op->loc.extents.size());
   uint64_t pos = 0;
   for (size_t i = 0; i < op->loc.extents.size(); ++i) {
-    Extent& e = op->loc.extents[i];
-    e.checksum = extent_checksum(src.subspan(pos, e.length));
     op->parts[i].pos = pos;
-    pos += e.length;
+    pos += op->loc.extents[i].length;
   }
   Op* raw = op.get();
   ops_.emplace(id, std::move(op));
   ++counters_.spills;
-  if (raw->loc.extents.empty()) {  // a zero-byte tensor: nothing to do but report
-    finish(id);
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
-    return;
-  }
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
     start_extent_io(id, i, raw->base + raw->parts[i].pos, true);
+  raw->submitting = false;
+  if (raw->outstanding == 0) finish(id);
+  signal_if_ready();
 }
 
 void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone done) {
@@ -273,6 +293,7 @@ void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone 
   }
   uint64_t id = next_op_++;
   auto op = std::make_unique<Op>();
+  op->submitting = true;
   op->base = dst.data();
   op->loc = loc;
   op->fetch_done = std::move(done);
@@ -285,47 +306,50 @@ void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone 
   Op* raw = op.get();
   ops_.emplace(id, std::move(op));
   ++counters_.fetches;
-  if (raw->loc.extents.empty()) {  // a zero-byte tensor: nothing to do but report
-    finish(id);
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
-    return;
-  }
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
     start_extent_io(id, i, raw->base + raw->parts[i].pos, false);
+  raw->submitting = false;
+  if (raw->outstanding == 0) finish(id);
+  signal_if_ready();
 }
 
-void Engine::io_done(uint64_t op_id, size_t ext, int64_t result) {
+void Engine::io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result) {
   Op& op = *ops_.at(op_id);
   Op::Part& part = op.parts[ext];
   const Extent& e = op.loc.extents[ext];
+  Op::Chunk& c = part.chunks[chunk];
   if (result < 0) {
     part.failed = true;
     ++counters_.io_errors;
     if (op.error.is_ok())
       op.error = Status::from_errno(static_cast<int>(-result),
                                     fmt::format("{} {} at offset {}", op.write ? "write" : "read",
-                                                store_->dir(e.dir).file_path(e.file), e.offset));
+                                                store_->dir(e.dir).file_path(e.file),
+                                                e.offset + c.pos));
+  } else if (!op.write && !part.failed) {
+    std::byte* dst = op.base + part.pos;
+    if (c.bounce) std::memcpy(dst + c.pos, c.bounce.get(), c.len);
+    c.done = true;
+    // Fold completed chunks into the extent's checksum in order, as they arrive.
+    while (part.hashed < part.chunks.size() && part.chunks[part.hashed].done) {
+      const Op::Chunk& h = part.chunks[part.hashed++];
+      XXH3_64bits_update(part.hash.get(), dst + h.pos, h.len);
+    }
+    if (part.hashed == part.chunks.size() &&
+        XXH3_64bits_digest(part.hash.get()) != e.checksum) {
+      ++counters_.checksum_failures;
+      part.failed = true;
+      std::string msg = fmt::format("checksum mismatch in {} at offset {}",
+                                    store_->dir(e.dir).file_path(e.file), e.offset);
+      nlog_error("{} ({} bytes)", msg, e.length);
+      if (op.error.is_ok() || op.error.code() != Code::kCorruption)
+        op.error = Status(Code::kCorruption, std::move(msg));
+    }
   }
+  c.bounce.reset();
   --part.pending;
   --op.outstanding;
-  if (part.pending == 0) {
-    if (!op.write && !part.failed) {
-      std::byte* dst = op.base + part.pos;
-      if (part.bounce) std::memcpy(dst + part.bounce_off, part.bounce.get(), part.bounce_len);
-      if (extent_checksum({dst, e.length}) != e.checksum) {
-        ++counters_.checksum_failures;
-        part.failed = true;
-        std::string msg = fmt::format("checksum mismatch in {} at offset {}",
-                                      store_->dir(e.dir).file_path(e.file), e.offset);
-        nlog_error("{} ({} bytes)", msg, e.length);
-        if (op.error.is_ok() || op.error.code() != Code::kCorruption)
-          op.error = Status(Code::kCorruption, std::move(msg));
-      }
-    }
-    part.bounce.reset();
-  }
-  if (op.outstanding == 0) finish(op_id);
+  if (op.outstanding == 0 && !op.submitting) finish(op_id);
 }
 
 void Engine::finish(uint64_t op_id) {

@@ -14,8 +14,12 @@
 // untouched until their callback runs. The destructor drains all I/O in flight.
 //
 // Alignment: O_DIRECT wants 4 KiB-aligned memory and lengths. Buffers that are aligned (the
-// RAM tier's tensor offsets are) go straight to the device; an unaligned tail, or a whole
-// unaligned buffer, goes through a bounce buffer (a memcpy).
+// RAM tier's tensor offsets are) go straight to the device; an unaligned last request, or every
+// request of an unaligned buffer, goes through a bounce buffer of at most request_size (a memcpy).
+//
+// Checksums overlap the I/O: an extent is moved in request_size chunks; a spill hashes each
+// chunk just before submitting it (so the device starts after the first chunk, not after the
+// whole tensor), and a fetch hashes chunks in order as they complete.
 #pragma once
 
 #include <cstdint>
@@ -79,7 +83,9 @@ class Engine {
 
   // Registers the memory spills and fetches will use (the arenas) as io_uring fixed buffers,
   // best effort (see IoBackend::register_memory). Call with nothing in flight. Returns true
-  // when every io_uring directory registered them.
+  // when every io_uring directory registered them. The regions must stay mapped until they are
+  // replaced by another call (an empty span unregisters): the kernel keeps using the pages it
+  // pinned, so I/O to a new mapping at a reused address would go to the old pages.
   bool register_memory(std::span<const MemRegion> regions);
 
   // Writes `src` to newly allocated extents; on success `done` gets the new location. When
@@ -102,7 +108,8 @@ class Engine {
   // Blocks until at least one callback ran (returns at once when nothing is pending).
   void wait();
   void drain();
-  size_t pending() const noexcept { return ops_.size(); }
+  // Operations whose callback has not run yet.
+  size_t pending() const noexcept { return ops_.size() + ready_.size(); }
 
   EngineStats stats() const;
   size_t dirs() const noexcept { return store_->dirs(); }
@@ -120,7 +127,8 @@ class Engine {
   Engine() = default;
   void defer(std::function<void()> fn);
   void start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool write);
-  void io_done(uint64_t op_id, size_t ext, int64_t result);
+  void io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result);
+  void signal_if_ready();
   void finish(uint64_t op_id);
 
   EngineOptions opts_;

@@ -62,7 +62,9 @@ class IoBackend {
   [[nodiscard]] virtual Result<int> add_file(int fd) = 0;
   // Best effort: lets the backend pre-register memory (io_uring fixed buffers). Any failure is
   // logged and I/O proceeds unregistered; returns whether registration is in effect. Must be
-  // called with nothing in flight; replaces any previous registration.
+  // called with nothing in flight; replaces any previous registration (an empty span just
+  // unregisters). Registered regions must stay mapped until replaced: I/O through a registered
+  // buffer uses the pages pinned at registration, even if the address was unmapped and reused.
   virtual bool register_memory(std::span<const MemRegion> regions) = 0;
   // Queues one operation. Never fails for lack of a submission slot (a backend may block
   // briefly to make room); the caller keeps at most queue_depth() operations in flight.

@@ -7,7 +7,13 @@
 // field meanings must not change.
 #pragma once
 
+// On x86-64 the dispatching build picks the widest SIMD the CPU has (AVX2/AVX-512); the
+// checksum values are the same XXH3_64bits either way.
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+#else
 #include <xxhash.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -71,6 +71,7 @@ class UringBackend final : public IoBackend {
     if (!regions_.empty()) {
       io_uring_unregister_buffers(&ring_);
       regions_.clear();
+      order_.clear();
     }
     std::vector<MemRegion> split;
     for (const MemRegion& r : regions) {

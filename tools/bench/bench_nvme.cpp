@@ -1,0 +1,484 @@
+// tier-bench nvme --dir D: the NVMe tier's engine (daemon/nvme) driven directly, without a
+// daemon, against raw io_uring O_DIRECT sequential I/O on the same directory in the same run.
+//
+//   nvme.spill / nvme.fetch   GB/s for each tensor size; the baseline writes/reads the same
+//                             bytes sequentially with the same queue depth and request size.
+//                             Every transfer is O_DIRECT, so the page cache cannot flatter
+//                             either side; fetch includes checksum verification.
+//   nvme.plan.*               a cyclic plan over a working set twice the RAM budget, run on the
+//                             real directory with the tiering policy (Belady eviction + timed
+//                             prefetch) and with plain LRU on demand, against the ideal: the
+//                             bytes that must move divided by the raw read bandwidth.
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "nvme/engine.hpp"
+#include "nvme/nvme_log.hpp"
+#include "policy/eviction.hpp"
+#include "policy/plan.hpp"
+#include "policy/prefetch.hpp"
+#include "suites.hpp"
+
+namespace tier::bench {
+namespace {
+
+using namespace tier::nvme;
+namespace pol = tier::policy;
+
+constexpr uint32_t kQueueDepth = 32;
+constexpr uint32_t kRequestSize = 1u << 20;
+constexpr uint64_t kMiB = 1u << 20;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using AlignedBuf = std::unique_ptr<std::byte, FreeDeleter>;
+
+AlignedBuf alloc_filled(uint64_t n, uint64_t seed) {
+  AlignedBuf b(static_cast<std::byte*>(std::aligned_alloc(4096, n)));
+  if (!b) return b;
+  std::mt19937_64 g(seed);
+  for (uint64_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t v = g();
+    std::memcpy(b.get() + i, &v, 8);
+  }
+  return b;
+}
+
+// The baseline: what fio would do. One preallocated O_DIRECT file, sequential requests of
+// kRequestSize with kQueueDepth in flight, unregistered buffers.
+class RawFile {
+ public:
+  ~RawFile() {
+    if (ring_ok_) io_uring_queue_exit(&ring_);
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  bool open(const std::string& path, uint64_t size) {
+    path_ = path;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd_ < 0) return err("open " + path, errno);
+    if (::fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0) return err("fallocate " + path, errno);
+    int rc = io_uring_queue_init(kQueueDepth, &ring_, 0);
+    if (rc < 0) return err("io_uring_queue_init", -rc);
+    ring_ok_ = true;
+    return true;
+  }
+  // Seconds to move `n` bytes between `buf` and the file, or a negative value on error.
+  double run(bool write, std::byte* buf, uint64_t n) {
+    double t0 = now_s();
+    uint64_t next = 0, done = 0;
+    unsigned inflight = 0;
+    while (done < n) {
+      while (inflight < kQueueDepth && next < n) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) break;
+        unsigned len = static_cast<unsigned>(std::min<uint64_t>(kRequestSize, n - next));
+        if (write) io_uring_prep_write(sqe, fd_, buf + next, len, next);
+        else io_uring_prep_read(sqe, fd_, buf + next, len, next);
+        io_uring_sqe_set_data64(sqe, len);
+        next += len;
+        ++inflight;
+      }
+      io_uring_submit(&ring_);
+      io_uring_cqe* cqe;
+      int rc = io_uring_wait_cqe(&ring_, &cqe);
+      if (rc < 0) return err("io_uring_wait_cqe", -rc) ? -1 : -1;
+      unsigned head, seen = 0;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        if (cqe->res != static_cast<int>(cqe->user_data)) {
+          err("raw O_DIRECT transfer", cqe->res < 0 ? -cqe->res : EIO);
+          return -1;
+        }
+        done += cqe->user_data;
+        ++seen;
+      }
+      io_uring_cq_advance(&ring_, seen);
+      inflight -= seen;
+    }
+    return now_s() - t0;
+  }
+
+ private:
+  static bool err(const std::string& what, int e) {
+    std::fprintf(stderr, "tier-bench nvme: %s: %s\n", what.c_str(), std::strerror(e));
+    return false;
+  }
+  std::string path_;
+  int fd_ = -1;
+  io_uring ring_{};
+  bool ring_ok_ = false;
+};
+
+// Spills `n` bytes as tensors of `size` bytes, all submitted at once (the engine queues them
+// behind its queue depth). Returns seconds, or a negative value on error.
+double engine_spill(Engine& e, std::byte* src, uint64_t n, uint64_t size,
+                    std::vector<NvmeLocation>& locs) {
+  locs.assign(n / size, {});
+  size_t done = 0;
+  bool ok = true;
+  double t0 = now_s();
+  for (size_t i = 0; i < locs.size(); ++i)
+    e.spill(i, {src + i * size, size}, [&, i](Result<NvmeLocation> r) {
+      ++done;
+      if (!r) {
+        std::fprintf(stderr, "tier-bench nvme: %s\n", r.error().to_string().c_str());
+        ok = false;
+        return;
+      }
+      locs[i] = std::move(*r);
+    });
+  while (done < locs.size()) e.wait();
+  double t = now_s() - t0;
+  return ok ? t : -1;
+}
+
+double engine_fetch(Engine& e, std::byte* dst, uint64_t size, const std::vector<NvmeLocation>& locs) {
+  size_t done = 0;
+  bool ok = true;
+  double t0 = now_s();
+  for (size_t i = 0; i < locs.size(); ++i)
+    e.fetch(locs[i], {dst + i * size, size}, [&](Status s) {
+      ++done;
+      if (!s) {
+        std::fprintf(stderr, "tier-bench nvme: %s\n", s.to_string().c_str());
+        ok = false;
+      }
+    });
+  while (done < locs.size()) e.wait();
+  double t = now_s() - t0;
+  return ok ? t : -1;
+}
+
+bool free_all(Engine& e, std::vector<NvmeLocation>& locs) {
+  for (const auto& l : locs)
+    if (Status s = e.free(l); !s) {
+      std::fprintf(stderr, "tier-bench nvme: %s\n", s.to_string().c_str());
+      return false;
+    }
+  locs.clear();
+  return true;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Raw {
+  double write_bw = 0, read_bw = 0;  // bytes/s, from the last size measured
+};
+
+// Spill and fetch bandwidth per size, each against the raw baseline, interleaved.
+bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, Raw& raw) {
+  std::vector<uint64_t> sizes = o.quick ? std::vector<uint64_t>{1 * kMiB, 16 * kMiB}
+                                        : std::vector<uint64_t>{1 * kMiB, 4 * kMiB, 16 * kMiB,
+                                                                64 * kMiB, 256 * kMiB};
+  const uint64_t total = o.quick ? 64 * kMiB : 512 * kMiB;
+  const int samples = o.quick ? 1 : 3;
+  AlignedBuf src = alloc_filled(total, 1), dst = alloc_filled(total, 2);
+  if (!src || !dst) {
+    std::fprintf(stderr, "tier-bench nvme: cannot allocate %llu bytes\n", (unsigned long long)total);
+    return false;
+  }
+  MemRegion regions[] = {{src.get(), total}, {dst.get(), total}};
+  e.register_memory(regions);  // as the daemon registers its arenas
+  RawFile rf;
+  if (!rf.open(dir + "/baseline.raw", total)) return false;
+  std::vector<NvmeLocation> locs;
+  // Warm-up: both sides write their space once (extent conversion of fallocated files).
+  if (rf.run(true, src.get(), total) < 0 || engine_spill(e, src.get(), total, 64 * kMiB, locs) < 0 ||
+      !free_all(e, locs))
+    return false;
+  for (uint64_t size : sizes) {
+    uint64_t n = std::max(total / size, uint64_t{1}) * size;
+    std::vector<double> es, ef, rw, rr;
+    for (int s = 0; s < samples; ++s) {
+      double a, b, c, d;
+      if (s % 2 == 0) {
+        a = engine_spill(e, src.get(), n, size, locs);
+        b = rf.run(true, src.get(), n);
+        c = rf.run(false, dst.get(), n);
+        d = engine_fetch(e, dst.get(), size, locs);
+      } else {
+        b = rf.run(true, src.get(), n);
+        a = engine_spill(e, src.get(), n, size, locs);
+        d = engine_fetch(e, dst.get(), size, locs);
+        c = rf.run(false, dst.get(), n);
+      }
+      if (a < 0 || b < 0 || c < 0 || d < 0 || !free_all(e, locs)) return false;
+      if (std::memcmp(src.get(), dst.get(), n) != 0) {
+        std::fprintf(stderr, "tier-bench nvme: fetched bytes differ from the spilled ones\n");
+        return false;
+      }
+      es.push_back(n / a);
+      rw.push_back(n / b);
+      rr.push_back(n / c);
+      ef.push_back(n / d);
+    }
+    double vs = median(es), vw = median(rw), vr = median(rr), vf = median(ef);
+    emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", vw / 1e9, vs / vw});
+    emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", vr / 1e9, vf / vr});
+    raw.write_bw = vw;
+    raw.read_bw = vr;
+  }
+  e.register_memory({});  // src and dst are freed next: they must not stay registered
+  return true;
+}
+
+// One run of the cyclic plan with room for `slots` of `tensors` tensors in RAM.
+struct PlanRun {
+  uint64_t misses = 0;       // uses that found the tensor neither resident nor arriving
+  uint64_t stalled_uses = 0; // uses that had to wait
+  double stall_s = 0;        // time spent waiting for tensors
+  double elapsed_s = 0;      // wall time of the measured steps
+  uint64_t fetched = 0;      // bytes fetched in the measured steps
+};
+
+class PlanSim {
+ public:
+  PlanSim(Engine& e, const std::vector<NvmeLocation>& locs, uint64_t size, size_t slots,
+          std::byte* ram, bool use_plan, double compute_s, double bandwidth)
+      : e_(e), locs_(locs), size_(size), ram_(ram), use_plan_(use_plan), compute_s_(compute_s),
+        bandwidth_(bandwidth) {
+    std::vector<uint64_t> order;
+    for (uint64_t i = 0; i < locs.size(); ++i) order.push_back(i);
+    plan_ = pol::PlanIndex(order);
+    for (size_t s = 0; s < slots; ++s) free_slots_.push_back(s);
+  }
+
+  bool run(int warm_steps, int steps, PlanRun& out) {
+    for (int step = 0; step < warm_steps + steps; ++step) {
+      if (step == warm_steps) {
+        stats_ = {};
+        t0_ = now_s();
+      }
+      for (uint64_t pos = 0; pos < plan_.length(); ++pos) {
+        cursor_ = pos;
+        uint64_t x = plan_.at(pos);
+        if (!ok_) return false;
+        if (!resident_.contains(x)) {
+          if (!inflight_.contains(x)) {
+            ++stats_.misses;
+            if (!start_fetch(x, true)) return false;
+          }
+          double w0 = now_s();
+          while (!resident_.contains(x) && ok_) e_.wait();
+          stats_.stall_s += now_s() - w0;
+          ++stats_.stalled_uses;
+        }
+        last_use_[x] = ++clock_;
+        leased_ = x;  // held while in use: never a victim
+        cursor_ = pos + 1;
+        // "Compute" on the tensor while the event loop keeps serving completions.
+        double until = now_s() + compute_s_;
+        for (;;) {
+          e_.poll();
+          if (use_plan_) prefetch(until - compute_s_);
+          double left = until - now_s();
+          if (left <= 0) break;
+          wait_readable(e_.event_fd(), std::max(1, static_cast<int>(left * 1000)));
+        }
+        leased_ = UINT64_MAX;
+      }
+    }
+    e_.drain();
+    stats_.elapsed_s = now_s() - t0_;
+    out = stats_;
+    return ok_;
+  }
+
+ private:
+  // Makes room for one tensor: Belady victim with the plan, LRU victim without. With
+  // `must` false (a prefetch), only evicts a tensor used later than `for_id`.
+  std::optional<size_t> take_slot(uint64_t for_id, bool must) {
+    if (!free_slots_.empty()) {
+      size_t s = free_slots_.back();
+      free_slots_.pop_back();
+      return s;
+    }
+    std::vector<pol::Candidate> c;
+    for (auto [id, slot] : resident_)
+      if (id != leased_)
+        c.push_back(pol::make_candidate(id, size_, last_use_[id], use_plan_ ? &plan_ : nullptr, cursor_));
+    auto order = pol::eviction_order(c);
+    if (order.empty()) return std::nullopt;
+    uint64_t v = order.front();
+    if (!must) {
+      auto dv = plan_.next_use(v, cursor_), df = plan_.next_use(for_id, cursor_);
+      if (!dv || !df || *dv <= *df) return std::nullopt;
+    }
+    size_t s = resident_[v];
+    resident_.erase(v);  // clean copy on NVMe: dropping it is the eviction
+    return s;
+  }
+
+  bool start_fetch(uint64_t id, bool must) {
+    auto slot = take_slot(id, must);
+    if (!slot) return !must;
+    inflight_[id] = *slot;
+    stats_.fetched += size_;
+    e_.fetch(locs_[id], {ram_ + *slot * size_, size_}, [this, id](Status s) {
+      if (!s) {
+        std::fprintf(stderr, "tier-bench nvme: %s\n", s.to_string().c_str());
+        ok_ = false;
+      }
+      resident_[id] = inflight_[id];
+      inflight_.erase(id);
+    });
+    return true;
+  }
+
+  void prefetch(double cursor_at) {
+    pol::PrefetchInput in;
+    in.plan = &plan_;
+    in.cursor = cursor_;
+    in.present = [this](uint64_t id) { return resident_.contains(id) || inflight_.contains(id); };
+    in.bytes_of = [this](uint64_t) { return size_; };
+    in.budget_bytes = (free_slots_.size() + resident_.size() + inflight_.size()) * size_;
+    in.bandwidth = bandwidth_;
+    in.seconds_per_use = compute_s_;
+    in.now = now_s();
+    in.cursor_at = cursor_at + compute_s_;
+    for (uint64_t id : pol::plan_prefetch(in).start_now)
+      if (!start_fetch(id, false)) break;
+  }
+
+  Engine& e_;
+  const std::vector<NvmeLocation>& locs_;
+  uint64_t size_;
+  std::byte* ram_;
+  bool use_plan_;
+  double compute_s_, bandwidth_;
+  pol::PlanIndex plan_;
+  uint64_t cursor_ = 0, clock_ = 0, leased_ = UINT64_MAX;
+  std::vector<size_t> free_slots_;
+  std::unordered_map<uint64_t, size_t> resident_, inflight_;  // id -> RAM slot
+  std::unordered_map<uint64_t, uint64_t> last_use_;
+  PlanRun stats_;
+  double t0_ = 0;
+  bool ok_ = true;
+};
+
+// Fewest bytes any eviction order must fetch per step (Belady is optimal for equal sizes):
+// simulated on the same plan, steady state.
+uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
+  std::vector<uint64_t> order;
+  for (uint64_t i = 0; i < tensors; ++i) order.push_back(i);
+  pol::PlanIndex plan(order);
+  std::set<uint64_t> cache;
+  uint64_t misses = 0;
+  const int warm = 2, steps = 4;
+  for (uint64_t t = 0; t < (warm + steps) * tensors; ++t) {
+    uint64_t x = plan.at(t);
+    if (cache.contains(x)) continue;
+    if (t >= warm * tensors) ++misses;
+    if (cache.size() >= slots) {
+      std::vector<pol::Candidate> c;
+      for (uint64_t y : cache) c.push_back(pol::make_candidate(y, size, 0, &plan, t + 1));
+      cache.erase(pol::choose_victims(c, size).front());
+    }
+    cache.insert(x);
+  }
+  return misses / steps * size;
+}
+
+bool bench_plan(const BenchOptions& o, Engine& e, const Raw& raw) {
+  const uint64_t size = o.quick ? 1 * kMiB : 8 * kMiB;
+  const size_t tensors = o.quick ? 16 : 64;
+  const size_t slots = tensors / 2;  // RAM budget: half the working set
+  const int warm = 1, steps = o.quick ? 1 : 3;
+  AlignedBuf data = alloc_filled(tensors * size, 3), ram = alloc_filled(slots * size, 4);
+  if (!data || !ram) return false;
+  std::vector<NvmeLocation> locs;
+  if (engine_spill(e, data.get(), tensors * size, size, locs) < 0) return false;
+  MemRegion region{ram.get(), slots * size};
+  e.register_memory({&region, 1});
+  uint64_t must = must_move_per_step(tensors, slots, size);
+  double ideal_io = static_cast<double>(must) / raw.read_bw;
+  double compute = ideal_io / static_cast<double>(tensors);  // balanced: compute == ideal I/O
+  double ideal_step = std::max(ideal_io, compute * static_cast<double>(tensors));
+  PlanRun with_plan, lru;
+  {
+    PlanSim sim(e, locs, size, slots, ram.get(), true, compute, raw.read_bw);
+    if (!sim.run(warm, steps, with_plan)) return false;
+  }
+  {
+    PlanSim sim(e, locs, size, slots, ram.get(), false, compute, raw.read_bw);
+    if (!sim.run(warm, steps, lru)) return false;
+  }
+  free_all(e, locs);
+  e.register_memory({});
+  double n = steps;
+  emit(o, {"nvme.plan.misses", tensors * size, with_plan.misses / n, "misses/step", lru.misses / n,
+           lru.misses ? static_cast<double>(with_plan.misses) / lru.misses : 0});
+  emit(o, {"nvme.plan.stall", tensors * size, with_plan.stall_s / n * 1e3, "ms/step",
+           lru.stall_s / n * 1e3, lru.stall_s > 0 ? with_plan.stall_s / lru.stall_s : 0});
+  emit(o, {"nvme.plan.moved", tensors * size, with_plan.fetched / n / kMiB, "MiB/step",
+           static_cast<double>(must) / kMiB, with_plan.fetched / n / static_cast<double>(must)});
+  emit(o, {"nvme.plan.step", tensors * size, with_plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
+           with_plan.elapsed_s / n / ideal_step});
+  emit(o, {"nvme.plan.lru_step", tensors * size, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
+           lru.elapsed_s / n / ideal_step});
+  return true;
+}
+
+}  // namespace
+
+int run_nvme(const BenchOptions& o) {
+  if (o.dir.empty()) {
+    std::fprintf(stderr, "tier-bench nvme: --dir D is required (a directory on the device under test)\n");
+    return 1;
+  }
+  std::string dir = o.dir + "/tier-bench-nvme." + std::to_string(::getpid());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "tier-bench nvme: create %s: %s\n", dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  if (o.json) set_nvme_log_level(4);
+  int rc = 1;
+  {
+    EngineOptions eo;
+    eo.dirs.push_back({dir + "/engine", (o.quick ? 512 : 4096) * kMiB, -1});
+    eo.queue_depth = kQueueDepth;
+    eo.request_size = kRequestSize;
+    eo.format = true;
+    auto e = Engine::open(eo);
+    if (!e) {
+      std::fprintf(stderr, "tier-bench nvme: %s\n", e.error().to_string().c_str());
+    } else if ((*e)->stats().dirs[0].backend != "io_uring") {
+      std::fprintf(stderr, "tier-bench nvme: %s does not support io_uring + O_DIRECT; nothing to compare\n",
+                   o.dir.c_str());
+    } else {
+      Raw raw;
+      if (bench_bandwidth(o, **e, dir, raw) && bench_plan(o, **e, raw)) rc = 0;
+    }
+  }
+  std::filesystem::remove_all(dir, ec);
+  return rc;
+}
+
+}  // namespace tier::bench
