@@ -1,0 +1,131 @@
+// Optimizer, schedule, data and --plan arithmetic of tier-train.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "trainer/data.hpp"
+#include "trainer/model.hpp"
+#include "trainer/optimizer.hpp"
+#include "trainer/plan.hpp"
+
+using namespace tier::train;
+
+TEST_CASE("AdamW: one step by hand", "[trainer][optimizer]") {
+  AdamWConfig c;
+  c.weight_decay = 0.1f;
+  const AdamWStep st = make_step(c, 0.1f, 1, 1.0f);
+  float p = 1, m = 0, v = 0, g = 0.5f;
+  adamw_update(&p, &m, &v, &g, &p, &m, &v, 1, st, true);
+  // m = 0.05, v = 0.0125 (beta2 0.95); mhat = 0.5, vhat = 0.25; p = 1 - 0.1 * (1 + 0.1 * 1).
+  CHECK(m == Approx(0.05f));
+  CHECK(v == Approx(0.0125f));
+  CHECK(p == Approx(0.89f).epsilon(1e-6));
+  float q = 1, mq = 0, vq = 0;
+  adamw_update(&q, &mq, &vq, &g, &q, &mq, &vq, 1, st, false);
+  CHECK(q == Approx(0.9f).epsilon(1e-6));  // no decay on biases and LayerNorm
+}
+
+TEST_CASE("AdamW: the vectorized, threaded update is bit-identical to the scalar loop at any offset", "[trainer][optimizer]") {
+  const size_t n = 100003;
+  Rng r(5);
+  std::vector<float> p(n), m(n), v(n), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = r.normal();
+    m[i] = r.normal() * 1e-2f;
+    v[i] = std::fabs(r.normal()) * 1e-4f;
+    g[i] = r.normal();
+  }
+  const AdamWStep st = make_step(AdamWConfig{}, 1e-3f, 7, 0.37f);
+  for (size_t off : {size_t{0}, size_t{1}, size_t{3}, size_t{17}}) {
+    std::vector<float> p1(n), m1(n), v1(n), p2(n), m2(n), v2(n);
+    adamw_update(p.data() + off, m.data() + off, v.data() + off, g.data() + off, p1.data(),
+                 m1.data(), v1.data(), n - off, st, true);
+    adamw_update_scalar(p.data() + off, m.data() + off, v.data() + off, g.data() + off, p2.data(),
+                        m2.data(), v2.data(), n - off, st, true);
+    INFO("offset " << off << " isa " << adamw_isa());
+    CHECK(std::memcmp(p1.data(), p2.data(), (n - off) * 4) == 0);
+    CHECK(std::memcmp(m1.data(), m2.data(), (n - off) * 4) == 0);
+    CHECK(std::memcmp(v1.data(), v2.data(), (n - off) * 4) == 0);
+  }
+}
+
+TEST_CASE("learning-rate schedule: linear warmup then cosine to 10%", "[trainer][optimizer]") {
+  CHECK(lr_at(1.0f, 5, 10, 100) == Approx(0.5f));
+  CHECK(lr_at(1.0f, 10, 10, 100) == Approx(1.0f));
+  CHECK(lr_at(1.0f, 55, 10, 100) == Approx(0.55f));
+  CHECK(lr_at(1.0f, 100, 10, 100) == Approx(0.1f));
+}
+
+TEST_CASE("batches do not depend on how the global batch is split", "[trainer][data]") {
+  auto d = Dataset::load("", 16);
+  REQUIRE(d.has_value());
+  std::vector<int32_t> all(8 * 16), allt(8 * 16), half(4 * 16), halft(4 * 16);
+  d->train_batch(9, 4, 0, 8, 16, all.data(), allt.data());
+  d->train_batch(9, 4, 4, 4, 16, half.data(), halft.data());
+  CHECK(std::equal(half.begin(), half.end(), all.begin() + 4 * 16));
+  CHECK(std::equal(halft.begin(), halft.end(), allt.begin() + 4 * 16));
+  for (int i = 0; i + 1 < 16; ++i) CHECK(all[i + 1] == allt[i]);  // targets are shifted tokens
+  CHECK_FALSE(Dataset::load("/nonexistent/file", 16).has_value());
+}
+
+TEST_CASE("model presets have the published parameter counts", "[trainer][model]") {
+  auto m = preset("124M");
+  REQUIRE(m.has_value());
+  m->vocab = 50257;
+  // GPT-2 small: 124.4M with a 50257 vocabulary and 1024 positions.
+  CHECK(m->num_params() == 124439808ull);
+  auto g3 = preset("175B");
+  REQUIRE(g3.has_value());
+  CHECK(g3->num_params() / 1e9 == Approx(174.0).epsilon(0.01));
+  CHECK_FALSE(preset("nope").has_value());
+}
+
+TEST_CASE("--plan arithmetic matches a case computed by hand", "[trainer][plan]") {
+  PlanOptions o;
+  o.model.name = "hand";
+  o.model.layers = 2;
+  o.model.dim = 64;
+  o.model.heads = 4;
+  o.model.seq = 32;
+  o.nodes = 2;
+  o.gpus_per_node = 4;
+  o.micro_batch = 2;
+  o.gpu_tflops = 100;
+  o.net_gbps = 10;
+  o.pcie_gbps = 20;
+  o.nvme_gbps = 5;
+  o.host_ram = "1G";
+  o.ram_frac = 0.5;
+  o.host_mem_gbps = 100;
+  auto p = make_plan(o);
+  REQUIRE(p.has_value());
+  // Params: embed 256*64 + 32*64 + 2*64 = 18560; block 12*64^2 + 13*64 = 49984; total 118528.
+  CHECK(p->params == 118528u);
+  CHECK(p->state_total == Approx(16.0 * 118528));
+  CHECK(p->state_rank == Approx(16.0 * 118528 / 8));
+  CHECK(p->state_node == Approx(16.0 * 118528 / 2));
+  CHECK(p->nvme_node == 0.0);
+  // FLOPs per token 6*(12*2*64^2 + 256*64) + 12*2*32*64 = 737280; 64 tokens per GPU.
+  CHECK(p->model_flops_gpu == Approx(737280.0 * 64));
+  CHECK(p->compute_s == Approx(737280.0 * 64 * 8 / 6 / 100e12));
+  // Collectives: 3 * 2 bytes * 118528 * 7/8 over 10 GB/s.
+  CHECK(p->net_s == Approx(3.0 * 2 * 118528 * 7 / 8 / 10e9));
+  CHECK(p->pcie_s == Approx(3.0 * 2 * 118528 / 8 / 20e9));
+  CHECK(p->optimizer_s == Approx(28.0 * 118528 / 2 / 100e9));
+  CHECK(p->bound == "network");
+  CHECK(p->step_s == Approx(p->net_s));
+  CHECK(p->tflops_gpu == Approx(737280.0 * 64 / p->net_s / 1e12));
+  CHECK(p->fits);
+
+  SECTION("state beyond RAM spills to NVMe and is streamed every step") {
+    o.host_ram = "1M";
+    auto q = make_plan(o);
+    REQUIRE(q.has_value());
+    const double ram = 0.5 * (1 << 20);
+    CHECK(q->ram_node == Approx(ram));
+    CHECK(q->nvme_node == Approx(16.0 * 118528 / 2 - ram));
+    CHECK(q->nvme_s == Approx(2 * (16.0 * 118528 / 2 - ram) / 5e9));
+  }
+}
