@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "cuda_status.hpp"
@@ -88,7 +89,9 @@ struct Stager::Impl {
   cudaStream_t d2h = nullptr;
 
   mutable std::mutex mu;                  // guards the fields below
-  std::set<uint64_t> arenas;              // arena ids this stager has registered
+  // Arenas this stager has registered, as (id, base, size): a remapped arena (same id, new
+  // address) is registered again rather than taken for the old mapping.
+  std::set<std::tuple<uint64_t, uintptr_t, uint64_t>> arenas;
   std::vector<registry::Piece> acquired;  // references to release on destruction
   Stats stats;
 
@@ -116,10 +119,11 @@ struct Stager::Impl {
     std::lock_guard lock(mu);
     Status first;
     for (const Client::ArenaMapping& a : client->mapped_arenas()) {
-      if (arenas.contains(a.arena_id) || a.base == nullptr || a.size == 0) continue;
+      const auto key = std::make_tuple(a.arena_id, reinterpret_cast<uintptr_t>(a.base), a.size);
+      if (arenas.contains(key) || a.base == nullptr || a.size == 0) continue;
       Status s = acquire_locked(reinterpret_cast<uintptr_t>(a.base), a.size);
       if (s.is_ok()) {
-        arenas.insert(a.arena_id);
+        arenas.insert(key);
       } else if (first.is_ok()) {
         first = Status(s.code(), "register arena " + std::to_string(a.arena_id) + ": " +
                                      s.message());
