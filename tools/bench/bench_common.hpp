@@ -33,8 +33,10 @@ inline void clobber() { asm volatile("" ::: "memory"); }
 
 // Runs `measured` and `baseline` as interleaved samples (A B, then B A, ...) so drift in clock
 // speed or background load hits both alike; each sample calls its function `iters` times.
-// Returns the median, over samples, of the mean seconds per call, for each. A function that
-// returns false aborts the measurement (the result is then {-1, -1}).
+// Returns the best (lowest), over samples, of the mean seconds per call, for each: on a shared
+// machine, background load only ever slows a sample down, so the best sample of each side is the
+// least disturbed estimate, and both sides get the same treatment. A function that returns
+// false aborts the measurement (the result is then {-1, -1}).
 struct PairResult { double measured_s = -1, baseline_s = -1; };
 PairResult measure_pair(const std::function<bool()>& measured, const std::function<bool()>& baseline,
                         int iters, int samples);
@@ -54,6 +56,7 @@ class BenchDaemon {
   bool start(const BenchOptions& o, const std::string& ram);
   const std::string& socket() const { return socket_; }
   bool is_private() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // the private daemon's pid, -1 for --socket
 
  private:
   void stop();

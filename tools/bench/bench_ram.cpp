@@ -9,7 +9,7 @@
 // two private buffers the measured copy uses on its private side, so the only difference is
 // that one side lives in the daemon's shared arena instead of private memory. All buffers are
 // touched before timing (no page faults measured). Measured and baseline samples interleave;
-// each value is the median over samples of bytes / mean time per copy, in GB/s (1e9 B/s).
+// each value is the best sample's bytes / mean time per copy, in GB/s (1e9 B/s), for both sides.
 // Sizes up to 16 MiB fit this machine's L3, so those figures are cache bandwidth for both sides.
 #include <cstdio>
 #include <cstdlib>

@@ -12,12 +12,23 @@
 // request and reply), so the baseline is "the same bytes through the same kind of socket, with
 // nothing done on either side". Latency values are medians of per-operation times; ratio is
 // value / baseline (targets: rpc.lease <= 1.3; rpc.lease_batch >= 200k leases/s absolute).
+//
+// Placement matters more than anything else here: on a VM, waking a process on another, idle
+// CPU costs tens of microseconds more than waking it on the CPU that sent the message, and the
+// scheduler's choice between the two differs from run to run. So with a private tierd, both
+// pairs are pinned alike and measured twice:
+//   rpc.*            client, tierd and raw peer on one CPU (the ping-pong never leaves it)
+//   rpc.*.cross_cpu  client on one CPU; tierd and the raw peer together on another
+// With --socket (a tierd this process does not own) nothing is pinned and only rpc.* is
+// emitted: client, tierd and peer placed as the scheduler decides.
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "bench_common.hpp"
@@ -81,6 +92,7 @@ class RawPeer {
     fd_ = sv[0];
     return true;
   }
+  pid_t pid() const { return pid_; }
   ~RawPeer() {
     if (fd_ >= 0) ::close(fd_);  // the peer exits on EOF
     if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
@@ -104,35 +116,48 @@ int fail_msg(const std::string& what, const Status& st) {
   return 1;
 }
 
+bool pin(pid_t tid, int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return ::sched_setaffinity(tid, sizeof set, &set) == 0;
+}
+
+// Every thread of another process (sched_setaffinity of a pid moves only its main thread).
+bool pin_process(pid_t pid, int cpu) {
+  std::error_code ec;
+  bool any = false;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    if (!pin(static_cast<pid_t>(std::stol(e.path().filename().string())), cpu)) return false;
+    any = true;
+  }
+  return any;
+}
+
+struct Placement {
+  std::string suffix;
+  int client_cpu = -1, server_cpu = -1;  // -1: not pinned
+};
+
 }  // namespace
 
-int run_rpc(const BenchOptions& o) {
-  const int ops = o.quick ? 2000 : 40000;       // single-lease operations per side
-  const int batch_cycles = o.quick ? 100 : 2000;
-  const int block = o.quick ? 250 : 1000;        // interleaving granularity
+namespace {
 
-  auto peer = std::make_unique<RawPeer>();  // large buffers: keep them off the stack
-  if (!peer->start()) {
-    std::fprintf(stderr, "tier-bench rpc: cannot start the raw socket peer: %s\n", std::strerror(errno));
-    return 1;
-  }
-  BenchDaemon daemon;
-  if (!daemon.start(o, "1G")) return 1;
-  auto client = Client::connect(daemon.socket(), {.client_name = "tier-bench"});
-  if (!client) return fail_msg("connect to " + daemon.socket(), client.error());
-  Client& c = **client;
-  std::string pool = bench_pool_name("rpc");
-  // 4 KiB tensors; the quota leaves room for 2 MiB alignment per tensor should the daemon use it.
-  auto p = c.create_pool(pool, {.ram_quota = (kBatch + 8) * (2ull << 20)});
-  if (!p) return fail_msg("create pool " + pool, p.error());
-  std::vector<uint64_t> ids;
-  for (size_t i = 0; i < kBatch; ++i) {
-    auto t = c.create_tensor(pool, {.name = "t" + std::to_string(i), .size = 4096, .shape = {}, .placement = {}});
-    if (!t) return fail_msg("create tensor", t.error());
-    ids.push_back(t->id);
-  }
+struct RpcContext {
+  const BenchOptions& o;
+  Client& c;
+  RawPeer& peer;
+  const std::vector<uint64_t>& ids;
+  int ops, batch_cycles, block;
+};
+
+int measure(const RpcContext& x, const std::string& suffix) {
+  const BenchOptions& o = x.o;
+  Client& c = x.c;
+  RawPeer* peer = &x.peer;
+  const std::vector<uint64_t>& ids = x.ids;
+  const int ops = x.ops, batch_cycles = x.batch_cycles, block = x.block;
   const MsgSizes one = sizes_for(1), many = sizes_for(kBatch);
-
   // --- single lease: per-op times, blocks alternating between daemon and raw peer ---
   std::vector<double> lease_us, cycle_us, raw_lease_us, raw_cycle_us;
   lease_us.reserve(ops); cycle_us.reserve(ops); raw_lease_us.reserve(ops); raw_cycle_us.reserve(ops);
@@ -170,9 +195,9 @@ int run_rpc(const BenchOptions& o) {
     if (!raw_first && !raw_block(n, true)) return fail_msg("raw round trip", Status::from_errno(errno, "round trip"));
   }
   double v = median(lease_us), b = median(raw_lease_us);
-  emit(o, {"rpc.lease", std::nullopt, v, "us", b, b > 0 ? v / b : 0});
+  emit(o, {"rpc.lease" + suffix, std::nullopt, v, "us", b, b > 0 ? v / b : 0});
   v = median(cycle_us), b = median(raw_cycle_us);
-  emit(o, {"rpc.lease_release", std::nullopt, v, "us", b, b > 0 ? v / b : 0});
+  emit(o, {"rpc.lease_release" + suffix, std::nullopt, v, "us", b, b > 0 ? v / b : 0});
 
   // --- batched leases: lease_batch(256) + release_batch per cycle ---
   std::vector<double> batch_s, raw_batch_s;
@@ -202,10 +227,66 @@ int run_rpc(const BenchOptions& o) {
   double bt = median(batch_s), rbt = median(raw_batch_s);
   v = bt > 0 ? kBatch / bt : 0;
   b = rbt > 0 ? kBatch / rbt : 0;
-  emit(o, {"rpc.lease_batch", std::nullopt, v, "leases/s", b, b > 0 ? v / b : 0});
+  emit(o, {"rpc.lease_batch" + suffix, std::nullopt, v, "leases/s", b, b > 0 ? v / b : 0});
 
-  if (Status st = c.drop_pool(pool); !st.is_ok()) return fail_msg("drop pool", st);
   return 0;
+}
+
+}  // namespace
+
+int run_rpc(const BenchOptions& o) {
+  const int ops = o.quick ? 2000 : 40000;       // single-lease operations per side
+  const int batch_cycles = o.quick ? 100 : 2000;
+  const int block = o.quick ? 250 : 1000;        // interleaving granularity
+
+  auto peer = std::make_unique<RawPeer>();  // large buffers: keep them off the stack
+  if (!peer->start()) {
+    std::fprintf(stderr, "tier-bench rpc: cannot start the raw socket peer: %s\n", std::strerror(errno));
+    return 1;
+  }
+  BenchDaemon daemon;
+  if (!daemon.start(o, "1G")) return 1;
+  auto client = Client::connect(daemon.socket(), {.client_name = "tier-bench"});
+  if (!client) return fail_msg("connect to " + daemon.socket(), client.error());
+  Client& c = **client;
+  std::string pool = bench_pool_name("rpc");
+  // 4 KiB tensors; the quota leaves room for 2 MiB alignment per tensor should the daemon use it.
+  auto p = c.create_pool(pool, {.ram_quota = (kBatch + 8) * (2ull << 20)});
+  if (!p) return fail_msg("create pool " + pool, p.error());
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < kBatch; ++i) {
+    auto t = c.create_tensor(pool, {.name = "t" + std::to_string(i), .size = 4096, .shape = {}, .placement = {}});
+    if (!t) return fail_msg("create tensor", t.error());
+    ids.push_back(t->id);
+  }
+  RpcContext ctx{o, c, *peer, ids, ops, batch_cycles, block};
+  std::vector<Placement> placements;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> cpus;
+  if (daemon.is_private() && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  if (cpus.empty()) {
+    placements.push_back({"", -1, -1});
+  } else {
+    placements.push_back({"", cpus[0], cpus[0]});
+    if (cpus.size() > 1) placements.push_back({".cross_cpu", cpus[0], cpus[1]});
+  }
+  int rc = 0;
+  for (const Placement& pl : placements) {
+    if (pl.client_cpu >= 0 &&
+        !(pin(0, pl.client_cpu) && pin_process(peer->pid(), pl.server_cpu) &&
+          pin_process(daemon.pid(), pl.server_cpu))) {
+      std::fprintf(stderr, "tier-bench rpc: sched_setaffinity: %s\n", std::strerror(errno));
+      rc = 1;
+      break;
+    }
+    if ((rc = measure(ctx, pl.suffix)) != 0) break;
+  }
+  if (!cpus.empty()) ::sched_setaffinity(0, sizeof allowed, &allowed);
+  if (Status st = c.drop_pool(pool); !st.is_ok() && rc == 0) return fail_msg("drop pool", st);
+  return rc;
 }
 
 }  // namespace tier::bench
