@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
     // Topology is part of the configuration: load it too.
     auto topo = make_topology_source(cfg.topology)->load();
     if (!topo) return usage_error(topo.error().message());
+    if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs) return usage_error(hs.message());
     std::printf("configuration ok: socket %s, state dir %s, RAM tier %s over %zu NUMA nodes, "
                 "%zu NVMe dirs\n",
                 resolve_socket(cfg).c_str(), cfg.state_dir.c_str(), format_size(sizes->ram).c_str(),

@@ -73,8 +73,6 @@ Result<std::string> find_hugetlbfs(HugePages h) {
                   ") or set hugetlbfs_mount");
 }
 
-namespace {
-
 uint64_t free_hugepages(HugePages h) {
   std::string path = h == HugePages::k1G
                          ? "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"
@@ -85,7 +83,23 @@ uint64_t free_hugepages(HugePages h) {
   return n;
 }
 
-}  // namespace
+Status check_hugepages(HugePages h, const std::string& mount) {
+  if (h == HugePages::kNone) return Status::ok();
+  std::string size(hugepages_name(h));
+  if (free_hugepages(h) == 0)
+    return Status(Code::kInvalidArgument,
+                  "hugepages = " + size + " but no " + size + " huge pages are reserved and free (reserve some: echo N > /sys/kernel/mm/hugepages/hugepages-" +
+                      (h == HugePages::k1G ? "1048576kB" : "2048kB") + "/nr_hugepages)");
+  if (mount.empty()) {
+    auto m = find_hugetlbfs(h);
+    if (!m) return Status(Code::kInvalidArgument, m.error().message());
+  } else {
+    struct stat sb;
+    if (::stat(mount.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode))
+      return Status(Code::kInvalidArgument, "hugetlbfs_mount '" + mount + "' is not a directory");
+  }
+  return Status::ok();
+}
 
 Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) {
   std::unique_ptr<Arena> a(new Arena());

@@ -92,5 +92,10 @@ size_t remove_arenas(const std::string& prefix, const std::string& hugetlbfs_mou
 
 // The hugetlbfs mount for a page size from /proc/mounts, or kUnsupported with how to make one.
 [[nodiscard]] Result<std::string> find_hugetlbfs(HugePages h);
+// Free huge pages of that size now (0 when none are reserved).
+[[nodiscard]] uint64_t free_hugepages(HugePages h);
+// For hugepages != none: some pages of that size are reserved and free, and a hugetlbfs mount
+// exists (`mount` overrides the search). kInvalidArgument saying how to fix it otherwise.
+[[nodiscard]] Status check_hugepages(HugePages h, const std::string& mount);
 
 }  // namespace tier::daemon

@@ -504,6 +504,14 @@ TEST_CASE("command line: --check-config and exit codes") {
   CHECK(run(base + "--nvme-dir /nonexistent/dir --check-config") == 2);
   CHECK(out().find("/nonexistent/dir") != std::string::npos);
   CHECK(run(base + "--hugepages 3M --check-config") == 2);
+  if (daemon::free_hugepages(daemon::HugePages::k2M) == 0) {
+    CHECK(run(base + "--ram 64M --hugepages 2M --check-config") == 2);
+    CHECK(out().find("no 2M huge pages are reserved") != std::string::npos);
+    CHECK(run(base + "--ram 64M --hugepages 2M") == 2);  // the daemon itself refuses to start
+    CHECK(out().find("nr_hugepages") != std::string::npos);
+  } else {
+    WARN("2M huge pages are reserved on this machine: the no-huge-pages error is not tested");
+  }
   {
     std::ofstream cfg(dir + "/bad.toml");
     cfg << "ram = \"1G\"\nsokcet = \"/x\"\n";

@@ -252,6 +252,12 @@ TEST_CASE("handler: authorization by uid") {
   CHECK(h.call<TensorListRep>(*root, MsgType::kTensorList, TensorListReq{"mine", 0, 0})->tensors.size() == 1);
   CHECK(h.call<LeaseRep>(*root, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() == Code::kPermissionDenied);
   CHECK(h.call<PoolListRep>(*root, MsgType::kPoolList, Empty{})->pools.size() == 1);
+  // A member of admin_group (by primary gid) inspects like root.
+  h.state->admin_gid = 4242;
+  auto admin = h.session(1002);
+  admin->gid = 4242;
+  CHECK(h.call<PoolListRep>(*admin, MsgType::kPoolList, Empty{})->pools.size() == 1);
+  CHECK(h.call<LeaseRep>(*admin, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() == Code::kPermissionDenied);
   CHECK(h.call<Empty>(*root, MsgType::kPoolDrop, PoolNameReq{"mine"}));
   CHECK(h.state->catalog.pool_count() == 0);
   CHECK(h.state->ram->arena_count() == 0);
