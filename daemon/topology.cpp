@@ -104,6 +104,26 @@ Result<Topology> read_hwloc(hwloc_topology_t t, std::string source) {
       topo.nvme.push_back(std::move(d));
     }
   }
+  // OS devices whose PCI device has another class (e.g. an accelerator reporting 0x0380 or
+  // 0x1200 with a CUDA device, or an NVMe drive behind a non-0x0108 function).
+  auto counted = [](const std::vector<Device>& v, const std::string& pci) {
+    for (const auto& d : v)
+      if (d.pci == pci) return true;
+    return false;
+  };
+  for (hwloc_obj_t o = hwloc_get_next_osdev(t, nullptr); o; o = hwloc_get_next_osdev(t, o)) {
+    hwloc_obj_t pci = o->parent;
+    while (pci && pci->type != HWLOC_OBJ_PCI_DEVICE) pci = pci->parent;
+    if (!pci || !o->name) continue;
+    std::string bus = pci_name(pci);
+    auto type = o->attr->osdev.type;
+    bool gpu = type == HWLOC_OBJ_OSDEV_COPROC || type == HWLOC_OBJ_OSDEV_GPU;
+    bool nvme = type == HWLOC_OBJ_OSDEV_BLOCK && std::string_view(o->name).starts_with("nvme");
+    if (gpu && !counted(topo.gpus, bus))
+      topo.gpus.push_back(Device{static_cast<int32_t>(topo.gpus.size()), o->name, bus, nearest_node(t, pci)});
+    if (nvme && !counted(topo.nvme, bus))
+      topo.nvme.push_back(Device{static_cast<int32_t>(topo.nvme.size()), o->name, bus, nearest_node(t, pci)});
+  }
   return topo;
 }
 
