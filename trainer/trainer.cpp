@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <future>
 
 namespace tier::train {
 
@@ -191,6 +192,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
 
   // Shards pinned by in-flight collectives; touched only on the comm thread.
   std::vector<Pinned> gather_pins(static_cast<size_t>(K) + 1), rs_pins(NL);
+  std::vector<double> grad_sumsq(NL, 0.0);
 
   // The step's plan for tierd: param shards in gather order, grads in backward order, then the
   // optimizer's shards. Registered for both buffers' parity (it repeats every two steps).
@@ -248,7 +250,12 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         rs_pins[layer] = std::move(*p);
         return comm.start_reduce_scatter(full_host, rs_pins[layer].data, shard[layer], req);
       };
-      op.finish = [&, layer] { rs_pins[layer].release(); };
+      // The shard's squared norm is taken here, while the shard is still pinned, so the
+      // optimizer's global-norm pass needs no second pin.
+      op.finish = [&, layer] {
+        if (rs_pins[layer].data != nullptr) grad_sumsq[layer] = sum_squares(rs_pins[layer].data, shard[layer]);
+        rs_pins[layer].release();
+      };
       rsh[layer] = comm.submit(std::move(op));
     };
     auto wait = [&](Comm::Handle& h) -> Status {
@@ -349,21 +356,18 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     // Global gradient norm and loss in one all-reduce.
     const auto t_opt = Clock::now();
     double red[2] = {0, *loss};
-    for (int l = 0; l < NL; ++l) {
-      auto g = store.acquire({l, ShardKind::kGrad, 0}, false);
-      if (!g) return fail(g.error());
-      red[0] += sum_squares(g->data, shard[l]);
-    }
+    for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
     if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
     const double norm = std::sqrt(red[0]);
     const float clip = opts.grad_clip > 0 && norm > opts.grad_clip
                            ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
     const float lr = lr_at(opts.adamw.lr, step, warmup, opts.steps);
     const AdamWStep st = make_step(opts.adamw, lr, step, clip);
-    for (int l = 0; l < NL; ++l) {
-      // In: param, m, v of buffer cur and the grad. Out: param, m, v of buffer nxt (the same
-      // tensors when single-buffered, pinned for writing).
-      std::vector<Pinned> in, outp;
+    // In: param, m, v of buffer cur and the grad. Out: param, m, v of buffer nxt (the same
+    // tensors when single-buffered, pinned for writing).
+    using Pins = std::pair<std::vector<Pinned>, std::vector<Pinned>>;
+    auto pin_layer = [&store, &opts, cur, nxt](int l) -> Result<Pins> {
+      Pins p;
       if (opts.buffers == 2) {
         auto a = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
                                                           {l, ShardKind::kM, cur},
@@ -371,24 +375,34 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
                                                           {l, ShardKind::kGrad, 0}},
                                     false);
         if (!a) return fail(a.error());
-        in = std::move(*a);
         auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, nxt},
                                                           {l, ShardKind::kM, nxt},
                                                           {l, ShardKind::kV, nxt}},
                                     true);
         if (!b) return fail(b.error());
-        outp = std::move(*b);
+        p.first = std::move(*a);
+        p.second = std::move(*b);
       } else {
         auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, 0},
                                                           {l, ShardKind::kM, 0},
                                                           {l, ShardKind::kV, 0}},
                                     true);
         if (!b) return fail(b.error());
-        outp = std::move(*b);
         auto g = store.acquire({l, ShardKind::kGrad, 0}, false);
         if (!g) return fail(g.error());
-        in = {outp[0], outp[1], outp[2], std::move(*g)};
+        p.second = std::move(*b);
+        p.first = {p.second[0], p.second[1], p.second[2], std::move(*g)};
       }
+      return p;
+    };
+    // The pins of layer l+1 are taken (one or two daemon round trips) while layer l updates.
+    std::future<Result<Pins>> next = std::async(std::launch::deferred, pin_layer, 0);
+    for (int l = 0; l < NL; ++l) {
+      auto pins = next.get();
+      if (!pins) return fail(pins.error());
+      if (l + 1 < NL) next = std::async(std::launch::async, pin_layer, l + 1);
+      const std::vector<Pinned>& in = pins->first;
+      const std::vector<Pinned>& outp = pins->second;
       const size_t lo = static_cast<size_t>(rank) * shard[l], hi = lo + shard[l];
       for (const Range& r : decay_ranges(m, l)) {
         const size_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
