@@ -53,10 +53,25 @@ bool has_pattern(std::span<const std::byte> b, uint32_t seed) {
   return std::memcmp(want.data(), b.data(), b.size()) == 0;
 }
 
+// Drops every pool when the test case ends, so the daemon unlinks their shared-memory arenas
+// (tierd keeps arenas of live pools in /dev/shm across restarts by design). Declare it right
+// after the TestDaemon: it runs after the test's own clients are gone.
+struct DropPoolsAtEnd {
+  TestDaemon& d;
+  ~DropPoolsAtEnd() {
+    if (!d.running()) return;
+    auto c = Client::connect(d.socket());
+    if (!c) return;
+    if (auto pools = (*c)->list_pools())
+      for (const auto& p : *pools) (void)(*c)->drop_pool(p.name);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("pools and tensors: create, open, list, delete, drop") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto c = connect_to(d);
   auto p = c->create_pool("job1", {.ram_quota = 64 << 20});
   REQUIRE(p.has_value());
@@ -111,6 +126,7 @@ TEST_CASE("pools and tensors: create, open, list, delete, drop") {
 
 TEST_CASE("bytes written through a lease read back bit-exact, zero-copy, from another client") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto a = connect_to(d, "writer");
   auto b = connect_to(d, "reader");
   REQUIRE(a->create_pool("p", {.ram_quota = 64 << 20}).has_value());
@@ -151,6 +167,7 @@ TEST_CASE("bytes written through a lease read back bit-exact, zero-copy, from an
 
 TEST_CASE("a batch of leases is granted whole or not at all") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto a = connect_to(d);
   auto other = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 64 << 20}).has_value());
@@ -190,6 +207,7 @@ TEST_CASE("a batch larger than one reply still comes back whole") {
   DaemonOptions opts;
   opts.ram = "1G";
   TestDaemon d(opts);
+  DropPoolsAtEnd janitor{d};
   auto a = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 512ull << 20}).has_value());
   std::vector<uint64_t> ids;
@@ -205,6 +223,7 @@ TEST_CASE("a batch larger than one reply still comes back whole") {
 
 TEST_CASE("conflicting leases fail fast, time out, or wait until released") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto a = connect_to(d);
   auto b = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 16 << 20}).has_value());
@@ -245,6 +264,7 @@ TEST_CASE("conflicting leases fail fast, time out, or wait until released") {
 
 TEST_CASE("a client killed with -9 has its leases released") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto a = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*a, "p", "t", 4096);
@@ -275,6 +295,7 @@ TEST_CASE("a client killed with -9 has its leases released") {
 
 TEST_CASE("many clients at once: threads with their own clients, one shared client, processes") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto admin = connect_to(d);
   REQUIRE(admin->create_pool("p", {.ram_quota = 128 << 20}).has_value());
   constexpr int kThreads = 8, kProcs = 4, kRounds = 50;
@@ -364,6 +385,7 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
 
 TEST_CASE("a daemon killed mid-session turns calls into Unavailable, never a crash") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto c = connect_to(d);
   REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*c, "p", "t", 4096);
@@ -378,10 +400,12 @@ TEST_CASE("a daemon killed mid-session turns calls into Unavailable, never a cra
   CHECK(c->status().error().code() == Code::kUnavailable);
   CHECK(l->release().code() == Code::kUnavailable);
   CHECK(static_cast<int>(l->bytes().size()) == 0);  // released (even if unsuccessfully): no span
+  d.start();  // so the janitor can drop the pool the restarted daemon re-attached
 }
 
 TEST_CASE("connect retries until a starting daemon accepts") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   d.stop();
   std::thread starter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -395,6 +419,7 @@ TEST_CASE("connect retries until a starting daemon accepts") {
 
 TEST_CASE("status, topology and the tiering calls answer with a value or a clear Status") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto c = connect_to(d);
   auto s = c->status();
   REQUIRE(s.has_value());
@@ -420,6 +445,7 @@ TEST_CASE("status, topology and the tiering calls answer with a value or a clear
 
 TEST_CASE("a thread waiting for a lease does not lock its sibling out of the shared client") {
   TestDaemon d;
+  DropPoolsAtEnd janitor{d};
   auto c = connect_to(d);
   REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*c, "p", "t", 4096);

@@ -245,13 +245,13 @@ int run_rpc(const BenchOptions& o) {
     return 1;
   }
   BenchDaemon daemon;
-  if (!daemon.start(o, "1G")) return 1;
+  if (!daemon.start(o, "256M")) return 1;
   auto client = Client::connect(daemon.socket(), {.client_name = "tier-bench"});
   if (!client) return fail_msg("connect to " + daemon.socket(), client.error());
   Client& c = **client;
   std::string pool = bench_pool_name("rpc");
-  // 4 KiB tensors; the quota leaves room for 2 MiB alignment per tensor should the daemon use it.
-  auto p = c.create_pool(pool, {.ram_quota = (kBatch + 8) * (2ull << 20)});
+  // 4 KiB tensors (below tierd's large-extent alignment, so they pack at page granularity).
+  auto p = c.create_pool(pool, {.ram_quota = 16ull << 20});
   if (!p) return fail_msg("create pool " + pool, p.error());
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < kBatch; ++i) {

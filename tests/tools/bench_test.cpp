@@ -1,0 +1,91 @@
+// tier-bench's output contract: JSON lines with name, value, unit, baseline, ratio (and bytes
+// where a size applies). The figures themselves are never asserted: this machine's timing is
+// not the test's business.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "run_binary.hpp"
+#include "support/daemon_fixture.hpp"
+
+using tier::test::bin_path;
+using tier::test::run_binary;
+using nlohmann::json;
+
+namespace {
+
+std::vector<json> parse_lines(const std::string& out) {
+  std::vector<json> v;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    v.push_back(json::parse(line));  // throws, failing the test, on a non-JSON line
+  }
+  return v;
+}
+
+void check_keys(const json& j, bool sized) {
+  INFO(j.dump());
+  REQUIRE(j.is_object());
+  CHECK(j["name"].is_string());
+  CHECK(j["value"].is_number());
+  CHECK(j["unit"].is_string());
+  CHECK(j["baseline"].is_number());
+  CHECK(j["ratio"].is_number());
+  CHECK(j.contains("bytes") == sized);
+  if (sized) CHECK(j["bytes"].is_number_unsigned());
+}
+
+}  // namespace
+
+TEST_CASE("tier-bench ram --quick --json prints the documented JSON lines") {
+  auto r = run_binary(bin_path("tier-bench"), {"ram", "--quick", "--json"}, {}, 120);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto lines = parse_lines(r.out);
+  std::set<std::string> names;
+  for (const auto& j : lines) {
+    check_keys(j, true);
+    CHECK(j["unit"] == "GB/s");
+    names.insert(j["name"]);
+  }
+  CHECK(lines.size() == 8);  // 4 figures x 2 sizes
+  CHECK(names == std::set<std::string>{"ram.read.held", "ram.write.held", "ram.read.lease_cycle",
+                                       "ram.write.lease_cycle"});
+}
+
+TEST_CASE("tier-bench rpc --quick --json prints the documented JSON lines") {
+  auto r = run_binary(bin_path("tier-bench"), {"rpc", "--quick", "--json"}, {}, 120);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  std::set<std::string> names;
+  for (const auto& j : parse_lines(r.out)) {
+    check_keys(j, false);
+    names.insert(j["name"]);
+    std::string n = j["name"];
+    CHECK(j["unit"] == (n.rfind("rpc.lease_batch", 0) == 0 ? "leases/s" : "us"));
+  }
+  CHECK(names.count("rpc.lease") == 1);
+  CHECK(names.count("rpc.lease_release") == 1);
+  CHECK(names.count("rpc.lease_batch") == 1);
+}
+
+TEST_CASE("tier-bench rpc works against a running tierd given by --socket") {
+  tier::test::TestDaemon d;
+  auto r = run_binary(bin_path("tier-bench"), {"rpc", "--quick", "--json", "--socket", d.socket()}, {}, 120);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto lines = parse_lines(r.out);
+  REQUIRE(lines.size() == 3);  // no placement variants against a daemon it does not own
+  for (const auto& j : lines) check_keys(j, false);
+}
+
+TEST_CASE("tier-bench usage errors exit 2") {
+  CHECK(run_binary(bin_path("tier-bench"), {}).rc == 2);
+  CHECK(run_binary(bin_path("tier-bench"), {"bogus"}).rc == 2);
+  auto help = run_binary(bin_path("tier-bench"), {"--help"});
+  CHECK(help.rc == 0);
+  CHECK(help.out.find("ratio") != std::string::npos);
+}

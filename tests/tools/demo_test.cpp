@@ -1,0 +1,17 @@
+// tools/demo end to end, on this build's binaries (TIER_BUILD_DIR), so it never rebuilds.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "run_binary.hpp"
+
+TEST_CASE("tools/demo runs end to end and stops its tierd") {
+  std::string build = std::filesystem::path(TIER_BIN_DIR).parent_path().string();
+  auto r = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/demo", {},
+                                  {"TIER_BUILD_DIR=" + build}, 60);
+  INFO(r.out);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("round trip: identical") != std::string::npos);
+  CHECK(r.out.find("tierd stopped cleanly") != std::string::npos);
+  CHECK(r.out.find("NUMA nodes") != std::string::npos);
+}
