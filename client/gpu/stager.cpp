@@ -132,6 +132,22 @@ struct Stager::Impl {
     return first;
   }
 
+  // On-demand mode: registers the register_chunk_bytes-aligned pieces (relative to the arena
+  // base) of the arena holding [p, p+n) that the range covers. kNotFound when no mapped arena
+  // holds the whole range.
+  Status register_pieces(uintptr_t p, uint64_t n) {
+    for (const Client::ArenaMapping& a : client->mapped_arenas()) {
+      const auto base = reinterpret_cast<uintptr_t>(a.base);
+      if (a.base == nullptr || p < base || p + n > base + a.size) continue;
+      const uint64_t piece = opts.register_chunk_bytes;
+      const uint64_t lo = (p - base) / piece * piece;
+      const uint64_t hi = std::min<uint64_t>(a.size, (p + n - base + piece - 1) / piece * piece);
+      std::lock_guard lock(mu);
+      return acquire_locked(base + lo, hi - lo);
+    }
+    return Status(Code::kNotFound, "no mapped arena holds the copied range");
+  }
+
   // One segment of a copy: host range and whether it lies in registered memory.
   struct Segment { uintptr_t host; uint64_t off, len; bool pinned; };
 
@@ -163,8 +179,12 @@ struct Stager::Impl {
     std::vector<Segment> segs = segments(host, len);
     bool all_pinned = std::ranges::all_of(segs, [](const Segment& s) { return s.pinned; });
     if (!all_pinned && client != nullptr) {
-      // The client may have mapped a new arena since the last registration.
-      (void)register_arenas();
+      // The client may have mapped a new arena since the last registration, or (on demand)
+      // this part of an arena is not registered yet.
+      if (opts.register_on_demand)
+        (void)register_pieces(host, len);
+      else
+        (void)register_arenas();
       segs = segments(host, len);
       all_pinned = std::ranges::all_of(segs, [](const Segment& s) { return s.pinned; });
     }
@@ -239,6 +259,7 @@ Result<std::unique_ptr<Stager>> Stager::create(Client& client, const StagerOptio
   auto impl = make_impl(&client, opts);
   if (!impl) return fail(impl.error());
   std::unique_ptr<Stager> st(new Stager(std::move(*impl)));
+  if (opts.register_on_demand) return st;
   Status s = st->impl_->register_arenas();
   if (!s.is_ok()) {
     // Refused registrations only cost speed when pageable copies are allowed.

@@ -54,6 +54,11 @@ struct StagerOptions {
   // several pieces (some drivers and IOMMU setups refuse very large single registrations).
   // A refused piece is retried in halves down to 64 MiB before the stager gives up on it.
   uint64_t register_chunk_bytes = 1ull << 40;
+  // false: create() registers every mapped arena whole (a one-time cost that grows with the
+  // RAM tier). true: nothing is registered up front; the first copy that touches an arena
+  // registers the aligned register_chunk_bytes pieces of it that the copy covers (set
+  // register_chunk_bytes to e.g. 1 GiB), so only the part of the tier this rank uses is pinned.
+  bool register_on_demand = false;
   // When a span is not inside registered memory (registration refused, or memory not from an
   // arena), copy it anyway as pageable memory (CUDA stages it; slower, counted in
   // Stats::pageable_bytes). false: such a copy fails with kInvalidArgument.
@@ -98,7 +103,7 @@ class [[nodiscard]] Transfer {
 class Stager {
  public:
   // Checks for the device first (kUnsupported "no CUDA device" without one), then creates the
-  // stager's streams and registers the arenas the client maps now.
+  // stager's streams and registers the arenas the client maps now (unless register_on_demand).
   [[nodiscard]] static Result<std::unique_ptr<Stager>> create(Client& client,
                                                               const StagerOptions& opts = {});
   // A stager without a client: only memory given to register_range() is copied directly.

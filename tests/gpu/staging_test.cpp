@@ -152,3 +152,45 @@ TEST_CASE("a leased tensor round-trips through the device from the arena", "[gpu
   CHECK((*st)->stats().pageable_bytes == 0);
   cudaFree(dev);
 }
+
+TEST_CASE("on-demand registration pins only the pieces a copy touches", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  tier::test::DaemonOptions dopts;
+  dopts.ram = "256M";
+  tier::test::TestDaemon daemon(dopts);
+  auto client = tier::Client::connect(daemon.socket());
+  REQUIRE(client.has_value());
+  auto& c = **client;
+  REQUIRE(c.create_pool("gpu", {}, true).has_value());
+  tier::TensorDesc desc;
+  desc.size = 3ull << 20;
+  desc.name = "t";
+  auto t = c.create_tensor("gpu", desc);
+  REQUIRE(t.has_value());
+  auto w = c.lease(t->id, tier::LeaseMode::kWrite);
+  REQUIRE(w.has_value());
+  std::memset(w->bytes().data(), 0x3c, desc.size);
+
+  auto st = tier::gpu::Stager::create(
+      c, {.chunk_bytes = 1 << 20, .register_chunk_bytes = 2 << 20, .register_on_demand = true});
+  REQUIRE(st.has_value());
+  CHECK((*st)->stats().registered_bytes == 0);  // nothing pinned up front
+  CHECK_FALSE((*st)->is_registered(w->bytes().data(), desc.size));
+
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, desc.size) == cudaSuccess);
+  auto up = (*st)->copy_to_device(*w, dev);
+  REQUIRE(up.has_value());
+  CHECK(up->direct());
+  REQUIRE(up->wait().is_ok());
+  const auto stats = (*st)->stats();
+  CHECK(stats.registered_bytes > 0);
+  CHECK(stats.registered_bytes <= desc.size + (4u << 20));  // the covering 2 MiB pieces only
+  uint64_t arena_bytes = 0;
+  for (const auto& a : c.mapped_arenas()) arena_bytes += a.size;
+  CHECK(stats.registered_bytes < arena_bytes);
+  std::vector<std::byte> back(desc.size);
+  REQUIRE(cudaMemcpy(back.data(), dev, desc.size, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(std::memcmp(back.data(), w->bytes().data(), desc.size) == 0);
+  cudaFree(dev);
+}
