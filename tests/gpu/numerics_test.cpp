@@ -17,6 +17,7 @@
 #include "trainer/cpu/cpu_backend.hpp"
 #include "trainer/cuda/cuda_backend.hpp"
 #include "trainer/cuda/kernels.hpp"
+#include "trainer/model.hpp"
 #include "trainer/optimizer.hpp"
 
 using namespace tier::train;
@@ -87,7 +88,9 @@ void run_layers(const Case& cs) {
   auto gpu = tier::train::cuda::make_cuda_backend({.device = 0, .exact_gemm = cs.exact}, &err);
   REQUIRE(gpu != nullptr);
   auto cpu = make_cpu_backend();
-  const Dims d{.B = 2, .T = 8, .C = 32, .NH = 4, .V = 64, .max_T = 16};
+  auto tiny = preset("tiny");
+  REQUIRE(tiny.has_value());
+  const Dims d = tiny->dims(2, tiny->seq);  // the `tiny` model: C=32, NH=4, T=16, V=256
   const size_t BT = size_t(d.B) * d.T, BTC = BT * d.C;
   std::vector<int32_t> tokens(BT), targets(BT);
   for (size_t i = 0; i < BT; ++i) {
@@ -299,4 +302,92 @@ TEST_CASE("an upload into a parameter buffer waits for the layer that read it", 
   CHECK_CLOSE(dy1.get(), y1, 2e-4);
   CHECK_CLOSE(dy2.get(), y2, 2e-4);
   CHECK(tier::train::cuda::backend_error(*gpu).empty());
+}
+
+namespace {
+
+// A whole `tiny` model step, as tier-train runs it: embed, every block, head with loss and
+// backward, blocks backward, embed backward; params from the model's own init.
+struct ModelPass {
+  double loss = 0;
+  std::vector<std::vector<float>> grads;  // per layer
+};
+
+ModelPass model_pass(Backend& be, const ModelConfig& m, const Dims& d,
+                     const std::vector<std::vector<float>>& params,
+                     const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+  const int L = m.layers;
+  const size_t BTC = size_t(d.B) * d.T * d.C, BT = size_t(d.B) * d.T;
+  std::vector<Dev*> owned;
+  auto dev = [&](size_t n) { owned.push_back(new Dev(be, n, true)); return owned.back()->p; };
+  auto devv = [&](const std::vector<float>& h) { owned.push_back(new Dev(be, h)); return owned.back()->p; };
+  int32_t* tok = be.alloc_tokens(BT);
+  int32_t* tgt = be.alloc_tokens(BT);
+  be.upload_tokens(tok, tokens.data(), BT);
+  be.upload_tokens(tgt, targets.data(), BT);
+  std::vector<float*> P, G, xs, acts;
+  for (int l = 0; l <= L; ++l) {
+    P.push_back(devv(params[l]));
+    G.push_back(dev(params[l].size()));
+    xs.push_back(dev(BTC));
+  }
+  for (int l = 0; l < L; ++l) acts.push_back(dev(block_acts_floats(d)));
+  float* head = dev(head_acts_floats(d));
+  float* scratch = dev(block_scratch_floats(d));
+  float* dx = dev(BTC);
+
+  be.embed_forward(d, P[0], tok, xs[0]);
+  for (int l = 1; l <= L; ++l)
+    be.block_forward(d, P[l], xs[l - 1], carve_block_acts(acts[l - 1], d), xs[l]);
+  ModelPass r;
+  r.loss = be.head_forward(d, P[0], xs[L], tgt, carve_head_acts(head, d), dx, G[0],
+                           1.0f / static_cast<float>(BT));
+  for (int l = L; l >= 1; --l)
+    be.block_backward(d, P[l], G[l], xs[l - 1], carve_block_acts(acts[l - 1], d), dx, dx, scratch);
+  be.embed_backward(d, G[0], tok, dx);
+  be.synchronize();
+  for (int l = 0; l <= L; ++l) {
+    std::vector<float> g(params[l].size());
+    be.download(g.data(), G[l], g.size());
+    r.grads.push_back(std::move(g));
+  }
+  for (Dev* p : owned) delete p;
+  be.free_tokens(tok);
+  be.free_tokens(tgt);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("a whole tiny model step on the CUDA backend matches the CPU backend", "[gpu]") {
+  if (!tier::test::have_cuda_device()) return;
+  auto m = preset("tiny");
+  REQUIRE(m.has_value());
+  const Dims d = m->dims(4, m->seq);
+  std::vector<std::vector<float>> params;
+  for (int l = 0; l < m->num_layers(); ++l) {
+    params.emplace_back(m->layer_floats(l));
+    init_layer(*m, l, 1234, params.back());
+  }
+  const size_t BT = size_t(d.B) * d.T;
+  std::vector<int32_t> tokens(BT), targets(BT);
+  for (size_t i = 0; i < BT; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 97 + 13) % d.V);
+    targets[i] = static_cast<int32_t>((i * 89 + 7) % d.V);
+  }
+  auto cpu = make_cpu_backend();
+  const ModelPass want = model_pass(*cpu, *m, d, params, tokens, targets);
+  for (const Case cs : {Case{true, 2e-4}, Case{false, 3e-2}}) {
+    INFO((cs.exact ? "fp32 GEMMs" : "bf16 tensor-core GEMMs"));
+    std::string err;
+    auto gpu = tier::train::cuda::make_cuda_backend({.device = 0, .exact_gemm = cs.exact}, &err);
+    REQUIRE(gpu != nullptr);
+    const ModelPass got = model_pass(*gpu, *m, d, params, tokens, targets);
+    INFO("backend error: " << tier::train::cuda::backend_error(*gpu));
+    CHECK(std::abs(got.loss - want.loss) <= cs.tol * std::abs(want.loss));
+    for (size_t l = 0; l < want.grads.size(); ++l) {
+      INFO("layer " << l);
+      CHECK_CLOSE(got.grads[l], want.grads[l], cs.tol);
+    }
+  }
 }
