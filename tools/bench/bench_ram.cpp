@@ -50,8 +50,10 @@ int run_ram(const BenchOptions& o) {
                                                                 256ull << 20, 1ull << 30};
   const uint64_t max_size = sizes.back();
   // Per sample, copy at least this many bytes; sample count per figure.
-  const uint64_t sample_bytes = o.quick ? (32ull << 20) : (512ull << 20);
-  const int samples = o.quick ? 3 : 9;
+  // Many short samples rather than a few long ones: with best-of, a short sample has a better
+  // chance of running undisturbed on a busy machine.
+  const uint64_t sample_bytes = o.quick ? (32ull << 20) : (64ull << 20);
+  const int samples = o.quick ? 3 : 15;
 
   BenchDaemon daemon;
   // Room for the largest tensor at 2 MiB alignment plus slack for the allocator.
