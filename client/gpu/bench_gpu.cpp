@@ -146,6 +146,10 @@ int run(const BenchOptions& o, int device) {
     tier::bench::emit(o, Figure{"gpu_d2h_arena", n, gb / d2h.measured_s, "GB/s",
                                 gb / d2h.baseline_s, d2h.baseline_s / d2h.measured_s});
   }
+  if (st.stats().remote_node_bytes > 0)
+    std::fprintf(stderr, "tier-bench-gpu: warning: %llu bytes crossed NUMA nodes (GPU on node %d)\n",
+                 static_cast<unsigned long long>(st.stats().remote_node_bytes),
+                 st.stats().gpu_numa_node);
   // Every byte of the largest D2H landed in the arena.
   if (rc == 0 && std::memcmp(dst->bytes().data(), host, sizes.back()) != 0) {
     std::fprintf(stderr, "tier-bench-gpu: D2H into the arena did not match the device data\n");

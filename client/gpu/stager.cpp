@@ -93,6 +93,7 @@ struct Stager::Impl {
   // address) is registered again rather than taken for the old mapping.
   std::set<std::tuple<uint64_t, uintptr_t, uint64_t>> arenas;
   std::vector<registry::Piece> acquired;  // references to release on destruction
+  std::vector<Client::ArenaMapping> mapped;  // the client's arenas as last seen (NUMA nodes)
   Stats stats;
 
   ~Impl() {
@@ -117,8 +118,9 @@ struct Stager::Impl {
   Status register_arenas() {
     if (client == nullptr) return Status::ok();
     std::lock_guard lock(mu);
+    mapped = client->mapped_arenas();
     Status first;
-    for (const Client::ArenaMapping& a : client->mapped_arenas()) {
+    for (const Client::ArenaMapping& a : mapped) {
       const auto key = std::make_tuple(a.arena_id, reinterpret_cast<uintptr_t>(a.base), a.size);
       if (arenas.contains(key) || a.base == nullptr || a.size == 0) continue;
       Status s = acquire_locked(reinterpret_cast<uintptr_t>(a.base), a.size);
@@ -136,7 +138,12 @@ struct Stager::Impl {
   // base) of the arena holding [p, p+n) that the range covers. kNotFound when no mapped arena
   // holds the whole range.
   Status register_pieces(uintptr_t p, uint64_t n) {
-    for (const Client::ArenaMapping& a : client->mapped_arenas()) {
+    std::vector<Client::ArenaMapping> arenas = client->mapped_arenas();
+    {
+      std::lock_guard lock(mu);
+      mapped = arenas;
+    }
+    for (const Client::ArenaMapping& a : arenas) {
       const auto base = reinterpret_cast<uintptr_t>(a.base);
       if (a.base == nullptr || p < base || p + n > base + a.size) continue;
       const uint64_t piece = opts.register_chunk_bytes;
@@ -222,6 +229,15 @@ struct Stager::Impl {
     t.direct_ = all_pinned;
     t.device_ = opts.device;
     std::lock_guard lock(mu);
+    if (stats.gpu_numa_node >= 0) {
+      for (const Client::ArenaMapping& a : mapped) {
+        const auto base = reinterpret_cast<uintptr_t>(a.base);
+        if (host >= base && host < base + a.size) {
+          if (a.numa_node >= 0 && a.numa_node != stats.gpu_numa_node) stats.remote_node_bytes += len;
+          break;
+        }
+      }
+    }
     stats.chunks += chunks;
     stats.direct_bytes += direct;
     stats.pageable_bytes += pageable;
@@ -242,6 +258,7 @@ Result<std::unique_ptr<Stager::Impl>> make_impl(Client* client, const StagerOpti
   auto impl = std::make_unique<Stager::Impl>();
   impl->client = client;
   impl->opts = opts;
+  impl->stats.gpu_numa_node = device_numa_node(opts.device).value_or(-1);
   DeviceGuard g(opts.device);
   if (g.error() != cudaSuccess) return fail(from_cuda(g.error(), "cudaSetDevice"));
   cudaError_t err = cudaStreamCreateWithFlags(&impl->h2d, cudaStreamNonBlocking);

@@ -145,6 +145,10 @@ class Stager {
     uint64_t direct_bytes = 0;      // copied straight from/to registered memory
     uint64_t pageable_bytes = 0;    // copied through CUDA's pageable staging
     uint64_t chunks = 0;            // cudaMemcpyAsync calls
+    // Copied from/to an arena on another NUMA node than the GPU's (crossing the socket link);
+    // 0 when either node is unknown. Shards should be placed with Placement::near_gpu.
+    uint64_t remote_node_bytes = 0;
+    int32_t gpu_numa_node = -1;     // device_numa_node(device), -1 when unknown
     std::string registration_error; // why create() could not register an arena; empty if none
   };
   Stats stats() const;
