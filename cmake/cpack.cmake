@@ -9,15 +9,17 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
 set(CPACK_PACKAGE_CONTACT "tierd maintainers <tierd@localhost>")
 set(CPACK_PACKAGING_INSTALL_PREFIX "/usr")
 set(CPACK_GENERATOR "DEB")
+# RelWithDebInfo binaries carry their debug info in the build tree, not in the package.
+set(CPACK_STRIP_FILES ON)
 
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION "admin")
+# The synopsis line is CPACK_PACKAGE_DESCRIPTION_SUMMARY; this is the extended description.
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-"tierd: node memory tier (NUMA-aware RAM and NVMe) for sharded training state
- A per-node daemon that serves host RAM, as NUMA-aware shared-memory arenas, and local NVMe
- as one memory tier for ZeRO-3 style offloaded training state, plus libtier (C++ client,
- CMake package tier::client, pkg-config tier), tierctl, tier-bench, tier-train and the
- Python module tierd. The service is installed disabled: systemctl enable --now tierd.")
+"A per-node daemon that serves host RAM, as NUMA-aware shared-memory arenas, and local NVMe
+as one memory tier for ZeRO-3 style offloaded training state, plus libtier (C++ client,
+CMake package tier::client, pkg-config tier), tierctl, tier-bench, tier-train and the
+Python module tierd. The service is installed disabled: systemctl enable --now tierd.")
 # dpkg-shlibdeps computes Depends from the ELF files (libnuma1, libhwloc15, liburing2,
 # libsystemd0, libstdc++6, ...); the list below is what it cannot see.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# install_consumer.sh BUILD CONSUMER_SRC CMAKE CXX LIBDIR UNIT_SBINDIR
+# install_consumer.sh BUILD CONSUMER_SRC CMAKE CXX LIBDIR SBINDIR (LIBDIR, SBINDIR relative)
 # Installs BUILD into a temporary prefix, checks the layout, builds CONSUMER_SRC against it with
 # find_package(tier) and with pkg-config, and runs both: without a daemon they must print a
 # clean Unavailable error (exit 3); against the installed tierd they must round-trip a tensor.
 set -euo pipefail
-build=$1 src=$2 cmake=$3 cxx=$4 libdir_rel=$5 unit_sbindir=$6
+build=$1 src=$2 cmake=$3 cxx=$4 libdir_rel=$5 sbindir_rel=$6
 
 tmp=$(mktemp -d /tmp/tier-pkg.XXXXXX)
 daemon_pid=
@@ -37,13 +37,14 @@ done
 soname=$(readelf -d "$libdir/libtier.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ "$soname" =~ ^libtier\.so\.[0-9]+$ ]] || fail "SONAME is '$soname'"
 [ -e "$libdir/$soname" ] || fail "missing $soname"
-grep -q "^ExecStart=$unit_sbindir/tierd" "$prefix/lib/systemd/system/tierd.service" \
-  || fail "unit ExecStart does not run $unit_sbindir/tierd: $(grep ExecStart "$prefix/lib/systemd/system/tierd.service")"
+# The unit runs the tierd of the prefix it was installed to.
+grep -q "^ExecStart=$prefix/$sbindir_rel/tierd " "$prefix/lib/systemd/system/tierd.service" \
+  || fail "unit does not run $prefix/$sbindir_rel/tierd: $(grep ExecStart "$prefix/lib/systemd/system/tierd.service")"
 if grep -q tier_wire "$prefix/$libdir_rel/cmake/tier/"*.cmake; then fail "export names tier_wire"; fi
 for b in tierctl tier-bench tier-train; do
   if [ -x "$build/bin/$b" ]; then [ -x "$prefix/bin/$b" ] || fail "missing bin/$b"; fi
 done
-if [ -x "$build/bin/tierd" ]; then [ -x "$prefix/sbin/tierd" ] || fail "missing sbin/tierd"; fi
+if [ -x "$build/bin/tierd" ]; then [ -x "$prefix/$sbindir_rel/tierd" ] || fail "missing $sbindir_rel/tierd"; fi
 echo "layout ok (SONAME $soname)"
 
 # --- find_package(tier) ---------------------------------------------------------------------
@@ -72,9 +73,9 @@ echo "no daemon: $(cat "$tmp/err")"
 echo
 
 # --- against the installed tierd ----------------------------------------------------------------
-if [ -x "$prefix/sbin/tierd" ]; then
+if [ -x "$prefix/$sbindir_rel/tierd" ]; then
   mkdir -p "$tmp/d/state"
-  "$prefix/sbin/tierd" --socket "$tmp/d/tierd.sock" --state-dir "$tmp/d/state" --ram 64M \
+  "$prefix/$sbindir_rel/tierd" --socket "$tmp/d/tierd.sock" --state-dir "$tmp/d/state" --ram 64M \
     --foreground --remove-arenas-on-exit >"$tmp/d/log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 500); do [ -S "$tmp/d/tierd.sock" ] && break; sleep 0.02; done
