@@ -75,9 +75,7 @@ struct Engine::Op {
   struct Part {              // one extent
     uint64_t pos = 0;        // offset of the extent's bytes in the tensor
     std::vector<Chunk> chunks;
-    size_t hashed = 0;       // fetch: chunks folded into `hash`, in order
-    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash{nullptr, &XXH3_freeState};
-    uint32_t pending = 0;
+    uint32_t pending = 0;    // chunks in flight
     bool failed = false;
   };
   std::vector<Part> parts;
@@ -156,12 +154,14 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
     if (!st) return fail(st.error());
     stores.push_back(std::move(*st));
   }
-  e->store_ = std::make_unique<ExtentStore>(std::move(stores), o.stripe_unit);
+  e->store_ = std::make_unique<ExtentStore>(std::move(stores), o.stripe_unit, o.max_extent);
+  e->hasher_ = std::make_unique<HashPool>(o.hash_threads, e->efd_);
   return e;
 }
 
 Engine::~Engine() {
   drain();
+  hasher_.reset();
   dirs_.clear();  // queues drain and backends stop before the data files close
   store_.reset();
   if (epfd_ >= 0) ::close(epfd_);
@@ -200,8 +200,7 @@ void Engine::start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool w
   uint64_t rs = d.queue->request_size();
   size_t n = static_cast<size_t>((e.length + rs - 1) / rs);
   part.chunks.resize(n);
-  part.hash.reset(XXH3_createState());
-  XXH3_64bits_reset(part.hash.get());
+  if (write) hash_extent(op_id, ext);  // the source is stable until the spill completes
   for (size_t i = 0; i < n; ++i) {
     Op::Chunk& c = part.chunks[i];
     c.pos = i * rs;
@@ -219,19 +218,40 @@ void Engine::start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool w
         std::memset(io_buf + c.len, 0, io_len - c.len);
       }
     }
-    if (write) XXH3_64bits_update(part.hash.get(), data, c.len);
     ++part.pending;
     ++op.outstanding;
     d.queue->submit(kind, file, e.offset + c.pos, io_buf, io_len,
                     [this, op_id, ext, i](int64_t r) { io_done(op_id, ext, i, r); });
-    // Keep the device fed while hashing the rest: reap and refill after every chunk (one
-    // non-blocking eventfd read), so hashing overlaps the transfers instead of preceding them.
-    if (write) d.queue->poll();
   }
-  if (write) {
-    e.checksum = XXH3_64bits_digest(part.hash.get());
-    part.hash.reset();
+}
+
+// Tags carry (op, extent); an op never has 2^24 extents (16 M x 4 KiB at the very least).
+constexpr int kTagExtentBits = 24;
+
+void Engine::hash_extent(uint64_t op_id, size_t ext) {
+  Op& op = *ops_.at(op_id);
+  ++op.outstanding;
+  hasher_->submit((op_id << kTagExtentBits) | ext, op.base + op.parts[ext].pos,
+                  op.loc.extents[ext].length);
+}
+
+void Engine::hash_done(uint64_t tag, uint64_t hash) {
+  uint64_t op_id = tag >> kTagExtentBits;
+  size_t ext = tag & ((uint64_t{1} << kTagExtentBits) - 1);
+  Op& op = *ops_.at(op_id);
+  Extent& e = op.loc.extents[ext];
+  if (op.write) {
+    e.checksum = hash;
+  } else if (hash != e.checksum) {
+    ++counters_.checksum_failures;
+    std::string msg = fmt::format("checksum mismatch in {} at offset {}",
+                                  store_->dir(e.dir).file_path(e.file), e.offset);
+    nlog_error("{} ({} bytes)", msg, e.length);
+    if (op.error.is_ok() || op.error.code() != Code::kCorruption)
+      op.error = Status(Code::kCorruption, std::move(msg));
   }
+  --op.outstanding;
+  if (op.outstanding == 0 && !op.submitting) finish(op_id);
 }
 
 void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone done,
@@ -327,27 +347,13 @@ void Engine::io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result) {
                                                 store_->dir(e.dir).file_path(e.file),
                                                 e.offset + c.pos));
   } else if (!op.write && !part.failed) {
-    std::byte* dst = op.base + part.pos;
-    if (c.bounce) std::memcpy(dst + c.pos, c.bounce.get(), c.len);
+    if (c.bounce) std::memcpy(op.base + part.pos + c.pos, c.bounce.get(), c.len);
     c.done = true;
-    // Fold completed chunks into the extent's checksum in order, as they arrive.
-    while (part.hashed < part.chunks.size() && part.chunks[part.hashed].done) {
-      const Op::Chunk& h = part.chunks[part.hashed++];
-      XXH3_64bits_update(part.hash.get(), dst + h.pos, h.len);
-    }
-    if (part.hashed == part.chunks.size() &&
-        XXH3_64bits_digest(part.hash.get()) != e.checksum) {
-      ++counters_.checksum_failures;
-      part.failed = true;
-      std::string msg = fmt::format("checksum mismatch in {} at offset {}",
-                                    store_->dir(e.dir).file_path(e.file), e.offset);
-      nlog_error("{} ({} bytes)", msg, e.length);
-      if (op.error.is_ok() || op.error.code() != Code::kCorruption)
-        op.error = Status(Code::kCorruption, std::move(msg));
-    }
   }
   c.bounce.reset();
   --part.pending;
+  // The extent's bytes are all in: verify them on a hash worker.
+  if (!op.write && part.pending == 0 && !part.failed) hash_extent(op_id, ext);
   --op.outstanding;
   if (op.outstanding == 0 && !op.submitting) finish(op_id);
 }
@@ -386,6 +392,9 @@ size_t Engine::poll() {
   while (::read(efd_, &v, sizeof v) == sizeof v) {
   }
   for (Dir& d : dirs_) d.queue->poll();
+  hashed_.clear();
+  hasher_->take(hashed_);
+  for (const HashPool::Result& r : hashed_) hash_done(r.tag, r.hash);
   size_t n = 0;
   while (!ready_.empty()) {
     auto batch = std::move(ready_);

@@ -17,9 +17,10 @@
 // RAM tier's tensor offsets are) go straight to the device; an unaligned last request, or every
 // request of an unaligned buffer, goes through a bounce buffer of at most request_size (a memcpy).
 //
-// Checksums overlap the I/O: an extent is moved in request_size chunks; a spill hashes each
-// chunk just before submitting it (so the device starts after the first chunk, not after the
-// whole tensor), and a fetch hashes chunks in order as they complete.
+// Checksums run beside the I/O on a small HashPool: a spill submits its writes at once and hashes
+// its extents (at most max_extent each) on the workers meanwhile; a fetch verifies each extent
+// on a worker as soon as its last chunk lands. The loop thread never hashes (with hash_threads
+// = 0 it does, inline).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "nvme/extent_store.hpp"
+#include "nvme/hash_pool.hpp"
 #include "nvme/io_backend.hpp"
 #include "nvme/io_queue.hpp"
 #include "nvme/location.hpp"
@@ -46,6 +48,8 @@ struct EngineOptions {
   uint32_t queue_depth = 32;                // per directory
   uint32_t request_size = 1u << 20;         // bytes per I/O request
   uint32_t threads = 4;                     // pread backend workers per directory
+  uint32_t hash_threads = 2;                // checksum workers; 0 = hash on the caller's thread
+  uint64_t max_extent = uint64_t{8} << 20;  // longest extent: the checksum granule
   BackendChoice backend = BackendChoice::kAuto;
   bool format = false;  // delete existing data files at open
   // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
@@ -128,12 +132,16 @@ class Engine {
   void defer(std::function<void()> fn);
   void start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool write);
   void io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result);
+  void hash_done(uint64_t tag, uint64_t hash);
+  void hash_extent(uint64_t op_id, size_t ext);
   void signal_if_ready();
   void finish(uint64_t op_id);
 
   EngineOptions opts_;
   std::unique_ptr<ExtentStore> store_;
   std::vector<Dir> dirs_;
+  std::unique_ptr<HashPool> hasher_;
+  std::vector<HashPool::Result> hashed_;
   int epfd_ = -1, efd_ = -1;
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;
   uint64_t next_op_ = 1;

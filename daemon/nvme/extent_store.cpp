@@ -183,9 +183,11 @@ Status DirStore::reserve(const Extent& e) {
   return alloc_.reserve(uint64_t(e.file) * file_size_ + e.offset, allocated_bytes(e));
 }
 
-ExtentStore::ExtentStore(std::vector<std::unique_ptr<DirStore>> dirs, uint64_t stripe_unit)
+ExtentStore::ExtentStore(std::vector<std::unique_ptr<DirStore>> dirs, uint64_t stripe_unit,
+                         uint64_t max_extent)
     : dirs_(std::move(dirs)),
-      stripe_unit_(std::max<uint64_t>(kExtentAlign, stripe_unit & ~(kExtentAlign - 1))) {}
+      stripe_unit_(std::max<uint64_t>(kExtentAlign, stripe_unit & ~(kExtentAlign - 1))),
+      max_extent_(std::max<uint64_t>(kExtentAlign, max_extent & ~(kExtentAlign - 1))) {}
 
 Status ExtentStore::place(uint64_t len, size_t preferred, std::vector<Extent>& out) {
   // Fill `len` bytes starting with the preferred directory, moving on as directories fill.
@@ -193,7 +195,7 @@ Status ExtentStore::place(uint64_t len, size_t preferred, std::vector<Extent>& o
   for (size_t k = 0; k < dirs_.size() && len > 0; ++k) {
     DirStore& d = *dirs_[(preferred + k) % dirs_.size()];
     while (len > 0) {
-      auto e = d.allocate(len, true);
+      auto e = d.allocate(std::min(len, max_extent_), true);
       if (!e) {
         last = e.error();
         break;

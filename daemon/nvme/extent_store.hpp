@@ -88,7 +88,9 @@ class DirStore {
 
 class ExtentStore {
  public:
-  ExtentStore(std::vector<std::unique_ptr<DirStore>> dirs, uint64_t stripe_unit);
+  // No extent is longer than max_extent (the checksum granule: extents are hashed in parallel).
+  ExtentStore(std::vector<std::unique_ptr<DirStore>> dirs, uint64_t stripe_unit,
+              uint64_t max_extent);
 
   // Extents covering `size` bytes in order (see location.hpp); the checksums are left 0.
   // All or nothing: on failure nothing stays allocated.
@@ -107,7 +109,7 @@ class ExtentStore {
   [[nodiscard]] Status place(uint64_t len, size_t preferred, std::vector<Extent>& out);
 
   std::vector<std::unique_ptr<DirStore>> dirs_;
-  uint64_t stripe_unit_;
+  uint64_t stripe_unit_, max_extent_;
   size_t next_dir_ = 0;  // round-robin start for the next striped tensor
 };
 

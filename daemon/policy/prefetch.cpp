@@ -14,6 +14,7 @@ PrefetchPlan plan_prefetch(const PrefetchInput& in) {
   // Starts within this of now count as due now (the backward pass accumulates rounding).
   const double eps = 1e-9;
   uint64_t len = in.plan->length();
+  uint64_t missing = 0;
   for (uint64_t k = 0; k < len; ++k) {
     uint64_t id = in.plan->at(in.cursor + k);
     if (seen.contains(id)) {
@@ -22,10 +23,13 @@ PrefetchPlan plan_prefetch(const PrefetchInput& in) {
     }
     uint64_t b = in.bytes_of ? in.bytes_of(id) : 0;
     if (out.window_bytes + b > in.budget_bytes) break;
+    bool present = in.present && in.present(id);
+    if (!present && in.ahead_bytes != 0 && missing + b > in.ahead_bytes) break;
     seen.insert(id);
     out.window_bytes += b;
     ++out.window_uses;
-    if (in.present && in.present(id)) continue;
+    if (present) continue;
+    missing += b;
     PrefetchItem it;
     it.id = id;
     it.bytes = b;

@@ -6,7 +6,8 @@
 // advances), the use at the cursor being due at `cursor_at` (when the cursor got there plus one
 // interval; defaults to `now`). The device moves `bandwidth` bytes/s
 // and serves fetches one after another in use order. The look-ahead window is the upcoming uses
-// (at most one step) whose distinct tensors fit in `budget_bytes`. For each tensor in the window
+// (at most one step) whose distinct tensors fit in `budget_bytes`, and whose missing tensors
+// fit in `ahead_bytes`. For each tensor in the window
 // that is not resident (nor already in flight), the latest start is computed backwards from the
 // last one: finish_i = min(use_i, start_{i+1}), start_i = finish_i - bytes_i / bandwidth
 // (times `1 + margin`). A start at or before `now` means "issue now"; a start before `now`
@@ -31,6 +32,8 @@ struct PrefetchInput {
   std::function<bool(uint64_t id)> present;       // resident in RAM or being fetched now
   std::function<uint64_t(uint64_t id)> bytes_of;  // tensor size
   uint64_t budget_bytes = 0;   // bytes of the upcoming plan that may be held in RAM
+  uint64_t ahead_bytes = 0;    // at most this many missing bytes in the window (0: no limit):
+                               // bounds the RAM that prefetched, not yet used tensors take
   double bandwidth = 1e9;      // bytes/s the device delivers (measured)
   double seconds_per_use = 0;  // measured mean time between plan uses
   double now = 0;              // seconds, the caller's clock

@@ -115,6 +115,34 @@ TEST_CASE("engine: a flipped byte in a data file is reported as corruption, neve
   CHECK(e->stats().checksum_failures == 1);
 }
 
+TEST_CASE("engine: checksums computed inline (no hash threads) verify the same way") {
+  TempDir dir;
+  auto o = small_options({dir.sub("nvme0")});
+  o.hash_threads = 0;
+  o.max_extent = 64u << 10;  // many small extents, each with its own checksum
+  auto e = open_engine(o);
+  Buffer src(1000000), dst(1000000);
+  src.fill(14);
+  auto loc = spill(*e, 3, src.cspan());
+  REQUIRE(loc.has_value());
+  CHECK(loc->extents.size() == 16);
+  for (const Extent& x : loc->extents) CHECK(x.length <= (64u << 10));
+  REQUIRE(fetch(*e, *loc, dst.span()).is_ok());
+  CHECK(std::memcmp(src.data(), dst.data(), src.size()) == 0);
+  // Corrupt the 6th extent only: the error names that extent.
+  const Extent& x = loc->extents[5];
+  int fd = ::open(e->file_path(x).c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  std::byte b;
+  REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(x.offset + x.length - 1)) == 1);
+  b ^= std::byte{0x80};
+  REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(x.offset + x.length - 1)) == 1);
+  ::close(fd);
+  Status s = fetch(*e, *loc, dst.span());
+  CHECK(s.code() == Code::kCorruption);
+  CHECK_THAT(s.message(), Catch::Contains("at offset " + std::to_string(x.offset)));
+}
+
 TEST_CASE("engine: a tmpfs directory falls back to the pread thread pool") {
   TempDir dir("/dev/shm");
   auto e = open_engine(small_options({dir.sub("nvme0")}));

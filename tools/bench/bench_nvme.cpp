@@ -37,9 +37,6 @@
 #include "policy/prefetch.hpp"
 #include "suites.hpp"
 
-#ifndef PREFETCH_DIV
-#define PREFETCH_DIV 2
-#endif
 namespace tier::bench {
 namespace {
 
@@ -277,9 +274,10 @@ class PlanSim {
     for (uint64_t i = 0; i < locs.size(); ++i) order.push_back(i);
     plan_ = pol::PlanIndex(order);
     for (size_t s = 0; s < slots; ++s) free_slots_.push_back(s);
-    // The look-ahead kept resident: a quarter of the RAM budget. The rest holds what Belady
-    // keeps; a larger window would evict tensors Belady keeps and move more bytes.
-    prefetch_budget_ = std::max<uint64_t>(2, slots / PREFETCH_DIV) * size;
+    // Prefetched-but-unused tensors may take a quarter of the RAM budget; the rest holds what
+    // Belady keeps. More look-ahead evicts tensors Belady would keep (more bytes move); less
+    // leaves the device idle while resident tensors are used (more stalls).
+    prefetch_budget_ = std::max<uint64_t>(2, slots / 4) * size;
   }
 
   bool run(int warm_steps, int steps, PlanRun& out) {
