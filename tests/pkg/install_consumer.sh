@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# install_consumer.sh BUILD CONSUMER_SRC CMAKE CXX LIBDIR SBINDIR (LIBDIR, SBINDIR relative)
+# install_consumer.sh BUILD CONSUMER_SRC CMAKE CXX LIBDIR SBINDIR [FLAGS]
+# (LIBDIR, SBINDIR relative to the prefix; FLAGS: compiler and linker flags for the consumer,
+# the sanitizer flags when libtier is instrumented)
 # Installs BUILD into a temporary prefix, checks the layout, builds CONSUMER_SRC against it with
 # find_package(tier) and with pkg-config, and runs both: without a daemon they must print a
 # clean Unavailable error (exit 3); against the installed tierd they must round-trip a tensor.
 set -euo pipefail
-build=$1 src=$2 cmake=$3 cxx=$4 libdir_rel=$5 sbindir_rel=$6
+build=$1 src=$2 cmake=$3 cxx=$4 libdir_rel=$5 sbindir_rel=$6 flags=${7:-}
 
 tmp=$(mktemp -d /tmp/tier-pkg.XXXXXX)
 daemon_pid=
@@ -49,7 +51,8 @@ echo "layout ok (SONAME $soname)"
 
 # --- find_package(tier) ---------------------------------------------------------------------
 "$cmake" -S "$src" -B "$tmp/c1" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_BUILD_TYPE=Release >"$tmp/c1.log" 2>&1 || { cat "$tmp/c1.log"; fail "configure consumer"; }
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+  >"$tmp/c1.log" 2>&1 || { cat "$tmp/c1.log"; fail "configure consumer"; }
 "$cmake" --build "$tmp/c1" >>"$tmp/c1.log" 2>&1 || { cat "$tmp/c1.log"; fail "build consumer (find_package)"; }
 loads_installed_libtier "$tmp/c1/consumer" || fail "find_package consumer does not load the installed libtier"
 
@@ -58,7 +61,8 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig
 [ "$(cd "$(pkg-config --variable=prefix tier)" && pwd -P)" = "$(cd "$prefix" && pwd -P)" ] \
   || fail "tier.pc prefix $(pkg-config --variable=prefix tier) is not $prefix"
 # shellcheck disable=SC2046
-"$cxx" -std=c++23 -O1 -o "$tmp/c2" "$src/consumer.cpp" $(pkg-config --cflags --libs tier) \
+# shellcheck disable=SC2086
+"$cxx" -std=c++23 -O1 $flags -o "$tmp/c2" "$src/consumer.cpp" $(pkg-config --cflags --libs tier) \
   || fail "build consumer (pkg-config)"
 echo "consumers built"
 

@@ -169,6 +169,21 @@ class Leases(unittest.TestCase):
         l.release()
         self.assertTrue(l.released)
 
+    def test_exception_with_live_view_keeps_lease_until_collected(self):
+        other = tierd.connect(daemon.socket)
+        with self.assertRaises(KeyError):  # not masked by a BufferError from __exit__
+            with self.c.lease(self.t, "w") as l:
+                keep = np.frombuffer(l, dtype=np.float32)
+                raise KeyError("boom")
+        self.assertFalse(l.released)
+        with self.assertRaises(tierd.Busy):
+            other.lease(self.t, "w")  # still held while a view is alive
+        del keep, l
+        gc.collect()
+        with other.lease(self.t, "w"):  # the collected Lease released it
+            pass
+        other.close()
+
     def test_write_lease_is_exclusive(self):
         other = tierd.connect(daemon.socket)
         with self.c.lease(self.t, "w"):
