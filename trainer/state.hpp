@@ -66,6 +66,11 @@ class ShardStore {
   // Pins many at once (one round trip for tierd). Same order as refs.
   [[nodiscard]] virtual Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs,
                                                                  bool write);
+  // Releases every pin in `pins` (one daemon round trip for tierd); they become empty. A pin
+  // shared by several entries is released once.
+  virtual void release_many(std::vector<Pinned>& pins) {
+    for (auto& p : pins) p.release();
+  }
   // Hints that these shards are needed soon. Best effort; errors are ignored.
   virtual void prefetch(std::span<const ShardRef> refs) { (void)refs; }
   // Registers the ordered shard uses of one step. Best effort.

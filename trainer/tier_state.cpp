@@ -1,6 +1,7 @@
 // --state tier: every shard is a tensor in a tierd pool, reached zero-copy through leases.
 #include "trainer/state.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -93,6 +94,21 @@ class TierStore final : public ShardStore {
       out.push_back(std::move(*p));
     }
     return out;
+  }
+
+  void release_many(std::vector<Pinned>& pins) override {
+    std::vector<Lease> leases;
+    std::vector<void*> seen;
+    for (auto& p : pins) {
+      void* raw = p.pin.get();
+      if (raw != nullptr && std::find(seen.begin(), seen.end(), raw) == seen.end()) {
+        seen.push_back(raw);
+        // Moving the Lease out leaves the shared one empty: its destructor then does nothing.
+        leases.push_back(std::move(*static_cast<Lease*>(raw)));
+      }
+    }
+    for (auto& p : pins) p.release();
+    if (!leases.empty()) (void)client_->release_batch(leases);
   }
 
   void prefetch(std::span<const ShardRef> refs) override {

@@ -411,6 +411,9 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
                      outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
       }
+      std::vector<Pinned> all = std::move(pins->first);
+      for (auto& q : pins->second) all.push_back(std::move(q));
+      store.release_many(all);
       if (l == 0) fault("optimizer");
     }
     const double opt_ms = ms_since(t_opt);

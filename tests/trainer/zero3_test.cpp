@@ -3,9 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <set>
 
 #include "run_helper.hpp"
 #include "support/daemon_fixture.hpp"
+#include "tier/client.hpp"
 
 using tier::test::run_trainer;
 using tier::test::TrainRun;
@@ -79,6 +81,19 @@ TEST_CASE("2 simulated nodes x 2 ranks, one tierd each, match one process", "[tr
   }
   got.exit_code = pclose(p) == 0 ? 0 : 1;
   require_same(ref, got, 1e-5);
+  // Each node's daemon holds exactly its own ranks' shards.
+  auto ranks_in = [](const std::string& socket) {
+    std::set<std::string> prefixes;
+    auto c = tier::Client::connect(socket);
+    REQUIRE(c.has_value());
+    auto ts = (*c)->list_tensors("nodes");
+    REQUIRE(ts.has_value());
+    for (const auto& t : *ts)
+      if (t.name != "commit") prefixes.insert(t.name.substr(0, t.name.find('.')));
+    return prefixes;
+  };
+  CHECK(ranks_in(a.socket()) == std::set<std::string>{"r0", "r1"});
+  CHECK(ranks_in(b.socket()) == std::set<std::string>{"r2", "r3"});
 }
 
 TEST_CASE("the loss on the demo text falls below 3.7 within 60 steps", "[trainer]") {

@@ -119,17 +119,16 @@ Result<float*> LayerPipeline::fetch(int layer, std::span<const float> shard) {
   // and has run: wait for `consumed` (and for the previous gather out of `shard`).
   TRY_RESULT(cu(cudaStreamWaitEvent(m.copy, s.consumed, 0), "wait consumed"));
   TRY_RESULT(cu(cudaStreamWaitEvent(m.copy, s.gathered, 0), "wait gathered"));
-  auto t = m.stager->copy_to_device(bytes_of(shard), s.shard, m.copy);
-  if (!t) return fail(t.error());
   float* full = s.full;
-  if (m.comm && m.ranks > 1) {
+  const bool gather = m.comm && m.ranks > 1;
+  // One rank: the shard is the layer, so the H2D goes straight into `full`.
+  auto t = m.stager->copy_to_device(bytes_of(shard), gather ? s.shard : s.full, m.copy);
+  if (!t) return fail(t.error());
+  if (gather) {
     TRY_RESULT(cu(cudaStreamWaitEvent(m.comm_stream, t->event(), 0), "wait h2d"));
     TRY_RESULT(m.comm->all_gather(s.shard, s.full, shard.size(), m.comm_stream));
     TRY_RESULT(cu(cudaEventRecord(s.gathered, m.comm_stream), "record gathered"));
   } else {
-    // One rank: the shard is the layer; the device copy goes straight into `full`.
-    TRY_RESULT(cu(cudaMemcpyAsync(s.full, s.shard, shard.size() * sizeof(float),
-                                            cudaMemcpyDeviceToDevice, m.copy), "copy shard"));
     TRY_RESULT(cu(cudaEventRecord(s.gathered, m.copy), "record gathered"));
   }
   TRY_RESULT(cu(cudaStreamWaitEvent(m.compute, s.gathered, 0), "wait for gather"));
