@@ -15,6 +15,7 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "client/arena_map.hpp"
@@ -35,6 +36,24 @@ int32_t current_numa_node() {
   unsigned cpu = 0, node = 0;
   if (::getcpu(&cpu, &node) != 0) return -1;
   return static_cast<int32_t>(node);
+}
+
+// Runs a public API body so that no exception leaves libtier: an allocation failure becomes
+// kResourceExhausted, anything else kInternal (short messages, so building them cannot throw).
+template <class R, class F>
+R guarded(F&& body) noexcept {
+  auto as_error = [](Code code, const char* msg) -> R {
+    if constexpr (std::is_same_v<R, Status>) return Status(code, msg);
+    else if constexpr (requires { typename R::error_type; }) return R(std::unexpected(Status(code, msg)));
+    else return R{};
+  };
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return as_error(Code::kResourceExhausted, "out of memory");
+  } catch (...) {
+    return as_error(Code::kInternal, "exception");
+  }
 }
 
 std::string default_client_name() {
@@ -151,92 +170,108 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view socket_path,
 // ---- pools ----
 
 Result<PoolInfo> Client::create_pool(std::string_view name, const PoolOptions& opts, bool exist_ok) {
-  if (Status v = validate_pool_name(name); !v.is_ok()) return fail(std::move(v));
-  wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok};
-  wire::PoolInfoW rep;
-  std::lock_guard g(impl_->mu);
-  Status st = impl_->conn.call(MsgType::kPoolCreate, req, rep);
-  if (!st.is_ok()) return fail(std::move(st));
-  return wire::to_public(rep);
+  return guarded<Result<PoolInfo>>([&]() -> Result<PoolInfo> {
+    if (Status v = validate_pool_name(name); !v.is_ok()) return fail(std::move(v));
+    wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok};
+    wire::PoolInfoW rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kPoolCreate, req, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return wire::to_public(rep);
+  });
 }
 
 Result<PoolInfo> Client::open_pool(std::string_view name) {
-  wire::PoolInfoW rep;
-  std::lock_guard g(impl_->mu);
-  Status st = impl_->conn.call(MsgType::kPoolOpen, wire::PoolNameReq{std::string(name)}, rep);
-  if (!st.is_ok()) return fail(std::move(st));
-  return wire::to_public(rep);
+  return guarded<Result<PoolInfo>>([&]() -> Result<PoolInfo> {
+    wire::PoolInfoW rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kPoolOpen, wire::PoolNameReq{std::string(name)}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return wire::to_public(rep);
+  });
 }
 
 Result<std::vector<PoolInfo>> Client::list_pools() {
-  wire::PoolListRep rep;
-  {
-    std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kPoolList, wire::Empty{}, rep);
-    if (!st.is_ok()) return fail(std::move(st));
-  }
-  std::vector<PoolInfo> out;
-  out.reserve(rep.pools.size());
-  for (const auto& p : rep.pools) out.push_back(wire::to_public(p));
-  return out;
+  return guarded<Result<std::vector<PoolInfo>>>([&]() -> Result<std::vector<PoolInfo>> {
+    wire::PoolListRep rep;
+    {
+      std::lock_guard g(impl_->mu);
+      Status st = impl_->conn.call(MsgType::kPoolList, wire::Empty{}, rep);
+      if (!st.is_ok()) return fail(std::move(st));
+    }
+    std::vector<PoolInfo> out;
+    out.reserve(rep.pools.size());
+    for (const auto& p : rep.pools) out.push_back(wire::to_public(p));
+    return out;
+  });
 }
 
 Status Client::drop_pool(std::string_view name) {
-  std::lock_guard g(impl_->mu);
-  return impl_->conn.call(MsgType::kPoolDrop, wire::PoolNameReq{std::string(name)}, impl_->empty);
+  return guarded<Status>([&]() -> Status {
+    std::lock_guard g(impl_->mu);
+    return impl_->conn.call(MsgType::kPoolDrop, wire::PoolNameReq{std::string(name)}, impl_->empty);
+  });
 }
 
 // ---- tensors ----
 
 Result<TensorInfo> Client::create_tensor(std::string_view pool, const TensorDesc& desc, bool exist_ok) {
-  if (Status v = validate_tensor_name(desc.name); !v.is_ok()) return fail(std::move(v));
-  wire::TensorCreateReq req;
-  req.pool = pool;
-  req.name = desc.name;
-  req.size = desc.size;
-  req.dtype = static_cast<uint8_t>(desc.dtype);
-  req.shape = desc.shape;
-  req.placement_kind = static_cast<uint8_t>(desc.placement.kind);
-  req.placement_index = desc.placement.index;
-  req.exist_ok = exist_ok;
-  wire::TensorInfoW rep;
-  std::lock_guard g(impl_->mu);
-  Status st = impl_->conn.call(MsgType::kTensorCreate, req, rep);
-  if (!st.is_ok()) return fail(std::move(st));
-  return wire::to_public(rep);
+  return guarded<Result<TensorInfo>>([&]() -> Result<TensorInfo> {
+    if (Status v = validate_tensor_name(desc.name); !v.is_ok()) return fail(std::move(v));
+    wire::TensorCreateReq req;
+    req.pool = pool;
+    req.name = desc.name;
+    req.size = desc.size;
+    req.dtype = static_cast<uint8_t>(desc.dtype);
+    req.shape = desc.shape;
+    req.placement_kind = static_cast<uint8_t>(desc.placement.kind);
+    req.placement_index = desc.placement.index;
+    req.exist_ok = exist_ok;
+    wire::TensorInfoW rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kTensorCreate, req, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return wire::to_public(rep);
+  });
 }
 
 Result<TensorInfo> Client::open_tensor(std::string_view pool, std::string_view name) {
-  wire::TensorInfoW rep;
-  std::lock_guard g(impl_->mu);
-  Status st = impl_->conn.call(MsgType::kTensorOpen,
-                               wire::TensorRefReq{std::string(pool), std::string(name)}, rep);
-  if (!st.is_ok()) return fail(std::move(st));
-  return wire::to_public(rep);
+  return guarded<Result<TensorInfo>>([&]() -> Result<TensorInfo> {
+    wire::TensorInfoW rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kTensorOpen,
+                                 wire::TensorRefReq{std::string(pool), std::string(name)}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return wire::to_public(rep);
+  });
 }
 
 Result<std::vector<TensorInfo>> Client::list_tensors(std::string_view pool) {
-  std::vector<TensorInfo> out;
-  wire::TensorListReq req{std::string(pool), 0, 0};
-  wire::TensorListRep rep;
-  for (;;) {
-    {
-      std::lock_guard g(impl_->mu);
-      Status st = impl_->conn.call(MsgType::kTensorList, req, rep);
-      if (!st.is_ok()) return fail(std::move(st));
+  return guarded<Result<std::vector<TensorInfo>>>([&]() -> Result<std::vector<TensorInfo>> {
+    std::vector<TensorInfo> out;
+    wire::TensorListReq req{std::string(pool), 0, 0};
+    wire::TensorListRep rep;
+    for (;;) {
+      {
+        std::lock_guard g(impl_->mu);
+        Status st = impl_->conn.call(MsgType::kTensorList, req, rep);
+        if (!st.is_ok()) return fail(std::move(st));
+      }
+      for (const auto& t : rep.tensors) out.push_back(wire::to_public(t));
+      if (!rep.more) return out;
+      if (rep.tensors.empty() || rep.tensors.back().id <= req.after_id)
+        return fail(Code::kProtocol, "tierd announced another page of tensors but made no progress");
+      req.after_id = rep.tensors.back().id;
     }
-    for (const auto& t : rep.tensors) out.push_back(wire::to_public(t));
-    if (!rep.more) return out;
-    if (rep.tensors.empty() || rep.tensors.back().id <= req.after_id)
-      return fail(Code::kProtocol, "tierd announced another page of tensors but made no progress");
-    req.after_id = rep.tensors.back().id;
-  }
+  });
 }
 
 Status Client::delete_tensor(std::string_view pool, std::string_view name) {
-  std::lock_guard g(impl_->mu);
-  return impl_->conn.call(MsgType::kTensorDelete,
-                          wire::TensorRefReq{std::string(pool), std::string(name)}, impl_->empty);
+  return guarded<Status>([&]() -> Status {
+    std::lock_guard g(impl_->mu);
+    return impl_->conn.call(MsgType::kTensorDelete,
+                            wire::TensorRefReq{std::string(pool), std::string(name)}, impl_->empty);
+  });
 }
 
 // ---- leases ----
@@ -273,7 +308,9 @@ auto with_wait_slices(LeaseWait wait, Attempt attempt) -> decltype(attempt(int32
 }  // namespace
 
 Result<Lease> Client::lease(uint64_t tensor_id, LeaseMode mode, LeaseWait wait) {
-  return with_wait_slices(wait, [&](int32_t slice) { return impl_->lease_once(this, tensor_id, mode, slice); });
+  return guarded<Result<Lease>>([&]() -> Result<Lease> {
+    return with_wait_slices(wait, [&](int32_t slice) { return impl_->lease_once(this, tensor_id, mode, slice); });
+  });
 }
 
 Result<Lease> Client::Impl::lease_once(Client* owner, uint64_t tensor_id, LeaseMode mode,
@@ -345,8 +382,10 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
 
 Result<std::vector<Lease>> Client::lease_batch(std::span<const uint64_t> tensor_ids, LeaseMode mode,
                                                LeaseWait wait) {
-  return with_wait_slices(wait, [&](int32_t slice) {
-    return impl_->lease_batch_once(this, tensor_ids, mode, slice);
+  return guarded<Result<std::vector<Lease>>>([&]() -> Result<std::vector<Lease>> {
+    return with_wait_slices(wait, [&](int32_t slice) {
+      return impl_->lease_batch_once(this, tensor_ids, mode, slice);
+    });
   });
 }
 
@@ -382,128 +421,146 @@ Status Client::release_one(uint64_t lease_id) {
 }
 
 Status Client::release_batch(std::span<Lease> leases) {
-  std::lock_guard g(impl_->mu);
-  Impl& m = *impl_;
-  Status result;
-  auto flush = [&] {
-    if (m.release_req.lease_ids.empty()) return;
-    Status st = m.conn.call(MsgType::kRelease, m.release_req, m.empty);
-    if (result.is_ok() && !st.is_ok()) result = std::move(st);
+  return guarded<Status>([&]() -> Status {
+    std::lock_guard g(impl_->mu);
+    Impl& m = *impl_;
+    Status result;
+    auto flush = [&] {
+      if (m.release_req.lease_ids.empty()) return;
+      Status st = m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+      if (result.is_ok() && !st.is_ok()) result = std::move(st);
+      m.release_req.lease_ids.clear();
+    };
     m.release_req.lease_ids.clear();
-  };
-  m.release_req.lease_ids.clear();
-  for (Lease& l : leases) {
-    if (!l.valid()) continue;
-    if (l.client_ != this) {
-      if (result.is_ok())
-        result = Status(Code::kInvalidArgument, "release_batch given a lease of another client");
-      continue;
+    for (Lease& l : leases) {
+      if (!l.valid()) continue;
+      if (l.client_ != this) {
+        if (result.is_ok())
+          result = Status(Code::kInvalidArgument, "release_batch given a lease of another client");
+        continue;
+      }
+      m.release_req.lease_ids.push_back(l.id_);
+      l.detach();
+      if (m.release_req.lease_ids.size() == wire::kMaxBatch) flush();
     }
-    m.release_req.lease_ids.push_back(l.id_);
-    l.detach();
-    if (m.release_req.lease_ids.size() == wire::kMaxBatch) flush();
-  }
-  flush();
-  return result;
+    flush();
+    return result;
+  });
 }
 
 // ---- tiering ----
 
 Status Client::prefetch(std::string_view pool, std::span<const uint64_t> tensor_ids) {
-  wire::TensorIdsReq req{std::string(pool), {}};
-  std::lock_guard g(impl_->mu);
-  for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
-    size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
-    req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-    TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kPrefetch, req, impl_->empty));
-  }
-  return Status::ok();
+  return guarded<Status>([&]() -> Status {
+    wire::TensorIdsReq req{std::string(pool), {}};
+    std::lock_guard g(impl_->mu);
+    for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
+      size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
+      req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
+      TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kPrefetch, req, impl_->empty));
+    }
+    return Status::ok();
+  });
 }
 
 Status Client::evict(std::string_view pool, std::span<const uint64_t> tensor_ids) {
-  wire::TensorIdsReq req{std::string(pool), {}};
-  std::lock_guard g(impl_->mu);
-  if (tensor_ids.empty()) return impl_->conn.call(MsgType::kEvict, req, impl_->empty);
-  for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
-    size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
-    req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-    TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kEvict, req, impl_->empty));
-  }
-  return Status::ok();
+  return guarded<Status>([&]() -> Status {
+    wire::TensorIdsReq req{std::string(pool), {}};
+    std::lock_guard g(impl_->mu);
+    if (tensor_ids.empty()) return impl_->conn.call(MsgType::kEvict, req, impl_->empty);
+    for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
+      size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
+      req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
+      TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kEvict, req, impl_->empty));
+    }
+    return Status::ok();
+  });
 }
 
 Status Client::set_plan(std::string_view pool, std::span<const uint64_t> tensor_ids, uint64_t budget) {
-  wire::PlanSetReq req{std::string(pool), {tensor_ids.begin(), tensor_ids.end()}, budget};
-  std::lock_guard g(impl_->mu);
-  return impl_->conn.call(MsgType::kPlanSet, req, impl_->empty);
+  return guarded<Status>([&]() -> Status {
+    wire::PlanSetReq req{std::string(pool), {tensor_ids.begin(), tensor_ids.end()}, budget};
+    std::lock_guard g(impl_->mu);
+    return impl_->conn.call(MsgType::kPlanSet, req, impl_->empty);
+  });
 }
 
 Result<SnapshotInfo> Client::snapshot(std::string_view pool) {
-  wire::SnapshotRep rep;
-  std::lock_guard g(impl_->mu);
-  Status st = impl_->conn.call(MsgType::kSnapshot, wire::PoolNameReq{std::string(pool)}, rep);
-  if (!st.is_ok()) return fail(std::move(st));
-  return SnapshotInfo{rep.snapshot_id, rep.bytes, rep.stall_us};
+  return guarded<Result<SnapshotInfo>>([&]() -> Result<SnapshotInfo> {
+    wire::SnapshotRep rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kSnapshot, wire::PoolNameReq{std::string(pool)}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return SnapshotInfo{rep.snapshot_id, rep.bytes, rep.stall_us};
+  });
 }
 
 // ---- inspection ----
 
 Result<NodeStatus> Client::status() {
-  wire::StatusRep rep;
-  {
-    std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kStatus, wire::Empty{}, rep);
-    if (!st.is_ok()) return fail(std::move(st));
-  }
-  NodeStatus s;
-  s.daemon_version = std::move(rep.daemon_version);
-  s.uptime_ms = rep.uptime_ms;
-  s.clients = rep.clients;
-  s.pools = rep.pools;
-  s.leases = rep.leases;
-  for (const auto& r : rep.ram) s.ram.push_back({r.node, r.capacity, r.used, r.dirty, r.tensors});
-  for (const auto& n : rep.nvme)
-    s.nvme.push_back({n.path, n.numa_node, n.backend, n.capacity, n.used});
-  s.bytes_read = rep.bytes_read;
-  s.bytes_written = rep.bytes_written;
-  s.hits = rep.hits;
-  s.misses = rep.misses;
-  s.stalls = rep.stalls;
-  s.evictions = rep.evictions;
-  s.prefetches = rep.prefetches;
-  s.requests = rep.requests;
-  s.errors = rep.errors;
-  return s;
+  return guarded<Result<NodeStatus>>([&]() -> Result<NodeStatus> {
+    wire::StatusRep rep;
+    {
+      std::lock_guard g(impl_->mu);
+      Status st = impl_->conn.call(MsgType::kStatus, wire::Empty{}, rep);
+      if (!st.is_ok()) return fail(std::move(st));
+    }
+    NodeStatus s;
+    s.daemon_version = std::move(rep.daemon_version);
+    s.uptime_ms = rep.uptime_ms;
+    s.clients = rep.clients;
+    s.pools = rep.pools;
+    s.leases = rep.leases;
+    for (const auto& r : rep.ram) s.ram.push_back({r.node, r.capacity, r.used, r.dirty, r.tensors});
+    for (const auto& n : rep.nvme)
+      s.nvme.push_back({n.path, n.numa_node, n.backend, n.capacity, n.used});
+    s.bytes_read = rep.bytes_read;
+    s.bytes_written = rep.bytes_written;
+    s.hits = rep.hits;
+    s.misses = rep.misses;
+    s.stalls = rep.stalls;
+    s.evictions = rep.evictions;
+    s.prefetches = rep.prefetches;
+    s.requests = rep.requests;
+    s.errors = rep.errors;
+    return s;
+  });
 }
 
 Result<Topology> Client::topology() {
-  wire::TopoRep rep;
-  {
-    std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kTopo, wire::Empty{}, rep);
-    if (!st.is_ok()) return fail(std::move(st));
-  }
-  Topology t;
-  t.source = std::move(rep.source);
-  for (const auto& n : rep.nodes) t.nodes.push_back({n.id, n.memory, n.cpus});
-  for (const auto& d : rep.gpus) t.gpus.push_back({d.index, d.name, d.pci, d.numa_node});
-  for (const auto& d : rep.nvme) t.nvme.push_back({d.index, d.name, d.pci, d.numa_node});
-  return t;
+  return guarded<Result<Topology>>([&]() -> Result<Topology> {
+    wire::TopoRep rep;
+    {
+      std::lock_guard g(impl_->mu);
+      Status st = impl_->conn.call(MsgType::kTopo, wire::Empty{}, rep);
+      if (!st.is_ok()) return fail(std::move(st));
+    }
+    Topology t;
+    t.source = std::move(rep.source);
+    for (const auto& n : rep.nodes) t.nodes.push_back({n.id, n.memory, n.cpus});
+    for (const auto& d : rep.gpus) t.gpus.push_back({d.index, d.name, d.pci, d.numa_node});
+    for (const auto& d : rep.nvme) t.nvme.push_back({d.index, d.name, d.pci, d.numa_node});
+    return t;
+  });
 }
 
 Result<std::string> Client::metrics() {
-  wire::TextRep rep;
-  std::lock_guard g(impl_->mu);
-  Status st = impl_->conn.call(MsgType::kMetrics, wire::Empty{}, rep);
-  if (!st.is_ok()) return fail(std::move(st));
-  return std::move(rep.text);
+  return guarded<Result<std::string>>([&]() -> Result<std::string> {
+    wire::TextRep rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->conn.call(MsgType::kMetrics, wire::Empty{}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return std::move(rep.text);
+  });
 }
 
 std::vector<Client::ArenaMapping> Client::mapped_arenas() const {
-  std::lock_guard g(impl_->mu);
-  std::vector<ArenaMapping> out;
-  for (const auto& a : impl_->arenas.all()) out.push_back({a.id, a.base, a.size, a.numa_node});
-  return out;
+  return guarded<std::vector<Client::ArenaMapping>>([&]() -> std::vector<Client::ArenaMapping> {
+    std::lock_guard g(impl_->mu);
+    std::vector<ArenaMapping> out;
+    for (const auto& a : impl_->arenas.all()) out.push_back({a.id, a.base, a.size, a.numa_node});
+    return out;
+  });
 }
 
 // ---- Lease ----
