@@ -2,7 +2,8 @@
 # file, the Python binding and the CPack .deb. Included at the very end of the top-level list so
 # every target exists; each target is guarded with if(TARGET ...) so a partial tree still builds.
 #
-# Layout under CMAKE_INSTALL_PREFIX (GNUInstallDirs; LIBDIR is lib/<multiarch> on Debian):
+# Layout under the install prefix (GNUInstallDirs: LIBDIR is lib, or lib/<multiarch> when the
+# build is configured with CMAKE_INSTALL_PREFIX=/usr on Debian):
 #   sbin/tierd                                 the daemon (an admin-run service, hence sbin)
 #   bin/tierctl bin/tier-bench bin/tier-train
 #   LIBDIR/libtier.so.X.Y.Z, .so.X, .so      libtier, SONAME libtier.so.X
@@ -35,8 +36,8 @@ function(tier_install_rpath target from_dir)
 endfunction()
 
 # --- libtier --------------------------------------------------------------------------------
-# SONAME libtier.so.<major>: the ABI of include/tier/*.hpp. While the major version is 0 every
-# minor release may break it (the SONAME then becomes libtier.so.0 of a new package version).
+# SONAME libtier.so.<project major version>. While that is 0 the ABI of include/tier/*.hpp may
+# change between minor versions, so the CMake package accepts only the same minor version.
 set_target_properties(tier_client PROPERTIES
   VERSION ${PROJECT_VERSION}
   SOVERSION ${PROJECT_VERSION_MAJOR}
