@@ -93,6 +93,20 @@ if [ -x "$prefix/$sbindir_rel/tierd" ]; then
     loads_installed_libtier "$prefix/bin/tierctl" || fail "installed tierctl does not load the installed libtier"
     "$prefix/bin/tierctl" --socket "$tmp/d/tierd.sock" status >/dev/null || fail "installed tierctl status"
   fi
+  # The installed Python module (when built) loads the installed libtier and talks to tierd.
+  pymod=$(ls "$prefix"/lib/python3/dist-packages/tierd*.so 2>/dev/null | head -1 || true)
+  if [ -n "$pymod" ] && [ -x /usr/bin/python3 ]; then
+    loads_installed_libtier "$pymod" || fail "installed Python module does not load the installed libtier"
+    PYTHONPATH=$(dirname "$pymod") /usr/bin/python3 -c '
+import sys, tierd
+assert tierd.__file__ == sys.argv[1], tierd.__file__
+c = tierd.connect(sys.argv[2])
+c.create_pool("pkg-py")
+assert "pkg-py" in [p.name for p in c.list_pools()]
+c.drop_pool("pkg-py")
+' "$pymod" "$tmp/d/tierd.sock" || fail "installed Python module"
+    echo "installed Python module ok"
+  fi
   kill "$daemon_pid"; wait "$daemon_pid" || true; daemon_pid=
   echo "installed tierd: consumers round-trip a tensor"
 else
