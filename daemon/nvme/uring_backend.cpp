@@ -156,16 +156,13 @@ class UringBackend final : public IoBackend {
     size_t n = stash_.size();
     out.insert(out.end(), stash_.begin(), stash_.end());
     stash_.clear();
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_cqe* cqe;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
-      out.push_back({cqe->user_data, cqe->res});
-      ++seen;
+    for (;;) {
+      n += take_cqes(out);
+      // Completions that did not fit the CQ ring wait in the kernel's overflow list; they
+      // reach the ring only through io_uring_enter, which peeking never calls.
+      if (!io_uring_cq_has_overflow(&ring_)) break;
+      io_uring_get_events(&ring_);
     }
-    io_uring_cq_advance(&ring_, seen);
-    in_kernel_ -= seen;
-    n += seen;
     in_flight_ -= n;
     if (queued_ > 0) flush();
     return n;
@@ -176,16 +173,25 @@ class UringBackend final : public IoBackend {
   uint32_t queue_depth() const noexcept override { return qd_; }
 
  private:
-  void stash_cqes() {
+  size_t take_cqes(std::vector<IoCompletion>& out) {
     unsigned head;
     unsigned seen = 0;
     io_uring_cqe* cqe;
     io_uring_for_each_cqe(&ring_, head, cqe) {
-      stash_.push_back({cqe->user_data, cqe->res});
+      out.push_back({cqe->user_data, cqe->res});
       ++seen;
     }
     io_uring_cq_advance(&ring_, seen);
     in_kernel_ -= seen;
+    return seen;
+  }
+
+  void stash_cqes() {
+    take_cqes(stash_);
+    if (io_uring_cq_has_overflow(&ring_)) {
+      io_uring_get_events(&ring_);
+      take_cqes(stash_);
+    }
   }
 
   int find_region(const std::byte* buf, size_t len) const {
