@@ -32,7 +32,7 @@ void emit(const BenchOptions& o, const Figure& f) {
   std::fflush(stdout);
   if (!o.json) {
     std::string size = f.bytes ? tier::format_size(*f.bytes) : std::string("-");
-    std::fprintf(stderr, "%-24s %10s %12.3f %-9s baseline %12.3f  ratio %.3f\n", f.name.c_str(),
+    std::fprintf(stderr, "%-28s %10s %14.3f %-9s baseline %14.3f  ratio %.3f\n", f.name.c_str(),
                  size.c_str(), f.value, f.unit.c_str(), f.baseline, f.ratio);
   }
 }

@@ -235,7 +235,7 @@ int measure(const RpcContext& x, const std::string& suffix) {
 }  // namespace
 
 int run_rpc(const BenchOptions& o) {
-  const int ops = o.quick ? 2000 : 40000;       // single-lease operations per side
+  const int ops = o.quick ? 2000 : 20000;       // single-lease operations per side
   const int batch_cycles = o.quick ? 100 : 2000;
   const int block = o.quick ? 250 : 1000;        // interleaving granularity
 
