@@ -1,0 +1,63 @@
+// tier-bench nvme --quick: runs end to end on a disk directory and prints well-formed figures.
+// Checks shape and arithmetic only, never speed.
+#include <catch2/catch.hpp>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "test_util.hpp"
+
+TEST_CASE("tier-bench nvme --quick prints spill, fetch and plan figures with their baselines") {
+  std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
+  if (!std::filesystem::exists(bench)) {
+    WARN("skipped: " << bench << " is not built");
+    return;
+  }
+  tier::nvme::testing::TempDir dir;
+  std::string cmd = bench + " nvme --quick --json --dir " + dir.path() + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::map<std::string, int> seen;
+  std::map<std::string, nlohmann::json> last;
+  char line[4096];
+  std::string other;
+  while (fgets(line, sizeof line, p)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      other += line;
+      continue;
+    }
+    std::string name = j.at("name");
+    ++seen[name];
+    last[name] = j;
+    double v = j.at("value"), b = j.at("baseline"), r = j.at("ratio");
+    CHECK(std::isfinite(v));
+    CHECK(b > 0);
+    if (b > 0) CHECK(r == Approx(v / b));
+    if (name == "nvme.spill" || name == "nvme.fetch") {
+      CHECK(j.at("unit") == "GB/s");
+      CHECK(v > 0);
+    }
+  }
+  int status = ::pclose(p);
+  INFO("non-JSON output: " << other);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(seen["nvme.spill"] == 2);  // 1 and 16 MiB
+  CHECK(seen["nvme.fetch"] == 2);
+  for (const char* n : {"nvme.plan.misses", "nvme.plan.stall", "nvme.plan.moved", "nvme.plan.step",
+                        "nvme.plan.lru_step"})
+    CHECK(seen[n] == 1);
+  // A cyclic plan over twice the RAM makes plain LRU miss on every use; the plan never does worse.
+  if (last.contains("nvme.plan.misses")) {
+    CHECK(last["nvme.plan.misses"].at("baseline") == 16.0);
+    CHECK(last["nvme.plan.misses"].at("value") <= 16.0);
+  }
+  // The bench cleans up after itself.
+  CHECK(std::filesystem::is_empty(dir.path()));
+}
