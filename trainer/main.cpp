@@ -180,11 +180,13 @@ int main(int argc, char** argv) {
   if (!r) die(&comm, r.error().to_string());
   if (comm.rank() == 0) {
     std::fprintf(stderr,
-                 "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %.4f; %.1f ms/step, "
+                 "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %s; %.1f ms/step, "
                  "%.0f tokens/s, %.4f TFLOP/s per rank, stall %.2f ms/step, optimizer %.2f "
                  "ms/step; state %s (%s per rank)\n",
                  static_cast<long long>(r->first_step), static_cast<long long>(r->last_step),
-                 r->first_loss, r->last_loss, r->last_val_loss, r->mean_ms, r->mean_tokens_per_s,
+                 r->first_loss, r->last_loss,
+                 r->last_val_loss >= 0 ? fmt::format("{:.4f}", r->last_val_loss).c_str() : "n/a",
+                 r->mean_ms, r->mean_tokens_per_s,
                  r->mean_tflops, r->mean_stall_ms, r->mean_opt_ms, store->name(),
                  tier::format_size(store->bytes()).c_str());
   }

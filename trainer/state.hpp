@@ -90,7 +90,7 @@ struct TierStoreOptions {
   uint64_t ram_quota = 0;   // 0: the daemon's default
   uint64_t nvme_quota = 0;  // 0: the daemon's default
 };
-// Fails with kUnsupported when tier-train was built without libtier.
+// Connects to tierd (kUnavailable when it cannot be reached).
 [[nodiscard]] Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o);
 
 // "r3.l12.param.1": rank, layer, kind, buffer (the grad has no buffer suffix).

@@ -8,17 +8,9 @@
 
 #include <fmt/format.h>
 
-#ifdef TIER_TRAIN_HAVE_CLIENT
 #include "tier/client.hpp"
-#endif
 
 namespace tier::train {
-
-#ifndef TIER_TRAIN_HAVE_CLIENT
-Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions&) {
-  return fail(Code::kUnsupported, "tier-train was built without libtier (--state tier)");
-}
-#else
 
 namespace {
 
@@ -217,7 +209,5 @@ Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o) {
   if (!c) return fail(c.error());
   return std::unique_ptr<ShardStore>(new TierStore(std::move(*c), o));
 }
-
-#endif
 
 }  // namespace tier::train
