@@ -7,6 +7,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +25,12 @@ using Bounce = std::unique_ptr<std::byte, AlignedFree>;
 
 Bounce alloc_bounce(uint64_t n) {
   return Bounce(static_cast<std::byte*>(std::aligned_alloc(kExtentAlign, n)));
+}
+
+double mono_seconds() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 bool is_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kExtentAlign == 0; }
@@ -284,6 +292,7 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
     pos += op->loc.extents[i].length;
   }
   Op* raw = op.get();
+  if (ops_.empty()) busy_since_ = mono_seconds();
   ops_.emplace(id, std::move(op));
   ++counters_.spills;
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
@@ -324,6 +333,7 @@ void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone 
     pos += loc.extents[i].length;
   }
   Op* raw = op.get();
+  if (ops_.empty()) busy_since_ = mono_seconds();
   ops_.emplace(id, std::move(op));
   ++counters_.fetches;
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
@@ -360,6 +370,7 @@ void Engine::io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result) {
 
 void Engine::finish(uint64_t op_id) {
   auto node = ops_.extract(op_id);
+  if (ops_.empty()) counters_.busy_s += mono_seconds() - busy_since_;
   std::unique_ptr<Op> op = std::move(node.mapped());
   if (op->write) {
     if (!op->error.is_ok()) {
@@ -417,6 +428,13 @@ void Engine::wait() {
 
 void Engine::drain() {
   while (!ops_.empty() || !ready_.empty()) wait();
+}
+
+double Engine::measured_bandwidth() const {
+  double busy = counters_.busy_s;
+  if (!ops_.empty()) busy += mono_seconds() - busy_since_;
+  uint64_t bytes = counters_.spill_bytes + counters_.fetch_bytes;
+  return busy > 0 ? static_cast<double>(bytes) / busy : 0;
 }
 
 EngineStats Engine::stats() const {

@@ -72,6 +72,9 @@ struct EngineStats {
   std::vector<DirStats> dirs;
   uint64_t spills = 0, fetches = 0, spill_bytes = 0, fetch_bytes = 0;
   uint64_t io_errors = 0, checksum_failures = 0;
+  // Seconds during which at least one spill or fetch was in flight. (spill_bytes + fetch_bytes)
+  // / busy_s is the bandwidth the tier delivers when busy: what prefetch timing should use.
+  double busy_s = 0;
   uint64_t capacity = 0, used = 0;
 };
 
@@ -116,6 +119,8 @@ class Engine {
   size_t pending() const noexcept { return ops_.size() + ready_.size(); }
 
   EngineStats stats() const;
+  // Bytes per second moved while busy (see EngineStats::busy_s); 0 before any I/O.
+  double measured_bandwidth() const;
   size_t dirs() const noexcept { return store_->dirs(); }
   std::string file_path(const Extent& e) const { return store_->dir(e.dir).file_path(e.file); }
   const EngineOptions& options() const noexcept { return opts_; }
@@ -147,6 +152,7 @@ class Engine {
   uint64_t next_op_ = 1;
   std::vector<std::function<void()>> ready_;  // callbacks to run at the end of poll()
   EngineStats counters_;
+  double busy_since_ = 0;  // when ops_ last became non-empty
 };
 
 }  // namespace tier::nvme

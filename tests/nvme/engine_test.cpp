@@ -84,6 +84,8 @@ TEST_CASE("engine: spill and fetch round trip on a disk directory (io_uring + O_
   }
   st = e->stats();
   CHECK(st.used == 0);
+  CHECK(st.busy_s > 0);
+  CHECK(e->measured_bandwidth() > 0);
   CHECK(st.dirs[0].bytes_written >= (1u << 20) + (9u << 20));
   CHECK(st.dirs[0].bytes_read >= (1u << 20) + (9u << 20));
 }
