@@ -1,4 +1,5 @@
-// fuzz_request: arbitrary sequences of control datagrams through the daemon's RequestHandler,
+// fuzz_request: arbitrary sequences of control datagrams from two sessions (two peers, maybe
+// different uids) through the daemon's RequestHandler,
 // with a real (small) RAM tier in shared memory and a synthetic two-node topology, no sockets.
 // Input format: fuzz/request_input.hpp (a peer uid, then length-prefixed datagrams).
 //
@@ -11,6 +12,7 @@
 //     (as root) leaves the catalog and the RAM tier empty again, so inputs do not leak.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -137,20 +139,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   World& w = world();
   std::span<const std::byte> in(reinterpret_cast<const std::byte*>(data), size);
-  Session s;
-  s.id = w.next_session++;
-  s.uid = fuzzreq::uid_for(std::to_integer<uint8_t>(in[0]));
-  s.gid = s.uid;
-  s.pid = 4242;
-  w.handler->session_opened(s);
+  const uint8_t sel = std::to_integer<uint8_t>(in[0]);
+  Session sessions[2];
+  bool open[2] = {true, true};
+  for (int i = 0; i < 2; ++i) {
+    Session& s = sessions[i];
+    s.id = w.next_session++;
+    s.uid = fuzzreq::uid_for(i == 0 ? sel : sel >> 2);
+    s.gid = s.uid;
+    s.pid = 4242 + i;
+    w.handler->session_opened(s);
+  }
   Reply r;
-  fuzzreq::for_each_datagram(in, [&](std::span<const std::byte> d) {
+  fuzzreq::for_each_datagram(in, [&](int which, std::span<const std::byte> d) {
+    if (!open[which]) return true;
     r.reset();
-    w.handler->handle(s, d, r);
+    w.handler->handle(sessions[which], d, r);
     check_reply(d, r);
-    return !r.close;
+    if (r.close) {
+      w.handler->session_closed(sessions[which]);
+      open[which] = false;
+    }
+    return open[0] || open[1];
   });
-  w.handler->session_closed(s);
+  // Lease waiters left over time out, then the sessions go away.
+  w.handler->expire(Clock::now() + std::chrono::hours(24 * 365));
+  for (int i = 0; i < 2; ++i)
+    if (open[i]) w.handler->session_closed(sessions[i]);
   reset(w);
   return 0;
 }

@@ -182,6 +182,22 @@ void request_corpus() {
                             req(MsgType::kTopo, Empty{}, 3), req(MsgType::kMetrics, Empty{}, 4),
                             req(MsgType::kPoolOpen, PoolNameReq{"nope"}, 5)}));
   put(t, "no_hello", seq(0, {pool, tensor}));
+  // Two sessions: B (uid 1000) waits for a lease A holds, then tries A's pool as another uid.
+  put(t, "two_sessions",
+      fuzzreq::frame(0x4 /* A root, B uid 1000 */,
+                     {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
+                      req(MsgType::kLease, LeaseReq{1, 1000, {1}}, 5),
+                      req(MsgType::kRelease, ReleaseReq{{1}}, 6),
+                      req(MsgType::kPoolOpen, PoolNameReq{"p"}, 7),
+                      req(MsgType::kPoolDrop, PoolNameReq{"p"}, 8)},
+                     {false, true, false, false, false, true, false, true, true}));
+  put(t, "two_sessions_same_uid",
+      fuzzreq::frame(0x5 /* both uid 1000 */,
+                     {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
+                      req(MsgType::kLease, LeaseReq{1, 0, {1}}, 5),
+                      req(MsgType::kLease, LeaseReq{2, -1, {1}}, 6),
+                      req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 7)},
+                     {false, true, false, false, false, true, true, false}));
   put(t, "nvme", seq(0, {hello, pool, tensor,
                          req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
                          req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),
