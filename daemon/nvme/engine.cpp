@@ -305,9 +305,10 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
 void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone done) {
   uint64_t total = 0;
   for (const Extent& e : loc.extents) {
-    if (e.dir >= store_->dirs() || e.file >= store_->dir(e.dir).files()) {
+    if (e.dir >= store_->dirs() || e.file >= store_->dir(e.dir).files() || !well_formed(loc)) {
       defer([done = std::move(done)] {
-        done(Status(Code::kInvalidArgument, "fetch: location names a data file that does not exist"));
+        done(Status(Code::kInvalidArgument,
+                    "fetch: malformed location or one naming a data file that does not exist"));
       });
       return;
     }
@@ -396,7 +397,10 @@ void Engine::finish(uint64_t op_id) {
 }
 
 Status Engine::free(const NvmeLocation& loc) { return store_->release(loc.extents); }
-Status Engine::adopt(const NvmeLocation& loc) { return store_->reserve(loc.extents); }
+Status Engine::adopt(const NvmeLocation& loc) {
+  if (!well_formed(loc)) return {Code::kInvalidArgument, "adopt: malformed NVMe location"};
+  return store_->reserve(loc.extents);
+}
 
 size_t Engine::poll() {
   uint64_t v;

@@ -33,6 +33,8 @@ struct Extent {
   uint64_t length = 0;     // tensor bytes held (the allocation is round_up(length, kExtentAlign))
   uint64_t checksum = 0;   // XXH3_64bits (seed 0) of those `length` bytes
   bool operator==(const Extent&) const = default;
+  // Field order for tier::wire::Writer/Reader (the daemon journals locations with the codec).
+  template <class V> void visit(V& v) { v(dir); v(file); v(offset); v(length); v(checksum); }
 };
 
 struct NvmeLocation {
@@ -40,7 +42,19 @@ struct NvmeLocation {
   std::vector<Extent> extents;
   bool empty() const noexcept { return extents.empty(); }
   bool operator==(const NvmeLocation&) const = default;
+  template <class V> void visit(V& v) { v(size); v(extents); }
 };
+
+// Whether a location is self-consistent: every extent non-empty and 4 KiB-aligned, lengths
+// adding up to `size`. (Whether its directories and files exist is the engine's check.)
+inline bool well_formed(const NvmeLocation& loc) noexcept {
+  uint64_t sum = 0;
+  for (const Extent& e : loc.extents) {
+    if (e.length == 0 || e.offset % kExtentAlign != 0) return false;
+    sum += e.length;
+  }
+  return sum == loc.size;
+}
 
 inline uint64_t extent_checksum(std::span<const std::byte> bytes) noexcept {
   return XXH3_64bits(bytes.data(), bytes.size());

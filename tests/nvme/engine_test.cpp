@@ -11,6 +11,7 @@
 
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
+#include "wire/codec.hpp"
 #include "test_util.hpp"
 
 using namespace tier::nvme;
@@ -380,4 +381,29 @@ TEST_CASE("engine: registered arenas round trip; bad locations are refused") {
   NvmeLocation bogus = *loc;
   bogus.extents[0].file = 77;
   CHECK(fetch(*e, bogus, arena.span().subspan(0, 2u << 20)).code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("locations round trip through the wire codec and malformed ones are refused") {
+  NvmeLocation loc;
+  loc.size = 3 * 4096 + 5;
+  loc.extents = {{1, 7, 8192, 4096, 0x1234}, {0, 2, 0, 2 * 4096 + 5, 0xfeed}};
+  CHECK(well_formed(loc));
+  std::vector<std::byte> buf;
+  tier::wire::Writer w(buf);
+  w(loc);
+  NvmeLocation back;
+  tier::wire::Reader r(buf);
+  r(back);
+  CHECK(r.ok());
+  CHECK(r.at_end());
+  CHECK(back == loc);
+  NvmeLocation bad = loc;
+  bad.size += 1;
+  CHECK_FALSE(well_formed(bad));
+  bad = loc;
+  bad.extents[0].offset = 100;
+  CHECK_FALSE(well_formed(bad));
+  TempDir dir;
+  auto e = open_engine(small_options({dir.sub("nvme0")}));
+  CHECK(e->adopt(bad).code() == Code::kInvalidArgument);
 }
