@@ -221,6 +221,12 @@ void Engine::start_extent_io(uint64_t op_id, size_t ext, std::byte* base, bool w
       io_len = (c.len + kExtentAlign - 1) & ~(kExtentAlign - 1);
       c.bounce = alloc_bounce(io_len);
       io_buf = c.bounce.get();
+      if (io_buf == nullptr) {  // the op fails once what was issued has finished
+        part.failed = true;
+        if (op.error.is_ok())
+          op.error = Status(Code::kResourceExhausted, "no memory for an O_DIRECT bounce buffer");
+        continue;
+      }
       if (write) {
         std::memcpy(io_buf, data, c.len);
         std::memset(io_buf + c.len, 0, io_len - c.len);
