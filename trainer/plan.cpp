@@ -135,8 +135,8 @@ std::string plan_text(const Plan& p) {
                    sz(p.ram_capacity), sz(p.ram_rank));
   s += fmt::format("NVMe: per node {} of {}, per rank {}\n", sz(p.nvme_node), sz(p.nvme_capacity),
                    sz(p.nvme_rank));
-  s += fmt::format("step: compute {:.2f} s, network {:.2f} s, pcie {:.2f} s, nvme {:.2f} s, "
-                   "cpu optimizer {:.2f} s -> {:.2f} s ({}-bound)\n",
+  s += fmt::format("step: compute {:.4g} s, network {:.4g} s, pcie {:.4g} s, nvme {:.4g} s, "
+                   "cpu optimizer {:.4g} s -> {:.4g} s ({}-bound)\n",
                    p.compute_s, p.net_s, p.pcie_s, p.nvme_s, p.optimizer_s, p.step_s, p.bound);
   s += fmt::format("bound: {:.1f} TFLOP/s per GPU ({:.0f}% of {:.0f} peak), {:.0f} tokens/s per GPU\n",
                    p.tflops_gpu, 100.0 * p.tflops_gpu / o.gpu_tflops, o.gpu_tflops,
