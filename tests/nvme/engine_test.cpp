@@ -407,3 +407,21 @@ TEST_CASE("locations round trip through the wire codec and malformed ones are re
   auto e = open_engine(small_options({dir.sub("nvme0")}));
   CHECK(e->adopt(bad).code() == Code::kInvalidArgument);
 }
+
+TEST_CASE("engine: the pread backend on a disk keeps O_DIRECT, bouncing unaligned buffers") {
+  TempDir dir;
+  auto o = small_options({dir.sub("nvme0")});
+  o.backend = BackendChoice::kPread;  // as when io_uring is unavailable
+  auto e = open_engine(o);
+  auto st = e->stats();
+  CHECK(st.dirs[0].backend == "pread");
+  CHECK(st.dirs[0].direct_io);
+  for (auto [size, shift] : std::vector<std::pair<size_t, size_t>>{{(1u << 20) + 3, 0}, {77777, 9}}) {
+    Buffer src(size, shift), dst(size, shift + 1);
+    src.fill(size);
+    auto loc = spill(*e, 5, src.cspan());
+    REQUIRE(loc.has_value());
+    REQUIRE(fetch(*e, *loc, dst.span()).is_ok());
+    CHECK(std::memcmp(src.data(), dst.data(), size) == 0);
+  }
+}
