@@ -1,6 +1,7 @@
 #include "bench_common.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -53,6 +54,40 @@ PairResult measure_pair(const std::function<bool()>& measured, const std::functi
     if (!ok) return {};
   }
   return {*std::min_element(a.begin(), a.end()), *std::min_element(b.begin(), b.end())};
+}
+
+bool pin(pid_t tid, int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return ::sched_setaffinity(tid, sizeof set, &set) == 0;
+}
+
+bool pin_process(pid_t pid, int cpu) {
+  std::error_code ec;
+  bool any = false;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    if (!pin(static_cast<pid_t>(std::stol(e.path().filename().string())), cpu)) return false;
+    any = true;
+  }
+  return any;
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
+}
+
+void unpin_self(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus) CPU_SET(cpu, &set);
+  if (!cpus.empty()) ::sched_setaffinity(0, sizeof set, &set);
 }
 
 std::string bench_pool_name(const char* suite) {

@@ -64,6 +64,13 @@ class BenchDaemon {
   pid_t pid_ = -1;
 };
 
+// CPU placement. pin: one thread (0 = the caller) to `cpu`; pin_process: every thread of
+// `pid`; allowed_cpus: the caller's affinity mask as a list; unpin_self: restore that list.
+bool pin(pid_t tid, int cpu);
+bool pin_process(pid_t pid, int cpu);
+std::vector<int> allowed_cpus();
+void unpin_self(const std::vector<int>& cpus);
+
 // A pool name private to this process, so runs against a shared daemon do not collide.
 std::string bench_pool_name(const char* suite);
 

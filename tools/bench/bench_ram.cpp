@@ -11,6 +11,10 @@
 // touched before timing (no page faults measured). Measured and baseline samples interleave;
 // each value is the best sample's bytes / mean time per copy, in GB/s (1e9 B/s), for both sides.
 // Sizes up to 16 MiB fit this machine's L3, so those figures are cache bandwidth for both sides.
+// With a private tierd, tier-bench and tierd are pinned to one CPU, so the wake-ups of a lease
+// cycle hand the CPU over directly instead of waiting for another (possibly busy or idle-halted)
+// CPU; a tierd given by --socket is left where it is.
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,6 +62,15 @@ int run_ram(const BenchOptions& o) {
   BenchDaemon daemon;
   // Room for the largest tensor at 2 MiB alignment plus slack for the allocator.
   if (!daemon.start(o, o.quick ? "256M" : "1280M")) return 1;
+  const std::vector<int> cpus = daemon.is_private() ? allowed_cpus() : std::vector<int>{};
+  if (!cpus.empty() && !(pin(0, cpus[0]) && pin_process(daemon.pid(), cpus[0]))) {
+    std::fprintf(stderr, "tier-bench ram: sched_setaffinity: %s\n", std::strerror(errno));
+    return 1;
+  }
+  struct Unpin {
+    const std::vector<int>& cpus;
+    ~Unpin() { unpin_self(cpus); }
+  } unpin{cpus};
   auto client = Client::connect(daemon.socket(), {.client_name = "tier-bench"});
   if (!client) return fail_msg("connect to " + daemon.socket(), client.error());
   Client& c = **client;

@@ -116,24 +116,6 @@ int fail_msg(const std::string& what, const Status& st) {
   return 1;
 }
 
-bool pin(pid_t tid, int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  return ::sched_setaffinity(tid, sizeof set, &set) == 0;
-}
-
-// Every thread of another process (sched_setaffinity of a pid moves only its main thread).
-bool pin_process(pid_t pid, int cpu) {
-  std::error_code ec;
-  bool any = false;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    if (!pin(static_cast<pid_t>(std::stol(e.path().filename().string())), cpu)) return false;
-    any = true;
-  }
-  return any;
-}
-
 struct Placement {
   std::string suffix;
   int client_cpu = -1, server_cpu = -1;  // -1: not pinned
@@ -261,12 +243,7 @@ int run_rpc(const BenchOptions& o) {
   }
   RpcContext ctx{o, c, *peer, ids, ops, batch_cycles, block};
   std::vector<Placement> placements;
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  std::vector<int> cpus;
-  if (daemon.is_private() && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  const std::vector<int> cpus = daemon.is_private() ? allowed_cpus() : std::vector<int>{};
   if (cpus.empty()) {
     placements.push_back({"", -1, -1});
   } else {
@@ -284,7 +261,7 @@ int run_rpc(const BenchOptions& o) {
     }
     if ((rc = measure(ctx, pl.suffix)) != 0) break;
   }
-  if (!cpus.empty()) ::sched_setaffinity(0, sizeof allowed, &allowed);
+  unpin_self(cpus);
   if (Status st = c.drop_pool(pool); !st.is_ok() && rc == 0) return fail_msg("drop pool", st);
   return rc;
 }
