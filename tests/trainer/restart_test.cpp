@@ -59,7 +59,7 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
   }
 }
 
-TEST_CASE("--resume refuses state written by another configuration", "[trainer][mpi][tier][restart]") {
+TEST_CASE("resume refuses state written by another configuration", "[trainer][mpi][tier][restart]") {
   tier::test::TestDaemon daemon;
   const std::string base = "--model tiny --steps 3 --batch 4 --val-every -1 --state tier --job other --socket " + daemon.socket();
   REQUIRE(run_trainer(1, base).exit_code == 0);

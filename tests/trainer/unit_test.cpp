@@ -82,7 +82,7 @@ TEST_CASE("model presets have the published parameter counts", "[trainer][model]
   CHECK_FALSE(preset("nope").has_value());
 }
 
-TEST_CASE("--plan arithmetic matches a case computed by hand", "[trainer][plan]") {
+TEST_CASE("plan arithmetic (--plan) matches a case computed by hand", "[trainer][plan]") {
   PlanOptions o;
   o.model.name = "hand";
   o.model.layers = 2;
