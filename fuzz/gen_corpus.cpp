@@ -81,12 +81,12 @@ void journal_corpus() {
   const std::string t = "fuzz_journal";
   std::vector<Record> all = {
       Watermarks{2, 10, 1, 2, 1},
-      ArenaCreated{1, 0, "/tier.x.p1.n0", 1 << 30},
+      ArenaCreated{1, 65536, 0, "tierd-1a2b3c4d-p1-n0", 1 << 30},
       PoolCreated{1, "job", 1000, 1000, 0, 1 << 30, 0},
-      TensorCreated{1, 5, "w", 4096, 3, {32, 32}, 0, 1, 0},
+      TensorCreated{1, 5, "w", 4096, 3, {32, 32}, 0, 65536, 0, 4096},
       NvmeCopyWritten{5, 1, {Extent{"/nvme", "d.0", 0, 4096, 0x1234}}},
       TensorRamDropped{5},
-      TensorRamPlaced{5, 0, 1, 8192},
+      TensorRamPlaced{5, 0, 65536, 8192, 4096},
       NvmeCopyDropped{5, 1},
       SnapshotBegun{1, 1, "/snap/1"},
       SnapshotDurable{1, 1, "/snap/1", 4096},
@@ -114,7 +114,7 @@ void journal_corpus() {
   // A manifest, written through the real writer into the corpus directory.
   fs::create_directories(g_root / t);
   std::vector<Record> body = {PoolCreated{1, "job", 1000, 1000, 0, 1 << 30, 0},
-                              TensorCreated{1, 5, "w", 4096, 3, {32, 32}, 0, 1, 0},
+                              TensorCreated{1, 5, "w", 4096, 3, {32, 32}, 0, 65536, 0, 4096},
                               NvmeCopyWritten{5, 1, {Extent{"/snap", "s1.data", 0, 4096, 77}}}};
   if (!write_manifest((g_root / t / "manifest").string(), ManifestBegin{1, 1, 1700000000000ull},
                       body)

@@ -78,10 +78,11 @@ struct TensorCreated {
   std::vector<int64_t> shape;
   int32_t numa_node = -1;  // logical NUMA node of the RAM copy
   uint64_t arena_id = 0;
-  uint64_t offset = 0;  // byte offset of the RAM copy in the arena
+  uint64_t offset = 0;      // byte offset of the RAM copy in the arena
+  uint64_t ram_length = 0;  // bytes allocated there (>= size: the allocator's rounding)
   template <class V> void visit(V& v) {
     v(pool_id); v(tensor_id); v(name); v(size); v(dtype); v(shape); v(numa_node); v(arena_id);
-    v(offset);
+    v(offset); v(ram_length);
   }
   bool operator==(const TensorCreated&) const = default;
 };
@@ -133,7 +134,10 @@ struct TensorRamPlaced {
   int32_t numa_node = -1;
   uint64_t arena_id = 0;
   uint64_t offset = 0;
-  template <class V> void visit(V& v) { v(tensor_id); v(numa_node); v(arena_id); v(offset); }
+  uint64_t ram_length = 0;
+  template <class V> void visit(V& v) {
+    v(tensor_id); v(numa_node); v(arena_id); v(offset); v(ram_length);
+  }
   bool operator==(const TensorRamPlaced&) const = default;
 };
 
@@ -145,13 +149,15 @@ struct TensorRamDropped {
   bool operator==(const TensorRamDropped&) const = default;
 };
 
+// A pool's arena on a node (dropped with the pool).
 struct ArenaCreated {
   static constexpr RecordType kType = RecordType::kArenaCreated;
+  uint64_t pool_id = 0;
   uint64_t arena_id = 0;
   int32_t numa_node = -1;
   std::string shm_name;  // the named shared-memory object
   uint64_t size = 0;
-  template <class V> void visit(V& v) { v(arena_id); v(numa_node); v(shm_name); v(size); }
+  template <class V> void visit(V& v) { v(pool_id); v(arena_id); v(numa_node); v(shm_name); v(size); }
   bool operator==(const ArenaCreated&) const = default;
 };
 

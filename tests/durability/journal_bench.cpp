@@ -20,7 +20,7 @@ namespace {
 
 Record sample(int i) {
   return TensorCreated{1, uint64_t(i), "layer." + std::to_string(i) + ".weight", 1 << 20, 3,
-                       {1024, 512}, 0, 1, uint64_t(i) << 20};
+                       {1024, 512}, 0, 1, uint64_t(i) << 20, 1 << 20};
 }
 
 double since(Clock::time_point t0) {

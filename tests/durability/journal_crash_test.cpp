@@ -34,7 +34,7 @@ Record record_for(uint64_t id, bool allow_large = true) {
     return c;
   }
   return TensorCreated{1, id, "tensor-" + std::to_string(id), id * 4096, 3, {int64_t(id), 8}, 0,
-                       1, id << 12};
+                       1, id << 12, id * 4096};
 }
 
 uint64_t id_of(const Record& r) {

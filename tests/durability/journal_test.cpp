@@ -46,7 +46,7 @@ std::vector<Record> churn_records(int n) {
   std::vector<Record> v;
   for (int i = 0; i < n; ++i) {
     v.push_back(TensorCreated{1, uint64_t(i + 1), "t" + std::to_string(i), 4096, 1, {1024}, 0, 1,
-                              uint64_t(i) * 4096});
+                              uint64_t(i) * 4096, 4096});
     if (i % 2 == 1) v.push_back(TensorDeleted{1, uint64_t(i + 1)});
   }
   return v;
@@ -379,7 +379,7 @@ TEST_CASE("compaction keeps exactly the live state and continues the sequence",
   std::vector<Record> live = {Watermarks{2, 201, 1, 2, 1}, PoolCreated{1, "p", 0, 0, 0, 1, 2}};
   for (int i = 0; i < 200; i += 2)
     live.push_back(TensorCreated{1, uint64_t(i + 1), "t" + std::to_string(i), 4096, 1, {1024},
-                                 0, 1, uint64_t(i) * 4096});
+                                 0, 1, uint64_t(i) * 4096, 4096});
   uint64_t before_size = 0, before_seq = 0;
   {
     auto j = open_ok(dir, nullptr, nullptr, {.compact_ratio = 1.2, .compact_min_bytes = 4096});

@@ -30,7 +30,7 @@ std::vector<Record> sample_records(uint64_t salt) {
                           1ull << 40});
   v.push_back(PoolDropped{8 + salt});
   v.push_back(TensorCreated{7 + salt, 100 + salt, "layer.0.weight", 4096 * 4096 * 2, 3,
-                            {4096, 4096}, 1, 2, 1ull << 21});
+                            {4096, 4096}, 1, 2, 1ull << 21, 4096ull * 4096 * 2});
   v.push_back(TensorDeleted{7 + salt, 99 + salt});
   v.push_back(NvmeCopyWritten{100 + salt, 3 + salt,
                               {Extent{"/nvme0/tier", "data.0", 0, 1 << 20, 0xABCDEF0123456789ull},
@@ -40,9 +40,9 @@ std::vector<Record> sample_records(uint64_t salt) {
   v.push_back(SnapshotDurable{7 + salt, 5 + salt, "/var/lib/tierd/snap/7/5", 33554432});
   v.push_back(SnapshotDropped{7 + salt, 4 + salt});
   v.push_back(Watermarks{9 + salt, 1101 + salt, 6 + salt, 3, 17});
-  v.push_back(TensorRamPlaced{100 + salt, 0, 1, 4096 * (salt + 1)});
+  v.push_back(TensorRamPlaced{100 + salt, 0, 1, 4096 * (salt + 1), 8192});
   v.push_back(TensorRamDropped{101 + salt});
-  v.push_back(ArenaCreated{1 + salt, 0, "/tier.state.n0", 1ull << 34});
+  v.push_back(ArenaCreated{7 + salt, 1 + salt, 0, "/tier.state.n0", 1ull << 34});
   v.push_back(ManifestBegin{7 + salt, 5 + salt, 1700000000000ull + salt});
   v.push_back(ManifestEnd{3, 1 << 20});
   return v;
