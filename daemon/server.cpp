@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -61,6 +62,7 @@ struct Server::Impl {
   RequestHandler handler;
   std::string path;
   int listen_fd = -1, epfd = -1, sigfd = -1, lease_timer = -1, tick_timer = -1;
+  int reserve_fd = -1;  // held open so that running out of fds can still refuse a client
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;  // by session id
   std::vector<uint64_t> to_close;
   uint64_t next_session = kFirstSession;
@@ -83,7 +85,7 @@ struct Server::Impl {
         if (p.fd >= 0) ::close(p.fd);
       ::close(c->fd);
     }
-    for (int fd : {listen_fd, epfd, sigfd, lease_timer, tick_timer})
+    for (int fd : {listen_fd, epfd, sigfd, lease_timer, tick_timer, reserve_fd})
       if (fd >= 0) ::close(fd);
   }
 
@@ -153,6 +155,23 @@ struct Server::Impl {
       int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR) continue;
+        if ((errno == EMFILE || errno == ENFILE) && reserve_fd >= 0) {
+          // Out of fds: the pending connection would keep the level-triggered listen socket
+          // readable forever. Spend the reserve fd to accept and close it, then re-arm.
+          // (accept reports EMFILE before looking at the queue, so an empty queue shows here.)
+          ::close(reserve_fd);
+          int victim = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+          int err = errno;
+          if (victim >= 0) ::close(victim);
+          reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          if (victim < 0) {
+            if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR)
+              log_warn("accept: {}", std::strerror(err));
+            return;
+          }
+          log_warn("refused a client: out of file descriptors ({} clients)", st.clients);
+          continue;
+        }
         if (errno != EAGAIN && errno != EWOULDBLOCK) log_warn("accept: {}", std::strerror(errno));
         return;
       }
@@ -298,6 +317,13 @@ Status Server::listen() {
   if (::chmod(m.path.c_str(), 0666) != 0) return Status::from_errno(errno, "chmod " + m.path);
   if (::listen(m.listen_fd, 512) != 0) return Status::from_errno(errno, "listen " + m.path);
 
+  // Each client is one fd: allow as many as the hard limit permits.
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  m.reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   m.epfd = ::epoll_create1(EPOLL_CLOEXEC);
   if (m.epfd < 0) return Status::from_errno(errno, "epoll_create1");
   sigset_t set;

@@ -8,6 +8,7 @@
 #include <numaif.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -539,4 +540,30 @@ TEST_CASE("command line: --check-config and exit codes") {
     CHECK(out().find("another tierd is serving") != std::string::npos);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("running out of file descriptors refuses clients but keeps serving") {
+  TestDaemon d(opts());
+  rlimit lim{32, 32};
+  REQUIRE(prlimit(d.pid(), RLIMIT_NOFILE, &lim, nullptr) == 0);
+  std::vector<RawClient> clients;
+  int refused = 0;
+  for (int i = 0; i < 60; ++i) {
+    auto c = RawClient::connect(d.socket(), true);
+    if (c) clients.push_back(std::move(*c));
+    else ++refused;
+  }
+  CHECK(refused > 0);
+  CHECK(clients.size() > 10);
+  // The connected ones still work.
+  CHECK(clients.front().call<wire::StatusRep>(MsgType::kStatus, wire::Empty{}));
+  clients.clear();
+  bool ok = false;
+  for (int i = 0; i < 200 && !ok; ++i) {  // the daemon sees the closes asynchronously
+    auto c = RawClient::connect(d.socket(), true);
+    ok = c && c->call<wire::StatusRep>(MsgType::kStatus, wire::Empty{}).has_value();
+    if (!ok) usleep(10000);
+  }
+  CHECK(ok);
+  CHECK(d.log().find("out of file descriptors") != std::string::npos);
 }
