@@ -297,3 +297,38 @@ TEST_CASE("handler: lease waits are answered later through the sink") {
   CHECK(h.state->leases.live() == 0);
   CHECK(h.handler->metrics_text().find("tierd_lease_timeouts_total 1") != std::string::npos);
 }
+
+TEST_CASE("handler: RAM tier capacity per node, pool quota, and space returned on delete") {
+  Harness h;  // 256 MiB over 2 equal nodes: 128 MiB each
+  REQUIRE(h.state->ram->nodes().size() == 2);
+  CHECK(h.state->ram->nodes()[0].capacity == 128ull << 20);
+  auto s = h.session();
+  REQUIRE(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"p", 200ull << 20, 0, false}));
+  auto tc = [&](const std::string& name, uint64_t size, int node) {
+    return h.call<TensorInfoW>(*s, MsgType::kTensorCreate,
+                               TensorCreateReq{"p", name, size, 0, {}, 1, node, false});
+  };
+  REQUIRE(tc("a", 100ull << 20, 0));
+  auto full = tc("b", 50ull << 20, 0);
+  REQUIRE_FALSE(full);
+  CHECK(full.error().code() == Code::kResourceExhausted);
+  CHECK(full.error().message().find("NUMA node 0 is full") != std::string::npos);
+  REQUIRE(tc("b", 90ull << 20, 1));  // the other node has room
+  auto quota = tc("c", 20ull << 20, 1);
+  REQUIRE_FALSE(quota);
+  CHECK(quota.error().message().find("quota") != std::string::npos);
+  auto info = h.call<PoolInfoW>(*s, MsgType::kPoolOpen, PoolNameReq{"p"});
+  REQUIRE(info);
+  CHECK(info->ram_used == 190ull << 20);
+  CHECK(info->tensor_count == 2);
+  REQUIRE(h.call<Empty>(*s, MsgType::kTensorDelete, TensorRefReq{"p", "a"}));
+  CHECK(h.state->ram->nodes()[0].used == 0);
+  REQUIRE(tc("c", 100ull << 20, 0));  // the space came back
+  auto st = h.call<StatusRep>(*s, MsgType::kStatus, Empty{});
+  REQUIRE(st);
+  REQUIRE(st->ram.size() == 2);
+  CHECK(st->ram[0].used == 100ull << 20);
+  CHECK(st->ram[1].used == 90ull << 20);
+  CHECK(st->ram[1].tensors == 1);
+  CHECK(h.handler->status_line().find("RAM 190 MiB of 256 MiB used") != std::string::npos);
+}
