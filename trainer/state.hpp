@@ -78,6 +78,9 @@ class ShardStore {
   [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
   // Publishes the marker (rank 0 only, after every rank finished the step).
   [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;
+  // Bytes the node has moved between RAM and NVMe so far (tierd's counters; node-wide), or -1
+  // when the store has no NVMe tier.
+  virtual int64_t nvme_io_bytes() { return -1; }
   // Bytes this rank keeps in the store.
   virtual uint64_t bytes() const = 0;
 };

@@ -148,6 +148,12 @@ class TierStore final : public ShardStore {
 
   uint64_t bytes() const override { return bytes_; }
 
+  int64_t nvme_io_bytes() override {
+    auto st = client_->status();
+    if (!st) return -1;
+    return static_cast<int64_t>(st->bytes_read + st->bytes_written);
+  }
+
  private:
   static size_t index(const ShardRef& r) {
     return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
