@@ -81,8 +81,8 @@ void journal_corpus() {
   const std::string t = "fuzz_journal";
   std::vector<Record> all = {
       Watermarks{2, 10, 1, 2, 1},
-      ArenaCreated{1, 65536, 0, "tierd-1a2b3c4d-p1-n0", 1 << 30},
       PoolCreated{1, "job", 1000, 1000, 0, 1 << 30, 0},
+      ArenaCreated{1, 65536, 0, "tierd-1a2b3c4d-p1-n0", 1 << 30},
       TensorCreated{1, 5, "w", 4096, 3, {32, 32}, 0, 65536, 0, 4096},
       NvmeCopyWritten{5, 1, {Extent{"/nvme", "d.0", 0, 4096, 0x1234}}},
       TensorRamDropped{5},
@@ -99,6 +99,17 @@ void journal_corpus() {
   for (size_t i = 0; i < all.size(); ++i)
     if (!encode_record(all[i], i + 1, j).is_ok()) std::abort();
   put(t, "every_record", j);
+  // The synthesized form (fuzz_journal.cpp): byte 0 odd, then (u16 type, u16 length, payload).
+  std::vector<std::byte> syn{std::byte{1}};
+  for (const Record& r : all) {
+    std::vector<std::byte> payload;
+    encode_payload(r, payload);
+    uint16_t hdr[2] = {static_cast<uint16_t>(record_type(r)), static_cast<uint16_t>(payload.size())};
+    const auto* hb = reinterpret_cast<const std::byte*>(hdr);
+    syn.insert(syn.end(), hb, hb + sizeof hdr);
+    syn.insert(syn.end(), payload.begin(), payload.end());
+  }
+  put(t, "synthesized_records", syn);
   auto torn = j;
   torn.resize(torn.size() - 5);
   put(t, "torn_tail", torn);
