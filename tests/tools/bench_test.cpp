@@ -3,6 +3,7 @@
 // not the test's business.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -88,4 +89,26 @@ TEST_CASE("tier-bench usage errors exit 2") {
   auto help = run_binary(bin_path("tier-bench"), {"--help"});
   CHECK(help.rc == 0);
   CHECK(help.out.find("ratio") != std::string::npos);
+}
+
+TEST_CASE("tier-bench load --clients 8 --seconds 2 prints its figures with zero errors") {
+  auto r = run_binary(bin_path("tier-bench"), {"load", "--clients", "8", "--seconds", "2", "--json"}, {}, 120);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  std::map<std::string, json> by_name;
+  for (const auto& j : parse_lines(r.out)) {
+    check_keys(j, false);
+    by_name[j["name"]] = j;
+  }
+  for (const char* n : {"load.ops", "load.lease.p50", "load.lease.p99", "load.lease.p999", "load.errors",
+                        "load.daemon_rss"})
+    CHECK(by_name.count(n) == 1);
+  REQUIRE(by_name.count("load.errors") == 1);
+  CHECK(by_name["load.errors"]["value"] == 0);
+  CHECK(by_name["load.ops"]["value"].get<double>() > 0);
+  CHECK(by_name["load.ops"]["unit"] == "ops/s");
+  CHECK(by_name["load.lease.p50"]["value"].get<double>() <= by_name["load.lease.p999"]["value"].get<double>());
+  // RSS before and after were both read from /proc (the private daemon's pid is known).
+  CHECK(by_name["load.daemon_rss"]["value"].get<double>() > 0);
+  CHECK(by_name["load.daemon_rss"]["baseline"].get<double>() > 0);
 }
