@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/nvme/location.hpp"
 #include "tier/status.hpp"
 #include "tier/types.hpp"
 
@@ -30,12 +31,9 @@ struct RamLocation {
   uint64_t length = 0;  // allocated bytes (>= the tensor's size)
 };
 
-// Filled in by the NVMe tier.
-struct NvmeLocation {
-  int32_t device = -1;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
+// The tensor's NVMe copy: its extents and checksums, as the NVMe engine wrote them
+// (daemon/nvme/location.hpp). Filled in by the NVMe tier (daemon/tiering.hpp).
+using NvmeLocation = nvme::NvmeLocation;
 
 struct Tensor {
   uint64_t id = 0;

@@ -122,6 +122,13 @@ Status parse_nvme(const toml::node& n, std::vector<NvmeDir>& out) {
   return Status::ok();
 }
 
+Status get_fraction(std::string_view key, const toml::node& n, double& out) {
+  std::optional<double> x = n.value<double>();
+  if (!x || !(*x > 0.0) || *x > 1.0) return bad_type(key, n, "a number in (0, 1]");
+  out = *x;
+  return Status::ok();
+}
+
 Status apply_table(const toml::table& tbl, Config& c) {
   for (const auto& [k, v] : tbl) {
     std::string_view key = k.str();
@@ -149,6 +156,12 @@ Status apply_table(const toml::table& tbl, Config& c) {
     else if (key == "max_clients") st = get_u32(key, v, c.max_clients, 1);
     else if (key == "max_leases_per_client") st = get_u32(key, v, c.max_leases_per_client, 1);
     else if (key == "remove_arenas_on_exit") st = get_bool(key, v, c.remove_arenas_on_exit);
+    else if (key == "ram_high_watermark") st = get_fraction(key, v, c.ram_high_watermark);
+    else if (key == "ram_low_watermark") st = get_fraction(key, v, c.ram_low_watermark);
+    else if (key == "nvme_capacity") {
+      if (v.is_string() && v.value<std::string>()->empty()) c.nvme_capacity.clear();
+      else st = get_size(key, v, c.nvme_capacity);
+    }
     else if (key == "log_level") {
       st = get_string(key, v, c.log_level);
       if (st && c.log_level != "error" && c.log_level != "warning" && c.log_level != "info" &&
@@ -191,6 +204,8 @@ Result<Config> parse_config(std::string_view toml_text) {
   }
   if (Status st = check_alignment(c.alignment); !st) return fail(std::move(st));
   if (c.state_dir.empty()) return fail(Code::kInvalidArgument, "state_dir must not be empty");
+  if (c.ram_low_watermark > c.ram_high_watermark)
+    return fail(Code::kInvalidArgument, "ram_low_watermark must not exceed ram_high_watermark");
   return c;
 }
 

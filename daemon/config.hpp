@@ -56,6 +56,12 @@ struct Config {
   // re-attaches them. Tests turn it on.
   bool remove_arenas_on_exit = false;
   std::string log_level = "info";  // error|warning|info|debug
+  // NVMe tier (used only when `nvme` lists directories). Above ram_high_watermark of a NUMA
+  // node's RAM tier, unleased tensors are written back and dropped until ram_low_watermark.
+  double ram_high_watermark = 0.90;
+  double ram_low_watermark = 0.80;
+  // Bytes each NVMe directory may use; empty: 90% of its filesystem's free space.
+  std::string nvme_capacity;
 };
 
 // Sizes resolved against this machine.

@@ -39,6 +39,11 @@ struct Waiter {
   LeaseMode mode = LeaseMode::kRead;
   std::vector<uint64_t> tensor_ids;
   Clock::time_point deadline = Clock::time_point::max();  // max: wait forever
+  // NVMe tier: the batch waits for fetches (not only for a conflict); fail_fast: once fetched,
+  // a conflict answers kBusy instead of waiting (timeout_ms == 0); since: when it started.
+  bool io = false;
+  bool fail_fast = false;
+  Clock::time_point since{};
 };
 
 class LeaseTable {

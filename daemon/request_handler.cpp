@@ -45,6 +45,7 @@ void RequestHandler::session_opened(Session& s) {
 void RequestHandler::session_closed(Session& s) {
   sessions_.erase(s.id);
   state_.leases.drop_waiters(s.id);
+  if (state_.tiering) state_.tiering->session_closed(s.id);
   size_t n = state_.leases.release_all(s.leases, state_.catalog);
   if (n > 0) {
     log_debug("session {} (pid {}) closed holding {} leases; released", s.id, s.pid, n);
@@ -143,9 +144,9 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_map_arena,
       &RequestHandler::on_status,
       &RequestHandler::on_topo,
-      &RequestHandler::on_nvme_only,  // Prefetch
-      &RequestHandler::on_nvme_only,  // Evict
-      &RequestHandler::on_nvme_only,  // PlanSet
+      &RequestHandler::on_prefetch,
+      &RequestHandler::on_evict,
+      &RequestHandler::on_plan_set,
       &RequestHandler::on_nvme_only,  // Snapshot
       &RequestHandler::on_metrics,
   };
@@ -232,8 +233,10 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
     return reply_err(h, Status(Code::kBusy, "pool '" + p.name + "' has " + std::to_string(p.leases) +
                                                 " leases held"),
                      out);
-  for (auto& [id, t] : p.tensors)
+  for (auto& [id, t] : p.tensors) {
+    if (state_.tiering) state_.tiering->forget(p, t);
     if (t.ram) state_.ram->release(p, *t.ram);
+  }
   state_.ram->drop_pool(p.id);
   log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, s.uid, p.tensors.size());
   state_.catalog.erase_pool(p.id);
@@ -268,7 +271,8 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
   Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
   auto node = choose_node(state_.topology, pl, s.numa_node);
   if (!node) return reply_err(h, node.error(), out);
-  auto loc = state_.ram->allocate(p, *node, req.size);
+  auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
+                            : state_.ram->allocate(p, *node, req.size);
   if (!loc) return reply_err(h, loc.error(), out);
   TensorDesc desc{std::move(req.name), req.size, static_cast<DType>(req.dtype), std::move(req.shape), pl};
   auto t = state_.catalog.create_tensor(p, std::move(desc), *node);
@@ -327,6 +331,7 @@ void RequestHandler::on_tensor_delete(Session& s, const Header& h,
     return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
   if (t->readers > 0 || t->writer)
     return reply_err(h, Status(Code::kBusy, "tensor '" + req.name + "' is leased"), out);
+  if (state_.tiering) state_.tiering->forget(p, *t);
   if (t->ram) state_.ram->release(p, *t->ram);
   state_.catalog.erase_tensor(p, t->id);
   reply_ok(h, Empty{}, out);
@@ -343,7 +348,7 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
     Pool* p = state_.catalog.find_pool(t->pool_id);
     if (!p) return Status(Code::kInternal, "tensor without a pool");
     if (p->owner_uid != s.uid) return may_use(s, *p);
-    if (!t->ram)
+    if (!t->ram && !state_.tiering)
       return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
     scratch_tensors_.push_back(t);
   }
@@ -356,6 +361,7 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
   state_.counters.leases_granted += scratch_ids_.size();
   state_.counters.hits += scratch_ids_.size();
+  if (state_.tiering) state_.tiering->on_granted(scratch_tensors_, mode);
   lease_rep_.grants.resize(scratch_tensors_.size());
   for (size_t i = 0; i < scratch_tensors_.size(); ++i) {
     const Tensor& t = *scratch_tensors_[i];
@@ -391,6 +397,25 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
                      out);
   if (Status st = resolve_for_lease(s, req.tensor_ids); !st) return reply_err(h, st, out);
   LeaseMode mode = static_cast<LeaseMode>(req.mode);
+  if (state_.tiering) {
+    // Tensors only on NVMe are fetched first; the reply waits for them like a lease wait.
+    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_);
+    if (!must_wait) return reply_err(h, must_wait.error(), out);
+    if (*must_wait) {
+      Waiter w;
+      w.session_id = s.id;
+      w.request_id = h.request_id;
+      w.mode = mode;
+      w.tensor_ids = req.tensor_ids;
+      if (req.timeout_ms > 0) w.deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
+      w.io = true;
+      w.fail_fast = req.timeout_ms == 0;
+      w.since = Clock::now();
+      state_.leases.add_waiter(std::move(w));
+      out.deferred = true;
+      return;
+    }
+  }
   Status st = grant(s, mode, h.request_id, out.bytes);
   if (st) return;
   if (st.code() != Code::kBusy || req.timeout_ms == 0) return reply_err(h, st, out);
@@ -428,15 +453,28 @@ void RequestHandler::on_release(Session& s, const Header& h, std::span<const std
 }
 
 void RequestHandler::retry_waiters() {
+  if (state_.tiering) state_.tiering->clear_pins();
   state_.leases.retry_waiters([&](Waiter& w) {
     auto it = sessions_.find(w.session_id);
     if (it == sessions_.end()) return true;
     Session& s = *it->second;
     Status st = resolve_for_lease(s, w.tensor_ids);
+    if (st && state_.tiering) {
+      bool ready = false;
+      st = state_.tiering->lease_ready(scratch_tensors_, ready);
+      if (st && !ready) {
+        state_.tiering->pin(w.tensor_ids);  // fetched tensors stay until the grant
+        return false;
+      }
+    }
     if (st) {
       st = grant(s, w.mode, w.request_id, deferred_buf_);
-      if (!st && st.code() == Code::kBusy) return false;  // still waiting
+      if (!st && st.code() == Code::kBusy && !w.fail_fast) {
+        if (state_.tiering) state_.tiering->pin(w.tensor_ids);
+        return false;  // still waiting
+      }
     }
+    if (w.io && state_.tiering) state_.tiering->lease_waited(Clock::now() - w.since);
     if (!st) {
       state_.counters.errors++;
       (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
@@ -487,6 +525,7 @@ StatusRep RequestHandler::status() const {
   r.prefetches = c.prefetches;
   r.requests = c.requests;
   r.errors = c.errors;
+  if (state_.tiering) state_.tiering->fill_status(r);
   return r;
 }
 

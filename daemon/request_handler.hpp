@@ -65,6 +65,10 @@ class RequestHandler {
     return state_.leases.next_deadline();
   }
 
+  // NVMe tier: runs its completions and timers, then answers the lease waiters they unblocked.
+  // The server calls it when the tier's event fd is readable and after each batch of events.
+  void tier_poll();
+
   [[nodiscard]] wire::StatusRep status() const;
   [[nodiscard]] wire::TopoRep topo() const;
   // Prometheus text exposition of the status counters.
@@ -91,6 +95,12 @@ class RequestHandler {
   void on_topo(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_metrics(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_nvme_only(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  // NVMe tier requests (request_handler_tiering.cpp); kUnsupported without the tier.
+  void on_prefetch(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_evict(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_plan_set(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  // Resolves tensor ids of `pool` for Prefetch/Evict/PlanSet into scratch_tensors_.
+  [[nodiscard]] Status resolve_in_pool(const Pool& pool, std::span<const uint64_t> ids);
 
   template <class T>
   void reply_ok(const wire::Header& h, const T& body, Reply& out);

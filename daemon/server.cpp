@@ -26,7 +26,7 @@ namespace tier::daemon {
 namespace {
 
 // epoll tags below kFirstSession name the daemon's own fds; connections use their session id.
-constexpr uint64_t kTagListen = 1, kTagSignal = 2, kTagLeaseTimer = 3, kTagTick = 4;
+constexpr uint64_t kTagListen = 1, kTagSignal = 2, kTagLeaseTimer = 3, kTagTick = 4, kTagTier = 5;
 constexpr uint64_t kFirstSession = 16;
 constexpr size_t kMaxQueuedReplies = 4096;  // a client this far behind is dropped
 // Messages read from one client per readiness event. One: a request/response client almost
@@ -342,6 +342,7 @@ Status Server::listen() {
   TIER_RETURN_IF_ERROR(m.add(m.sigfd, kTagSignal, EPOLLIN));
   TIER_RETURN_IF_ERROR(m.add(m.lease_timer, kTagLeaseTimer, EPOLLIN));
   TIER_RETURN_IF_ERROR(m.add(m.tick_timer, kTagTick, EPOLLIN));
+  if (m.st.tiering) TIER_RETURN_IF_ERROR(m.add(m.st.tiering->event_fd(), kTagTier, EPOLLIN));
 
   uint64_t usec = 0;
   if (m.st.config.watchdog && sd_watchdog_enabled(0, &usec) > 0) m.watchdog_usec = usec;
@@ -390,6 +391,8 @@ Status Server::run() {
         while (::read(m.lease_timer, &x, sizeof x) == sizeof x) {}
         m.armed_deadline.reset();
         m.handler.expire(Clock::now());
+      } else if (tag == kTagTier) {
+        // NVMe completions and prefetch timers: handled by tier_poll() after this batch.
       } else if (tag == kTagTick) {
         uint64_t x;
         while (::read(m.tick_timer, &x, sizeof x) == sizeof x) {}
@@ -406,6 +409,7 @@ Status Server::run() {
         }
       }
     }
+    m.handler.tier_poll();  // also catches completions reaped while a request waited for I/O
     m.close_dead();
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");

@@ -29,6 +29,11 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
     ro.hugetlbfs_mount = *m;
   }
   st->ram = std::make_unique<RamTier>(std::move(ro), st->topology);
+  if (!cfg.nvme.empty()) {
+    auto tm = TierManager::open(cfg, st->catalog, *st->ram);
+    if (!tm) return fail(tm.error());
+    st->tiering = std::move(*tm);
+  }
   st->config = std::move(cfg);
   st->sizes = sizes;
   return st;

@@ -13,6 +13,7 @@
 #include "daemon/config.hpp"
 #include "daemon/leases.hpp"
 #include "daemon/ram/ram_tier.hpp"
+#include "daemon/tiering.hpp"
 #include "daemon/topology.hpp"
 
 namespace tier::daemon {
@@ -37,6 +38,9 @@ struct DaemonState {
   Clock::time_point started = Clock::now();
   gid_t admin_gid = static_cast<gid_t>(-1);  // from config admin_group; -1: none
   uint32_t clients = 0;                     // sessions open now (the server keeps it)
+  // The NVMe tier; null without NVMe directories. Declared last: destroyed (its I/O drained)
+  // while the catalog and RAM tier still exist.
+  std::unique_ptr<TierManager> tiering;
 };
 
 // Builds the state from a validated config and sizes: loads the topology and sets up the

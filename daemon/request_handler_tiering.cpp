@@ -1,0 +1,105 @@
+// The NVMe tier's requests (Prefetch, Evict, PlanSet) and its poll hook. Kept apart from
+// request_handler.cpp: these only translate between the wire and the TierManager.
+#include <fmt/format.h>
+
+#include "daemon/log.hpp"
+#include "daemon/request_handler.hpp"
+
+namespace tier::daemon {
+
+using namespace tier::wire;
+
+#define TIER_DECODE_T(T, var)                                                     \
+  auto var##_r = decode<T>(payload);                                             \
+  if (!var##_r) return reply_err(h, var##_r.error(), out);                       \
+  T& var = *var##_r
+
+namespace {
+
+void reply_empty(const Header& h, Reply& out) {
+  Status st = encode_reply(h.type, h.request_id, Status::ok(), Empty{}, out.bytes);
+  (void)st;  // an empty body always fits
+}
+
+}  // namespace
+
+Status RequestHandler::resolve_in_pool(const Pool& pool, std::span<const uint64_t> ids) {
+  scratch_tensors_.clear();
+  if (ids.size() > kMaxBatch)
+    return Status(Code::kInvalidArgument, "at most " + std::to_string(kMaxBatch) + " tensors per request");
+  for (uint64_t id : ids) {
+    Tensor* t = state_.catalog.find_tensor(id);
+    if (!t || t->pool_id != pool.id)
+      return Status(Code::kNotFound, "no tensor with id " + std::to_string(id) + " in pool '" + pool.name + "'");
+    scratch_tensors_.push_back(t);
+  }
+  return Status::ok();
+}
+
+void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const std::byte> payload,
+                                 Reply& out) {
+  if (!state_.tiering) return on_nvme_only(s, h, payload, out);
+  TIER_DECODE_T(TensorIdsReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  Pool& p = **pr;
+  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
+  if (Status st = resolve_in_pool(p, req.tensor_ids); !st) return reply_err(h, st, out);
+  if (Status st = state_.tiering->prefetch(p, scratch_tensors_); !st) return reply_err(h, st, out);
+  reply_empty(h, out);
+}
+
+void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::byte> payload,
+                              Reply& out) {
+  if (!state_.tiering) return on_nvme_only(s, h, payload, out);
+  TIER_DECODE_T(TensorIdsReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  Pool& p = **pr;
+  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
+  bool whole_pool = req.tensor_ids.empty();
+  if (whole_pool) {
+    scratch_tensors_.clear();
+    for (auto& [id, t] : p.tensors) scratch_tensors_.push_back(&t);
+  } else if (Status st = resolve_in_pool(p, req.tensor_ids); !st) {
+    return reply_err(h, st, out);
+  }
+  std::vector<Tensor*> tensors = scratch_tensors_;  // the tier may wait for I/O meanwhile
+  size_t skipped = 0;
+  Status st = state_.tiering->evict(p, tensors, skipped);
+  if (!st) return reply_err(h, st, out);
+  // Named tensors that are leased are an error the caller should see; a whole-pool eviction
+  // skips them (and says so in the log).
+  if (skipped > 0 && !whole_pool)
+    return reply_err(h, Status(Code::kBusy, std::to_string(skipped) + " of the tensors are leased and stay in RAM"), out);
+  if (skipped > 0) log_info("evict pool '{}': {} leased tensors stay in RAM", p.name, skipped);
+  reply_empty(h, out);
+  retry_waiters();  // write-backs may have completed fetches of waiting leases meanwhile
+}
+
+void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const std::byte> payload,
+                                 Reply& out) {
+  if (!state_.tiering) return on_nvme_only(s, h, payload, out);
+  TIER_DECODE_T(PlanSetReq, req);
+  auto pr = pool_named(req.pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  Pool& p = **pr;
+  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
+  for (uint64_t id : req.tensor_ids) {
+    Tensor* t = state_.catalog.find_tensor(id);
+    if (!t || t->pool_id != p.id)
+      return reply_err(h, Status(Code::kNotFound, "plan names tensor id " + std::to_string(id) +
+                                                      ", which is not in pool '" + p.name + "'"),
+                       out);
+  }
+  if (Status st = state_.tiering->set_plan(s.id, p, std::move(req.tensor_ids), req.budget); !st)
+    return reply_err(h, st, out);
+  reply_empty(h, out);
+}
+
+void RequestHandler::tier_poll() {
+  if (!state_.tiering) return;
+  if (state_.tiering->poll() && state_.leases.waiter_count() > 0) retry_waiters();
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,601 @@
+#include "daemon/tiering.hpp"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/statvfs.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "daemon/log.hpp"
+#include "nvme/nvme_log.hpp"
+#include "policy/prefetch.hpp"
+
+namespace tier::daemon {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+uint64_t nvme_bytes(const nvme::NvmeLocation& loc) {
+  uint64_t b = 0;
+  for (const auto& e : loc.extents) b += nvme::allocated_bytes(e);
+  return b;
+}
+
+// The share of RAM a plan keeps resident when its client gives no budget.
+constexpr double kDefaultPlanBudget = 0.5;
+// Prefetch lead time beyond the transfer time, as a fraction of it (the device is shared with
+// checksum work and other clients).
+constexpr double kPrefetchMargin = 0.3;
+
+}  // namespace
+
+Result<std::unique_ptr<TierManager>> TierManager::open(const Config& cfg, Catalog& catalog,
+                                                       RamTier& ram) {
+  // Engine lines carry syslog levels (3 error, 4 warning, 6 info, 7 debug).
+  nvme::set_nvme_log_sink([](int level, std::string_view line) {
+    if (level <= 3) log_error("nvme: {}", line);
+    else if (level == 4) log_warn("nvme: {}", line);
+    else if (level <= 6) log_info("nvme: {}", line);
+    else log_debug("nvme: {}", line);
+  });
+  nvme::EngineOptions o;
+  for (const auto& d : cfg.nvme) {
+    nvme::DirConfig dc;
+    dc.path = d.path;
+    dc.numa_node = d.numa_node;
+    if (!cfg.nvme_capacity.empty()) {
+      struct statvfs vs{};
+      uint64_t free_bytes = 0;
+      if (::statvfs(d.path.c_str(), &vs) == 0) free_bytes = uint64_t{vs.f_bavail} * vs.f_frsize;
+      auto cap = parse_size(cfg.nvme_capacity, free_bytes);
+      if (!cap) return fail(Code::kInvalidArgument, "nvme_capacity: " + cap.error().message());
+      dc.capacity = std::max<uint64_t>(*cap, nvme::kExtentAlign);
+    }
+    o.dirs.push_back(std::move(dc));
+  }
+  // Files no larger than the capacity: a small tier must not preallocate a whole 1 GiB file.
+  if (!cfg.nvme_capacity.empty()) {
+    uint64_t smallest = UINT64_MAX;
+    for (const auto& d : o.dirs) smallest = std::min(smallest, d.capacity);
+    if (smallest < o.file_size) o.file_size = (smallest + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
+  }
+  auto eng = nvme::Engine::open(std::move(o));
+  if (!eng) return fail(eng.error());
+  std::unique_ptr<TierManager> m(new TierManager(catalog, ram));
+  m->engine_ = std::move(*eng);
+  m->marks_ = policy::Watermarks{cfg.ram_high_watermark, cfg.ram_low_watermark}.normalized();
+  nvme::EngineStats es = m->engine_->stats();
+  auto q = parse_size(cfg.nvme_pool_quota, es.capacity);
+  if (!q) return fail(Code::kInvalidArgument, "nvme_pool_quota: " + q.error().message());
+  m->default_nvme_quota_ = *q == 0 ? es.capacity : *q;
+  m->epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  m->timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (m->epfd_ < 0 || m->timer_fd_ < 0) return fail(Status::from_errno(errno, "NVMe tier: epoll/timerfd"));
+  for (int fd : {m->engine_->event_fd(), m->timer_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(m->epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+      return fail(Status::from_errno(errno, "NVMe tier: epoll_ctl"));
+  }
+  for (const auto& d : es.dirs)
+    log_info("NVMe tier: {} ({}{}, {} capacity, NUMA node {})", d.path, d.backend,
+             d.direct_io ? " + O_DIRECT" : ", page cache", format_size(d.capacity), d.numa_node);
+  log_info("NVMe tier: {} over {} directories; RAM watermarks {:.0f}%/{:.0f}%",
+           format_size(es.capacity), es.dirs.size(), m->marks_.high * 100, m->marks_.low * 100);
+  return m;
+}
+
+TierManager::~TierManager() {
+  if (engine_) engine_->drain();  // callbacks still see the catalog and RAM tier
+  engine_.reset();
+  if (timer_fd_ >= 0) ::close(timer_fd_);
+  if (epfd_ >= 0) ::close(epfd_);
+}
+
+TierManager::TState& TierManager::ts(uint64_t id) {
+  auto [it, fresh] = ts_.try_emplace(id);
+  if (fresh) it->second.last_use = tick_++;  // first seen: just created, so recently used
+  return it->second;
+}
+
+std::byte* TierManager::ram_ptr(const RamLocation& loc) {
+  Arena* a = ram_.arena(loc.arena_id);
+  return a ? a->base() + loc.offset : nullptr;
+}
+
+uint64_t TierManager::nvme_quota(const Pool& p) const {
+  return p.nvme_quota == 0 ? default_nvme_quota_ : p.nvme_quota;
+}
+
+bool TierManager::evictable(const Tensor& t) const {
+  if (!t.ram || t.readers > 0 || t.writer || pinned_.contains(t.id)) return false;
+  auto it = ts_.find(t.id);
+  return it == ts_.end() || it->second.io == Io::kNone;
+}
+
+void TierManager::drop_ram(Pool& pool, Tensor& t) {
+  RamLocation loc = *t.ram;
+  // Give the pages back: the arena is sparse shared memory and freeing the extent alone would
+  // keep them resident. (Clients map the same object; nobody holds a lease on these bytes.)
+  if (Arena* a = ram_.arena(loc.arena_id)) {
+    if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(loc.offset), static_cast<off_t>(loc.length)) != 0)
+      log_debug("punching {} bytes at {} of {}: {}", loc.length, loc.offset, a->path(), std::strerror(errno));
+  }
+  ram_.release(pool, loc);
+  t.ram.reset();
+  stats_.evictions++;
+}
+
+// --- I/O ---
+
+Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance) {
+  TState& s = ts(t.id);
+  if (t.ram || s.io == Io::kFetch) return Status::ok();
+  if (!t.nvme) return Status(Code::kInternal, "tensor '" + t.name + "' is neither in RAM nor on NVMe");
+  Result<RamLocation> loc = fail(Code::kResourceExhausted, "");
+  if (demand) {
+    loc = allocate(pool, t.node, t.size);
+  } else {
+    // Ahead of use: only clean victims used later than this tensor (or in no plan), no waiting.
+    loc = ram_.allocate(pool, t.node, t.size);
+    if (!loc && loc.error().code() == Code::kResourceExhausted) {
+      auto cands = candidates(std::nullopt, t.node, distance);
+      std::erase_if(cands, [&](const policy::Candidate& c) {
+        const Tensor* v = catalog_.find_tensor(c.id);
+        return !v || needs_writeback(*v) || (pool.ram_used + t.size > pool.ram_quota && v->pool_id != pool.id);
+      });
+      uint64_t started = 0;
+      Status err;
+      if (evict_some(cands, t.size, started, err) > 0) loc = ram_.allocate(pool, t.node, t.size);
+    }
+  }
+  if (!loc) return loc.error();
+  // allocate() may have waited for I/O; nothing else can have fetched this tensor meanwhile
+  // (fetches start only here), but re-check for safety.
+  TState& s2 = ts(t.id);
+  if (t.ram || s2.io != Io::kNone) {
+    ram_.release(pool, *loc);
+    return Status::ok();
+  }
+  std::byte* dst = ram_ptr(*loc);
+  if (!dst) {
+    ram_.release(pool, *loc);
+    return Status(Code::kInternal, "no arena for a fetch");
+  }
+  s2.io = Io::kFetch;
+  s2.pending = *loc;
+  s2.error.reset();
+  engine_->fetch(*t.nvme, {dst, t.size}, [this, id = t.id](Status st) { fetch_done(id, std::move(st)); });
+  (void)s;
+  return Status::ok();
+}
+
+void TierManager::fetch_done(uint64_t id, Status st) {
+  progress_ = true;
+  auto it = ts_.find(id);
+  if (it == ts_.end()) return;
+  TState& s = it->second;
+  s.io = Io::kNone;
+  Tensor* t = catalog_.find_tensor(id);
+  Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
+  if (!t || !p) return;  // forget() waits for I/O, so this does not happen
+  if (st) {
+    t->ram = s.pending;
+    t->dirty = false;
+    s.last_use = tick_++;
+    stats_.fetches++;
+  } else {
+    ram_.release(*p, s.pending);
+    s.error = st;
+    stats_.fetch_errors++;
+    log_warn("fetch of tensor '{}' (pool '{}') failed: {}", t->name, p->name, st.message());
+  }
+}
+
+Status TierManager::start_spill(Pool& pool, Tensor& t, bool drop_after) {
+  TState& s = ts(t.id);
+  if (s.io != Io::kNone || !t.ram) return Status(Code::kBusy, "tensor '" + t.name + "' has I/O in flight");
+  uint64_t old = t.nvme ? nvme_bytes(*t.nvme) : 0;
+  uint64_t need = (t.size + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
+  uint64_t quota = nvme_quota(pool);
+  if (pool.nvme_used - std::min(pool.nvme_used, old) + need > quota)
+    return Status(Code::kResourceExhausted,
+                  "pool '" + pool.name + "' NVMe quota of " + format_size(quota) + " reached (used " +
+                      format_size(pool.nvme_used) + ", need " + format_size(need) + ")");
+  std::byte* src = ram_ptr(*t.ram);
+  if (!src) return Status(Code::kInternal, "no arena for a write-back");
+  s.io = Io::kSpill;
+  s.spill_gen = s.write_gen;
+  s.drop_after = drop_after;
+  if (drop_after) writeback_pending_bytes_ += t.ram->length;
+  engine_->spill(t.id, {src, t.size},
+                 [this, id = t.id](Result<nvme::NvmeLocation> r) { spill_done(id, std::move(r)); },
+                 t.nvme ? &*t.nvme : nullptr);
+  return Status::ok();
+}
+
+void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
+  progress_ = true;
+  auto it = ts_.find(id);
+  if (it == ts_.end()) return;
+  TState& s = it->second;
+  s.io = Io::kNone;
+  Tensor* t = catalog_.find_tensor(id);
+  Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
+  if (!t || !p) return;
+  if (s.drop_after && t->ram)
+    writeback_pending_bytes_ -= std::min(writeback_pending_bytes_, t->ram->length);
+  if (!r) {
+    stats_.writeback_errors++;
+    log_warn("write-back of tensor '{}' (pool '{}') failed: {}", t->name, p->name, r.error().message());
+    return;  // the RAM copy (and any older NVMe copy) stay
+  }
+  uint64_t old = t->nvme ? nvme_bytes(*t->nvme) : 0;
+  p->nvme_used = p->nvme_used - std::min(p->nvme_used, old) + nvme_bytes(*r);
+  t->nvme = std::move(*r);
+  stats_.writebacks++;
+  if (s.write_gen == s.spill_gen) t->dirty = false;  // no write lease since it started
+  if (s.drop_after && !t->dirty && evictable(*t)) drop_ram(*p, *t);
+}
+
+void TierManager::wait_idle(uint64_t id) {
+  for (;;) {
+    auto it = ts_.find(id);
+    if (it == ts_.end() || it->second.io == Io::kNone || engine_->pending() == 0) return;
+    engine_->wait();
+  }
+}
+
+// --- eviction ---
+
+const TierManager::Plan* TierManager::plan_for_pool(uint64_t pool_id) const {
+  for (const auto& [sid, p] : plans_)
+    if (p.pool_id == pool_id) return &p;
+  return nullptr;
+}
+
+std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> pool,
+                                                       std::optional<int32_t> node,
+                                                       std::optional<uint64_t> protect) {
+  std::vector<policy::Candidate> out;
+  auto add_pool = [&](Pool& p) {
+    const Plan* plan = plan_for_pool(p.id);
+    for (auto& [id, t] : p.tensors) {
+      if (!evictable(t) || (node && t.ram->node != *node)) continue;
+      policy::Candidate c = policy::make_candidate(id, t.ram->length, ts(id).last_use,
+                                                   plan ? &plan->index : nullptr, plan ? plan->cursor : 0);
+      if (protect && c.next_use && *c.next_use <= *protect) continue;
+      out.push_back(c);
+    }
+  };
+  if (pool) {
+    if (Pool* p = catalog_.find_pool(*pool)) add_pool(*p);
+  } else {
+    for (const auto& [name, pid] : catalog_.pool_names())
+      if (Pool* p = catalog_.find_pool(pid)) add_pool(*p);
+  }
+  return out;
+}
+
+uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint64_t need,
+                                 uint64_t& started, Status& last_error) {
+  uint64_t freed = 0;
+  for (uint64_t id : policy::eviction_order(cands)) {
+    if (freed + started >= need) break;
+    Tensor* t = catalog_.find_tensor(id);
+    Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
+    if (!p || !evictable(*t)) continue;
+    uint64_t len = t->ram->length;
+    if (!needs_writeback(*t)) {
+      drop_ram(*p, *t);
+      freed += len;
+    } else if (Status st = start_spill(*p, *t, true); st) {
+      started += len;
+    } else {
+      last_error = st;
+    }
+  }
+  return freed;
+}
+
+Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size) {
+  Status last_error;
+  for (;;) {
+    auto loc = ram_.allocate(pool, node, size);
+    if (loc) {
+      maintain();
+      return loc;
+    }
+    if (loc.error().code() != Code::kResourceExhausted) return loc;
+    // What limits it: the pool's quota (evict its tensors anywhere), the node (anyone's on the
+    // node), else fragmentation of the pool's arena on the node (its tensors there).
+    uint64_t gran = 4096;
+    uint64_t need = (size + gran - 1) / gran * gran;
+    std::optional<uint64_t> in_pool;
+    std::optional<int32_t> on_node;
+    const NodeUsage* nu = nullptr;
+    for (const auto& n : ram_.nodes())
+      if (n.node == node) nu = &n;
+    if (pool.ram_used + need > pool.ram_quota) {
+      in_pool = pool.id;
+    } else if (nu && nu->used + need > nu->capacity) {
+      on_node = node;
+    } else {
+      in_pool = pool.id;
+      on_node = node;
+    }
+    auto cands = candidates(in_pool, on_node, std::nullopt);
+    uint64_t started = 0;
+    uint64_t freed = evict_some(cands, need, started, last_error);
+    if (freed > 0) continue;
+    if (engine_->pending() > 0) {
+      engine_->wait();  // a write-back (ours or an earlier one) completes and drops its tensor
+      continue;
+    }
+    std::string why = loc.error().message() + "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
+    if (!last_error.is_ok()) why += "; last write-back error: " + last_error.message();
+    return fail(Code::kResourceExhausted, why);
+  }
+}
+
+void TierManager::maintain() {
+  for (const auto& n : ram_.nodes()) {
+    uint64_t over = policy::bytes_to_evict(n.used, n.capacity, marks_);
+    if (over <= writeback_pending_bytes_) continue;
+    auto cands = candidates(std::nullopt, n.node, std::nullopt);
+    uint64_t started = writeback_pending_bytes_;
+    Status err;
+    evict_some(cands, over, started, err);
+  }
+}
+
+// --- leases ---
+
+Result<bool> TierManager::prepare_lease(uint64_t session, std::span<Tensor* const> tensors) {
+  double now = now_s();
+  auto pit = plans_.find(session);
+  bool wait = false;
+  bool moved = false;
+  for (Tensor* t : tensors) {
+    if (pit != plans_.end() && pit->second.pool_id == t->pool_id) {
+      Plan& pl = pit->second;
+      if (auto d = pl.index.next_use(t->id, pl.cursor)) {
+        pl.cursor = (pl.cursor + *d + 1) % pl.index.length();
+        double gap = now - pl.last_advance;
+        if (pl.last_advance > 0 && gap < 10.0)
+          pl.seconds_per_use = pl.seconds_per_use == 0 ? gap : 0.8 * pl.seconds_per_use + 0.2 * gap;
+        pl.last_advance = now;
+        moved = true;
+      }
+    }
+    TState& s = ts(t->id);
+    if (t->ram) {
+      stats_.hits++;
+      continue;
+    }
+    wait = true;
+    if (s.io == Io::kFetch) continue;  // a prefetch is under way: a stall, not a miss
+    stats_.misses++;
+    Pool* p = catalog_.find_pool(t->pool_id);
+    if (!p) return fail(Code::kInternal, "tensor without a pool");
+    pin(std::span<const uint64_t>(&t->id, 1));
+    if (Status st = start_fetch(*p, *t, true, std::nullopt); !st) return fail(std::move(st));
+  }
+  if (wait) {
+    for (Tensor* t : tensors) pinned_.insert(t->id);
+    stats_.stalls++;
+  }
+  if (moved) {
+    next_prefetch_ = 0;
+    schedule_prefetch();
+  }
+  return wait;
+}
+
+Status TierManager::lease_ready(std::span<Tensor* const> tensors, bool& ready) {
+  ready = true;
+  for (Tensor* t : tensors) {
+    if (t->ram) continue;
+    ready = false;
+    TState& s = ts(t->id);
+    if (s.io == Io::kFetch) continue;
+    if (s.error) return *s.error;
+    Pool* p = catalog_.find_pool(t->pool_id);
+    if (!p) return Status(Code::kNotFound, "tensor '" + t->name + "' was deleted");
+    TIER_RETURN_IF_ERROR(start_fetch(*p, *t, true, std::nullopt));
+  }
+  return Status::ok();
+}
+
+void TierManager::lease_waited(Clock::duration waited) {
+  stats_.stall_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(waited).count());
+}
+
+void TierManager::on_granted(std::span<Tensor* const> tensors, LeaseMode mode) {
+  for (Tensor* t : tensors) {
+    TState& s = ts(t->id);
+    s.last_use = tick_++;
+    if (mode == LeaseMode::kWrite) {
+      s.write_gen++;
+      t->dirty = true;
+    }
+  }
+}
+
+void TierManager::forget(Pool& pool, Tensor& t) {
+  wait_idle(t.id);
+  auto it = ts_.find(t.id);
+  if (it != ts_.end() && it->second.drop_after && it->second.io == Io::kSpill && t.ram)
+    writeback_pending_bytes_ -= std::min(writeback_pending_bytes_, t.ram->length);
+  ts_.erase(t.id);
+  pinned_.erase(t.id);
+  if (t.nvme) {
+    if (Status st = engine_->free(*t.nvme); !st) log_warn("freeing the NVMe copy of '{}': {}", t.name, st.message());
+    pool.nvme_used -= std::min(pool.nvme_used, nvme_bytes(*t.nvme));
+    t.nvme.reset();
+  }
+}
+
+// --- requests ---
+
+Status TierManager::prefetch(Pool& pool, std::span<Tensor* const> tensors) {
+  for (Tensor* t : tensors) {
+    if (t->ram || ts(t->id).io == Io::kFetch) continue;
+    TIER_RETURN_IF_ERROR(start_fetch(pool, *t, true, std::nullopt));
+    stats_.prefetches++;
+  }
+  return Status::ok();
+}
+
+Status TierManager::evict(Pool& pool, std::span<Tensor* const> tensors, size_t& skipped) {
+  skipped = 0;
+  std::vector<Tensor*> spilling;
+  for (Tensor* t : tensors) {
+    wait_idle(t->id);
+    if (!t->ram) continue;
+    if (t->readers > 0 || t->writer) {
+      ++skipped;
+      continue;
+    }
+    if (!needs_writeback(*t)) {
+      drop_ram(pool, *t);
+      continue;
+    }
+    TIER_RETURN_IF_ERROR(start_spill(pool, *t, false));
+    spilling.push_back(t);
+  }
+  Status first;
+  for (Tensor* t : spilling) {
+    wait_idle(t->id);
+    if (!t->ram) continue;
+    if (needs_writeback(*t)) {
+      if (first.is_ok())
+        first = Status(Code::kIo, "write-back of tensor '" + t->name + "' failed (see the daemon log); it stays in RAM");
+      if (t->readers == 0 && !t->writer) continue;
+    }
+    if (t->readers > 0 || t->writer) {
+      ++skipped;
+      continue;
+    }
+    drop_ram(pool, *t);
+  }
+  return first;
+}
+
+Status TierManager::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget) {
+  if (ids.empty()) {
+    plans_.erase(session);
+    return Status::ok();
+  }
+  Plan pl;
+  pl.pool_id = pool.id;
+  pl.index = policy::PlanIndex(std::move(ids));
+  pl.budget = budget != 0 ? budget : static_cast<uint64_t>(static_cast<double>(ram_.capacity()) * marks_.low * kDefaultPlanBudget);
+  plans_[session] = std::move(pl);
+  next_prefetch_ = 0;
+  return Status::ok();
+}
+
+void TierManager::session_closed(uint64_t session) { plans_.erase(session); }
+
+// --- the loop ---
+
+void TierManager::schedule_prefetch() {
+  double now = now_s();
+  double next = std::numeric_limits<double>::infinity();
+  double bw = engine_->measured_bandwidth();
+  if (bw <= 0) bw = 1e9;
+  for (auto& [sid, pl] : plans_) {
+    Pool* pool = catalog_.find_pool(pl.pool_id);
+    if (!pool) continue;
+    policy::PrefetchInput in;
+    in.plan = &pl.index;
+    in.cursor = pl.cursor;
+    in.present = [&](uint64_t id) {
+      Tensor* t = catalog_.find_tensor(id);
+      if (!t) return true;  // deleted: nothing to fetch
+      auto it = ts_.find(id);
+      return t->ram.has_value() || (it != ts_.end() && it->second.io == Io::kFetch);
+    };
+    in.bytes_of = [&](uint64_t id) {
+      Tensor* t = catalog_.find_tensor(id);
+      return t ? t->size : uint64_t{0};
+    };
+    in.budget_bytes = pl.budget;
+    in.ahead_bytes = std::max<uint64_t>(pl.budget / 4, 1);
+    in.bandwidth = bw;
+    in.seconds_per_use = pl.seconds_per_use;
+    in.now = now;
+    if (pl.last_advance > 0) in.cursor_at = pl.last_advance + pl.seconds_per_use;
+    in.margin = kPrefetchMargin;
+    policy::PrefetchPlan pp = policy::plan_prefetch(in);
+    for (const auto& item : pp.items) {
+      if (item.start_at > now) continue;
+      Tensor* t = catalog_.find_tensor(item.id);
+      if (!t || t->pool_id != pool->id) continue;
+      Status st = start_fetch(*pool, *t, false, item.distance);
+      if (st) {
+        if (ts(t->id).io == Io::kFetch) stats_.prefetches++;
+      } else {
+        break;  // no clean room now: try again when something completes
+      }
+    }
+    next = std::min(next, pp.next_start);
+  }
+  next_prefetch_ = next;
+  itimerspec its{};
+  if (std::isfinite(next)) {
+    double at = std::max(next, now + 1e-4);
+    its.it_value.tv_sec = static_cast<time_t>(at);
+    its.it_value.tv_nsec = static_cast<long>((at - std::floor(at)) * 1e9);
+  }
+  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+bool TierManager::poll() {
+  uint64_t x;
+  while (::read(timer_fd_, &x, sizeof x) == sizeof x) {}
+  engine_->poll();
+  if (progress_ || now_s() >= next_prefetch_) {
+    maintain();
+    if (!plans_.empty()) schedule_prefetch();
+  }
+  bool p = progress_;
+  progress_ = false;
+  return p;
+}
+
+void TierManager::fill_status(wire::StatusRep& r) const {
+  nvme::EngineStats es = engine_->stats();
+  for (const auto& d : es.dirs)
+    r.nvme.push_back(wire::NvmeTierW{d.path, d.numa_node, d.backend, d.capacity, d.used});
+  for (auto& n : r.ram) n.dirty = 0;
+  for (const auto& [name, pid] : catalog_.pool_names()) {
+    const Pool* p = const_cast<Catalog&>(catalog_).find_pool(pid);
+    if (!p) continue;
+    for (const auto& [id, t] : p->tensors) {
+      if (!t.ram || !needs_writeback(t)) continue;
+      for (auto& n : r.ram)
+        if (n.node == t.ram->node) n.dirty += t.ram->length;
+    }
+  }
+  r.bytes_read = es.fetch_bytes;
+  r.bytes_written = es.spill_bytes;
+  r.hits = stats_.hits;
+  r.misses = stats_.misses;
+  r.stalls = stats_.stalls;
+  r.evictions = stats_.evictions;
+  r.prefetches = stats_.prefetches;
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,166 @@
+// TierManager: the NVMe tier inside tierd. It owns the nvme::Engine and the per-tensor tiering
+// state, and decides (with daemon/policy) what leaves RAM and what comes back ahead of use.
+//
+// Placement: a tensor is in RAM (Tensor::ram), on NVMe (Tensor::nvme), or both. Both with
+// dirty == false means the NVMe copy equals the RAM copy (a clean copy: the RAM copy may be
+// dropped at once). A tensor whose RAM copy has no NVMe copy, or is dirty (a write lease was
+// granted since the last write-back), must be written back before it can leave RAM.
+//
+// Who calls what (all on the event loop thread; nothing here is thread-safe):
+//  * RequestHandler: allocate() for creates (makes room by evicting, waiting for write-backs
+//    when it must), prepare_lease()/lease_ready() around lease grants (a tensor only on NVMe is
+//    fetched first; the lease reply is deferred meanwhile), on_granted() (LRU stamps, dirty),
+//    forget() before a tensor or pool is deleted, prefetch/evict/set_plan for those requests.
+//  * Server: polls event_fd() in its epoll loop and calls RequestHandler::tier_poll(), which
+//    calls poll() and retries lease waiters when poll() reports progress.
+//
+// Engine callbacks only update state (never call back into the handler), so waiting for I/O
+// inside a request (engine wait) cannot re-enter the handler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "daemon/catalog.hpp"
+#include "daemon/config.hpp"
+#include "daemon/leases.hpp"
+#include "daemon/ram/ram_tier.hpp"
+#include "nvme/engine.hpp"
+#include "policy/eviction.hpp"
+#include "policy/plan.hpp"
+#include "policy/watermark.hpp"
+#include "wire/messages.hpp"
+
+namespace tier::daemon {
+
+struct TierStats {
+  uint64_t hits = 0;        // leased tensors found in RAM
+  uint64_t misses = 0;      // leased tensors found only on NVMe, no fetch under way
+  uint64_t stalls = 0;      // lease requests that waited for I/O
+  uint64_t stall_us = 0;    // their total wait
+  uint64_t evictions = 0;   // RAM copies dropped
+  uint64_t writebacks = 0;  // completed write-backs (spills)
+  uint64_t fetches = 0;     // completed fetches (demand and prefetch)
+  uint64_t prefetches = 0;  // fetches started ahead of a lease (Prefetch requests and plans)
+  uint64_t fetch_errors = 0, writeback_errors = 0;
+};
+
+class TierManager {
+ public:
+  // Opens the engine on cfg.nvme (logging each directory's backend choice).
+  [[nodiscard]] static Result<std::unique_ptr<TierManager>> open(const Config& cfg, Catalog& catalog,
+                                                                 RamTier& ram);
+  ~TierManager();  // drains I/O in flight (the catalog and RAM tier must still exist)
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  // Readable when poll() has work (engine completions or a prefetch timer).
+  int event_fd() const noexcept { return epfd_; }
+  // Runs completions, watermark maintenance and due prefetches. Returns true when something
+  // completed that lease waiters may be waiting for.
+  bool poll();
+
+  // RAM for a new tensor or a fetch: evicts (writing back, waiting for it when needed) until it
+  // fits. kResourceExhausted when nothing more can be evicted (all leased or busy), naming why.
+  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
+
+  // Before granting a lease on `tensors` to `session`: counts hits and misses, advances the
+  // session's plan cursor, starts fetches for tensors only on NVMe. Returns true when the grant
+  // must wait for I/O (defer the reply; retry with lease_ready()).
+  [[nodiscard]] Result<bool> prepare_lease(uint64_t session, std::span<Tensor* const> tensors);
+  // For a waiting lease: ok with ready = true when every tensor is in RAM; restarts fetches of
+  // tensors that left RAM again; an error when a fetch failed (kCorruption, kIo, ...).
+  [[nodiscard]] Status lease_ready(std::span<Tensor* const> tensors, bool& ready);
+  // A waiting lease was answered after `waited` (stall time).
+  void lease_waited(Clock::duration waited);
+  // A lease on `tensors` was granted: LRU stamps; a write lease makes the RAM copy dirty.
+  void on_granted(std::span<Tensor* const> tensors, LeaseMode mode);
+  // Tensors of waiting leases: never chosen as eviction victims. clear_pins() starts a new set.
+  void clear_pins() { pinned_.clear(); }
+  void pin(std::span<const uint64_t> ids) { pinned_.insert(ids.begin(), ids.end()); }
+
+  // Before `t` is erased: waits for its I/O and frees its NVMe copy. The caller frees its RAM.
+  void forget(Pool& pool, Tensor& t);
+
+  // Starts fetches of `tensors` not in RAM (asynchronous). Errors when RAM cannot be found.
+  [[nodiscard]] Status prefetch(Pool& pool, std::span<Tensor* const> tensors);
+  // Writes back (when needed) and drops from RAM; waits for the write-backs. Leased tensors are
+  // skipped and counted in `skipped`.
+  [[nodiscard]] Status evict(Pool& pool, std::span<Tensor* const> tensors, size_t& skipped);
+  // Registers (replaces; empty ids: removes) the session's plan over tensors of `pool`.
+  [[nodiscard]] Status set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget);
+  void session_closed(uint64_t session);
+
+  // NVMe entries, RAM dirty bytes and the tiering counters of a status reply.
+  void fill_status(wire::StatusRep& r) const;
+  const TierStats& stats() const noexcept { return stats_; }
+  const nvme::Engine& engine() const noexcept { return *engine_; }
+
+ private:
+  enum class Io : uint8_t { kNone, kFetch, kSpill };
+  struct TState {
+    uint64_t last_use = 0;     // LRU stamp
+    uint64_t write_gen = 0;    // bumped by each write lease
+    uint64_t spill_gen = 0;    // write_gen when the write-back in flight started
+    Io io = Io::kNone;
+    bool drop_after = false;   // drop the RAM copy when the write-back completes
+    RamLocation pending;       // RAM being filled by the fetch in flight
+    std::optional<Status> error;  // the last fetch's failure, until the next fetch starts
+  };
+  struct Plan {
+    uint64_t pool_id = 0;
+    policy::PlanIndex index;
+    uint64_t budget = 0;
+    uint64_t cursor = 0;
+    double last_advance = 0;    // seconds (steady clock)
+    double seconds_per_use = 0; // moving average of the time between uses
+  };
+
+  TierManager(Catalog& c, RamTier& r) : catalog_(c), ram_(r) {}
+  TState& ts(uint64_t id);
+  std::byte* ram_ptr(const RamLocation& loc);
+  // Drops a clean, unleased RAM copy (frees its extent and returns its pages to the OS).
+  void drop_ram(Pool& pool, Tensor& t);
+  [[nodiscard]] bool needs_writeback(const Tensor& t) const { return t.dirty || !t.nvme; }
+  [[nodiscard]] bool evictable(const Tensor& t) const;
+  [[nodiscard]] Status start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance);
+  [[nodiscard]] Status start_spill(Pool& pool, Tensor& t, bool drop_after);
+  void fetch_done(uint64_t id, Status st);
+  void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
+  void wait_idle(uint64_t id);
+  const Plan* plan_for_pool(uint64_t pool_id) const;
+  // Eviction candidates among RAM-resident tensors; `pool`/`node` restrict them when set;
+  // `protect` keeps planned tensors used within that many uses.
+  std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,
+                                            std::optional<uint64_t> protect);
+  // Evicts in policy order until `need` bytes are freed or under way. Returns bytes freed now;
+  // `started` gets the bytes whose write-back started.
+  uint64_t evict_some(std::span<const policy::Candidate> cands, uint64_t need, uint64_t& started,
+                      Status& last_error);
+  void maintain();
+  void schedule_prefetch();
+  [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
+
+  Catalog& catalog_;
+  RamTier& ram_;
+  policy::Watermarks marks_;
+  uint64_t default_nvme_quota_ = 0;
+  std::unordered_map<uint64_t, TState> ts_;
+  std::unordered_map<uint64_t, Plan> plans_;  // by session
+  std::unordered_set<uint64_t> pinned_;
+  uint64_t tick_ = 1;
+  uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
+  bool progress_ = false;
+  double next_prefetch_ = 0;  // when schedule_prefetch() is due again (0: now)
+  int epfd_ = -1, timer_fd_ = -1;
+  TierStats stats_;
+  std::unique_ptr<nvme::Engine> engine_;  // last: destroyed (drained) first
+};
+
+}  // namespace tier::daemon
