@@ -81,6 +81,12 @@ class Catalog {
   size_t tensor_count() const noexcept { return tensors_.size(); }
   uint64_t next_pool_id() const noexcept { return next_pool_id_; }
   uint64_t next_tensor_id() const noexcept { return next_tensor_id_; }
+  // Restart: the ids the next create_pool/create_tensor take (the journal's, so ids are never
+  // reused across restarts).
+  void set_next_ids(uint64_t pool_id, uint64_t tensor_id) noexcept {
+    next_pool_id_ = pool_id;
+    next_tensor_id_ = tensor_id;
+  }
 
  private:
   std::unordered_map<uint64_t, std::unique_ptr<Pool>> pools_;

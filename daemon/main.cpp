@@ -114,6 +114,15 @@ int main(int argc, char** argv) {
     log_error("{}", state.error().message());
     return state.error().code() == Code::kInvalidArgument ? 2 : 1;
   }
+  // Journal replay, arena re-attach (restart) or snapshot restore (reboot). A damaged journal
+  // is a refusal to start, never a silent loss.
+  auto durable = Durability::open(**state, nullptr);
+  if (!durable) {
+    log_error("cannot recover the catalog: {}", durable.error().message());
+    std::fprintf(stderr, "tierd: cannot recover the catalog: %s\n", durable.error().message().c_str());
+    return 1;
+  }
+  (*state)->durable = std::move(*durable);
   Server server(**state, sock);
   if (Status st = server.listen(); !st) {
     log_error("{}", st.message());

@@ -147,7 +147,7 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_prefetch,
       &RequestHandler::on_evict,
       &RequestHandler::on_plan_set,
-      &RequestHandler::on_nvme_only,  // Snapshot
+      &RequestHandler::on_snapshot,
       &RequestHandler::on_metrics,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
@@ -193,6 +193,7 @@ void RequestHandler::on_pool_create(Session& s, const Header& h,
                      out);
   auto p = state_.catalog.create_pool(req.name, s.uid, quota, req.nvme_quota);
   if (!p) return reply_err(h, p.error(), out);
+  if (state_.durable) state_.durable->pool_created(**p);
   log_info("pool '{}' created by uid {} (RAM quota {})", req.name, s.uid, format_size(quota));
   reply_ok(h, to_wire(pool_info(**p)), out);
 }
@@ -239,6 +240,7 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
   }
   state_.ram->drop_pool(p.id);
   log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, s.uid, p.tensors.size());
+  if (state_.durable) state_.durable->pool_dropped(p);
   state_.catalog.erase_pool(p.id);
   reply_ok(h, Empty{}, out);
   retry_waiters();  // waiters on its tensors now get kNotFound
@@ -281,6 +283,7 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
     return reply_err(h, t.error(), out);
   }
   (*t)->ram = *loc;
+  if (state_.durable) state_.durable->tensor_created(**t);
   reply_ok(h, to_wire(tensor_info(**t)), out);
 }
 
@@ -333,6 +336,7 @@ void RequestHandler::on_tensor_delete(Session& s, const Header& h,
     return reply_err(h, Status(Code::kBusy, "tensor '" + req.name + "' is leased"), out);
   if (state_.tiering) state_.tiering->forget(p, *t);
   if (t->ram) state_.ram->release(p, *t->ram);
+  if (state_.durable) state_.durable->tensor_deleted(*t);
   state_.catalog.erase_tensor(p, t->id);
   reply_ok(h, Empty{}, out);
   retry_waiters();
@@ -361,6 +365,9 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
   state_.counters.leases_granted += scratch_ids_.size();
   state_.counters.hits += scratch_ids_.size();
+  if (state_.durable && mode == LeaseMode::kWrite)  // the NVMe copy becomes stale
+    for (Tensor* t : scratch_tensors_)
+      if (t->nvme) state_.durable->nvme_copy_dropped(*t);
   if (state_.tiering) state_.tiering->on_granted(scratch_tensors_, mode);
   lease_rep_.grants.resize(scratch_tensors_.size());
   for (size_t i = 0; i < scratch_tensors_.size(); ++i) {

@@ -95,6 +95,8 @@ class RequestHandler {
   void on_topo(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_metrics(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_nvme_only(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  // Snapshot (request_handler_durability.cpp): deferred until durable.
+  void on_snapshot(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   // NVMe tier requests (request_handler_tiering.cpp); kUnsupported without the tier.
   void on_prefetch(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_evict(Session&, const wire::Header&, std::span<const std::byte>, Reply&);

@@ -27,6 +27,7 @@ namespace {
 
 // epoll tags below kFirstSession name the daemon's own fds; connections use their session id.
 constexpr uint64_t kTagListen = 1, kTagSignal = 2, kTagLeaseTimer = 3, kTagTick = 4, kTagTier = 5;
+constexpr uint64_t kTagDurable = 6;  // snapshot writers finished (Durability::event_fd)
 constexpr uint64_t kFirstSession = 16;
 constexpr size_t kMaxQueuedReplies = 4096;  // a client this far behind is dropped
 // Messages read from one client per readiness event. One: a request/response client almost
@@ -70,6 +71,12 @@ struct Server::Impl {
   uint64_t watchdog_usec = 0;
   std::vector<std::byte> rbuf;
   Reply reply;
+  // Replies to requests that journaled a change: sent after this iteration's commit.
+  struct Held {
+    uint64_t sid;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Held> held;
 
   Impl(DaemonState& s, std::string p) : st(s), handler(s), path(std::move(p)) {
     handler.set_deferred_sink([this](uint64_t sid, std::span<const std::byte> bytes) {
@@ -238,8 +245,12 @@ struct Server::Impl {
         // parse_header rejects it (the length no longer matches), so the reply is kProtocol
         // and the connection closes.
       }
+      uint64_t ack_before = st.durable ? st.durable->ack_seq() : 0;
       handler.handle(c.session, dgram, reply);
-      if (!reply.deferred && !reply.bytes.empty()) send(c, reply.bytes, reply.fd);
+      if (!reply.deferred && !reply.bytes.empty()) {
+        if (st.durable && st.durable->ack_seq() != ack_before) held.push_back({c.session.id, reply.bytes});
+        else send(c, reply.bytes, reply.fd);
+      }
       if (reply.close) {
         flush(c);
         kill(c);
@@ -277,6 +288,20 @@ struct Server::Impl {
       its.it_value.tv_nsec = ns % 1000000000;
     }
     ::timerfd_settime(lease_timer, TFD_TIMER_ABSTIME, &its, nullptr);
+  }
+
+  // Group commit: one fdatasync for every change of this iteration, then the replies that
+  // waited for it. An error means the journal cannot say what is on disk: acknowledge nothing.
+  Status commit_and_flush() {
+    if (!st.durable) return Status::ok();
+    if (Status s = st.durable->commit(); !s) {
+      held.clear();
+      return Status(s.code(), "journal: " + s.message() + "; stopping without acknowledging more changes");
+    }
+    for (auto& h : held)
+      if (auto it = conns.find(h.sid); it != conns.end()) send(*it->second, h.bytes, -1);
+    held.clear();
+    return Status::ok();
   }
 
   void tick() {
@@ -342,6 +367,7 @@ Status Server::listen() {
   TIER_RETURN_IF_ERROR(m.add(m.sigfd, kTagSignal, EPOLLIN));
   TIER_RETURN_IF_ERROR(m.add(m.lease_timer, kTagLeaseTimer, EPOLLIN));
   TIER_RETURN_IF_ERROR(m.add(m.tick_timer, kTagTick, EPOLLIN));
+  if (m.st.durable) TIER_RETURN_IF_ERROR(m.add(m.st.durable->event_fd(), kTagDurable, EPOLLIN));
   if (m.st.tiering) TIER_RETURN_IF_ERROR(m.add(m.st.tiering->event_fd(), kTagTier, EPOLLIN));
 
   uint64_t usec = 0;
@@ -393,6 +419,11 @@ Status Server::run() {
         m.handler.expire(Clock::now());
       } else if (tag == kTagTier) {
         // NVMe completions and prefetch timers: handled by tier_poll() after this batch.
+      } else if (tag == kTagDurable) {
+        Status ds = m.st.durable->poll([&m](uint64_t sid, std::span<const std::byte> b) {
+          if (auto it = m.conns.find(sid); it != m.conns.end()) m.send(*it->second, b, -1);
+        });
+        if (!ds) return ds;
       } else if (tag == kTagTick) {
         uint64_t x;
         while (::read(m.tick_timer, &x, sizeof x) == sizeof x) {}
@@ -410,6 +441,7 @@ Status Server::run() {
       }
     }
     m.handler.tier_poll();  // also catches completions reaped while a request waited for I/O
+    TIER_RETURN_IF_ERROR(m.commit_and_flush());
     m.close_dead();
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "daemon/catalog.hpp"
+#include "daemon/durability.hpp"
 #include "daemon/config.hpp"
 #include "daemon/leases.hpp"
 #include "daemon/ram/ram_tier.hpp"
@@ -38,6 +39,9 @@ struct DaemonState {
   Clock::time_point started = Clock::now();
   gid_t admin_gid = static_cast<gid_t>(-1);  // from config admin_group; -1: none
   uint32_t clients = 0;                     // sessions open now (the server keeps it)
+  // The journal, recovery and snapshots (main opens it after make_state); null in tests that
+  // build a state without a state dir of their own.
+  std::unique_ptr<Durability> durable;
   // The NVMe tier; null without NVMe directories. Declared last: destroyed (its I/O drained)
   // while the catalog and RAM tier still exist.
   std::unique_ptr<TierManager> tiering;

@@ -101,7 +101,11 @@ Status check_hugepages(HugePages h, const std::string& mount) {
   return Status::ok();
 }
 
-Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) {
+Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) { return open_object(spec, false); }
+
+Result<std::unique_ptr<Arena>> Arena::attach(const ArenaSpec& spec) { return open_object(spec, true); }
+
+Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool attach) {
   std::unique_ptr<Arena> a(new Arena());
   a->id_ = arena_id(spec.pool_id, spec.node);
   a->node_ = spec.node;
@@ -117,7 +121,7 @@ Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) {
     }
     uint64_t need = (spec.size + granule - 1) / granule;
     uint64_t have = free_hugepages(spec.hugepages);
-    if (have < need)
+    if (!attach && have < need)
       return fail(Code::kResourceExhausted,
                   "an arena of " + format_size(need * granule) + " needs " + std::to_string(need) +
                       " free " + std::string(hugepages_name(spec.hugepages)) +
@@ -131,6 +135,27 @@ Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) {
   a->size_ = (spec.size + granule - 1) / granule * granule;
   if (a->size_ == 0) a->size_ = granule;
 
+  if (attach) {
+    int fd = a->huge_ ? ::open(a->path_.c_str(), O_RDWR | O_CLOEXEC)
+                      : ::shm_open(a->path_.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      if (errno == ENOENT) return fail(Code::kNotFound, "arena " + a->path_ + " is gone");
+      return fail(Status::from_errno(errno, "attach arena " + a->path_));
+    }
+    a->fd_ = fd;
+    struct stat sb;
+    if (::fstat(fd, &sb) != 0) return fail(Status::from_errno(errno, "stat arena " + a->path_));
+    if (static_cast<uint64_t>(sb.st_size) != a->size_)
+      return fail(Code::kCorruption, "arena " + a->path_ + " has " + std::to_string(sb.st_size) +
+                                         " bytes, the journal recorded " + std::to_string(a->size_));
+    void* p = ::mmap(nullptr, a->size_, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | (a->huge_ ? 0 : MAP_NORESERVE), fd, 0);
+    if (p == MAP_FAILED) return fail(Status::from_errno(errno, "map arena " + a->path_));
+    a->base_ = static_cast<std::byte*>(p);
+    // The object keeps the NUMA policy the creating daemon set (shared memory carries it).
+    a->os_node_ = os_node_for(spec.node);
+    return a;
+  }
   auto open_obj = [&]() -> int {
     if (a->huge_)
       return ::open(a->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -138,8 +163,8 @@ Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) {
   };
   int fd = open_obj();
   if (fd < 0 && errno == EEXIST) {
-    // A leftover from an earlier daemon with this state dir; the catalog that described it
-    // is gone (re-attaching is a later feature), so start from an empty object.
+    // A leftover the journal does not describe (a restarted daemon re-attaches the arenas its
+    // journal names with attach() and removes unknown ones first): start from an empty object.
     log_warn("replacing stale arena {}", a->path_);
     if (a->huge_) ::unlink(a->path_.c_str());
     else ::shm_unlink(a->path_.c_str());

@@ -60,6 +60,10 @@ class Arena {
   // Creates the object (replacing a stale one of the same name), sizes it, binds it to the
   // node and maps it in the daemon.
   [[nodiscard]] static Result<std::unique_ptr<Arena>> create(const ArenaSpec& spec);
+  // Re-attaches the existing object of `spec` (a daemon restart: the journal names it) without
+  // changing its bytes. kNotFound when it does not exist (a reboot removed it); kCorruption when
+  // its size is not the recorded `spec.size` (it is then left alone).
+  [[nodiscard]] static Result<std::unique_ptr<Arena>> attach(const ArenaSpec& spec);
   ~Arena();  // unmaps and closes; the object itself stays (see unlink)
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -76,6 +80,7 @@ class Arena {
 
  private:
   Arena() = default;
+  [[nodiscard]] static Result<std::unique_ptr<Arena>> open_object(const ArenaSpec& spec, bool attach);
   uint64_t id_ = 0;
   int32_t node_ = 0;
   int os_node_ = -1;

@@ -87,6 +87,39 @@ void RamTier::release(Pool& pool, const RamLocation& loc) {
   }
 }
 
+Result<bool> RamTier::attach_arena(const Pool& pool, int32_t node, uint64_t size) {
+  uint64_t id = arena_id(pool.id, node);
+  if (arenas_.contains(id)) return true;
+  ArenaSpec spec{opts_.prefix, pool.id, node, size, pool.owner_uid, opts_.hugepages,
+                 opts_.hugetlbfs_mount};
+  bool existed = true;
+  auto a = Arena::attach(spec);
+  if (!a && a.error().code() == Code::kNotFound) {
+    existed = false;
+    a = Arena::create(spec);
+  }
+  if (!a) return fail(a.error());
+  uint64_t cap = (*a)->size();
+  arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)});
+  return existed;
+}
+
+Status RamTier::reserve(Pool& pool, const RamLocation& loc) {
+  auto it = arenas_.find(loc.arena_id);
+  if (it == arenas_.end())
+    return Status(Code::kCorruption, "extent in arena " + std::to_string(loc.arena_id) + " that is not attached");
+  if (!it->second.alloc.reserve(loc.offset, loc.length))
+    return Status(Code::kCorruption, "extent [" + std::to_string(loc.offset) + ", +" +
+                                         std::to_string(loc.length) + ") of arena " +
+                                         std::to_string(loc.arena_id) + " overlaps another or lies outside it");
+  pool.ram_used += loc.length;
+  if (NodeUsage* nu = usage(loc.node)) {
+    nu->used += loc.length;
+    nu->tensors += 1;
+  }
+  return Status::ok();
+}
+
 Arena* RamTier::arena(uint64_t id) noexcept {
   auto it = arenas_.find(id);
   return it == arenas_.end() ? nullptr : it->second.arena.get();

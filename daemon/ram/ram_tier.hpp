@@ -45,6 +45,14 @@ class RamTier {
   // creates the arena on first use. kResourceExhausted with the reason when it does not fit.
   [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
   void release(Pool& pool, const RamLocation& loc);
+  // Restart: re-attaches the pool's arena on `node` (`size` bytes, as journaled). Returns true
+  // when the object existed and was attached with its bytes, false when it was gone (a reboot)
+  // and an empty one was created in its place. Errors: the object exists with another size, or
+  // creating it failed.
+  [[nodiscard]] Result<bool> attach_arena(const Pool& pool, int32_t node, uint64_t size);
+  // Restart: marks a journaled extent of an attached arena used (pool quota and node usage
+  // count it). kCorruption when it overlaps another or lies outside the arena.
+  [[nodiscard]] Status reserve(Pool& pool, const RamLocation& loc);
   [[nodiscard]] Arena* arena(uint64_t id) noexcept;
   // Unlinks and unmaps every arena of the pool (its tensors are gone).
   void drop_pool(uint64_t pool_id);

@@ -1,0 +1,314 @@
+#include "daemon/durability.hpp"
+
+#include <dirent.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <type_traits>
+
+#include "daemon/log.hpp"
+#include "daemon/nvme/location.hpp"
+#include "daemon/ram/arena.hpp"
+#include "daemon/state.hpp"
+
+namespace tier::daemon {
+
+namespace fs = std::filesystem;
+using namespace tier::journal;
+
+namespace {
+
+// The catalog's NvmeLocation becomes nvme::NvmeLocation with the NVMe tier; until then a
+// journaled copy cannot be represented in the catalog and is kept only in the image.
+template <class Opt>
+void set_nvme(Opt& dst, const NvmeCopyWritten& w) {
+  if constexpr (std::is_assignable_v<Opt&, nvme::NvmeLocation>) {
+    nvme::NvmeLocation loc;
+    for (const Extent& e : w.extents) {
+      nvme::Extent x;
+      x.dir = static_cast<uint16_t>(std::stoul(e.dir.empty() ? "0" : e.dir));
+      x.file = static_cast<uint32_t>(std::stoul(e.file.empty() ? "0" : e.file));
+      x.offset = e.offset;
+      x.length = e.length;
+      x.checksum = e.checksum;
+      loc.size += e.length;
+      loc.extents.push_back(x);
+    }
+    dst = std::move(loc);
+  } else {
+    (void)dst;
+    (void)w;
+  }
+}
+
+}  // namespace
+
+Durability::~Durability() {
+  for (auto& j : jobs_)
+    if (j && j->thread.joinable()) j->thread.join();
+  if (efd_ >= 0) ::close(efd_);
+}
+
+Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryReport* report) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Durability> d(new Durability(st));
+  d->state_dir_ = st.config.state_dir;
+  std::error_code ec;
+  std::string jdir = d->state_dir_ + "/journal";
+  fs::create_directories(jdir, ec);
+  if (ec) return fail(Code::kIo, "cannot create " + jdir + ": " + ec.message());
+  fs::create_directories(d->snapshot_root(), ec);
+  if (ec) return fail(Code::kIo, "cannot create " + d->snapshot_root() + ": " + ec.message());
+  d->efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (d->efd_ < 0) return fail(Status::from_errno(errno, "eventfd"));
+
+  OpenReport orep;
+  auto j = Journal::open(jdir, JournalOptions{}, d->image_.replayer(), &orep);
+  if (!j) {
+    Status e = j.error();
+    return fail(e.code(), "journal " + jdir + "/" + std::string(Journal::kFileName) + ": " + e.message());
+  }
+  d->journal_ = std::move(*j);
+  RecoveryReport& r = d->report_;
+  r.records = orep.records;
+  r.fresh = orep.records == 0;
+  r.dropped_tail_bytes = orep.dropped_tail_bytes;
+  if (orep.dropped_tail_bytes)
+    log_warn("journal: dropped a torn tail of {} bytes (a record being written when tierd died)",
+             orep.dropped_tail_bytes);
+  if (Status st = d->rebuild(); !st) return fail(std::move(st));
+  // The rebuild may have journaled losses; make them durable before serving.
+  if (Status st = d->commit(); !st) return fail(std::move(st));
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.fresh)
+    log_info("recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
+             "re-attached, {} recreated (gone: reboot), {} tensors restored from snapshots, {} "
+             "from NVMe, {} lost",
+             r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost,
+             r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors);
+  if (report) *report = r;
+  return d;
+}
+
+Status Durability::rebuild() {
+  Catalog& cat = st_.catalog;
+  RecoveryReport& r = report_;
+  const Watermarks& marks = image_.watermarks();
+  // Pools, arenas, tensors; tensors whose arena was gone wait in `need` for a snapshot.
+  struct Lost { uint64_t pool; std::vector<uint64_t> tensors; };
+  std::vector<Lost> lost;
+  for (const auto& [pid, pi] : image_.pools()) {
+    cat.set_next_ids(pid, marks.next_tensor_id);
+    auto p = cat.create_pool(pi.meta.name, pi.meta.owner_uid, pi.meta.ram_quota, pi.meta.nvme_quota);
+    if (!p) return Status(Code::kCorruption, "journal: pool '" + pi.meta.name + "': " + p.error().message());
+    Pool& pool = **p;
+    r.pools++;
+    std::vector<uint64_t> gone_arenas;
+    for (const auto& [aid, a] : pi.arenas) {
+      auto attached = st_.ram->attach_arena(pool, a.numa_node, a.size);
+      if (!attached)
+        return Status(attached.error().code(), "pool '" + pool.name + "': " + attached.error().message());
+      if (*attached) r.arenas_attached++;
+      else {
+        r.arenas_lost++;
+        gone_arenas.push_back(aid);
+        log_warn("pool '{}': arena {} is gone (reboot?); restoring from the latest snapshot", pool.name,
+                 a.shm_name);
+      }
+    }
+    Lost pool_lost{pid, {}};
+    for (const auto& [tid, ti] : pi.tensors) {
+      const TensorCreated& m = ti.meta;
+      cat.set_next_ids(marks.next_pool_id, tid);
+      TensorDesc desc{m.name, m.size, static_cast<DType>(m.dtype), m.shape, {}};
+      auto t = cat.create_tensor(pool, std::move(desc), m.numa_node);
+      if (!t) return Status(Code::kCorruption, "journal: tensor '" + m.name + "': " + t.error().message());
+      Tensor& tensor = **t;
+      r.tensors++;
+      if (ti.nvme) set_nvme(tensor.nvme, *ti.nvme);
+      if (m.arena_id != 0) {
+        RamLocation loc{m.arena_id, m.numa_node, m.offset, m.ram_length};
+        TIER_RETURN_IF_ERROR(st_.ram->reserve(pool, loc));
+        tensor.ram = loc;
+        if (std::find(gone_arenas.begin(), gone_arenas.end(), m.arena_id) != gone_arenas.end())
+          pool_lost.tensors.push_back(tid);
+      }
+    }
+    if (!pool_lost.tensors.empty()) lost.push_back(std::move(pool_lost));
+  }
+  cat.set_next_ids(marks.next_pool_id, marks.next_tensor_id);
+  remove_stale_arenas();
+
+  // Reboot: bring back what the snapshot (or a journaled NVMe copy) holds; the rest is lost.
+  for (Lost& l : lost) {
+    Pool* p = cat.find_pool(l.pool);
+    std::vector<Tensor*> need;
+    for (uint64_t id : l.tensors) {
+      Tensor* t = cat.find_tensor(id);
+      if (!t) continue;
+      const TensorImage* ti = image_.tensor(id);
+      if (ti && ti->nvme) {
+        // A journaled NVMe copy is at least as new as any snapshot (a write lease drops it):
+        // the tensor lives on NVMe now and the NVMe tier fetches it on its first lease.
+        st_.ram->release(*p, *t->ram);
+        t->ram.reset();
+        ram_dropped(*t);
+        r.restored_from_nvme++;
+        continue;
+      }
+      need.push_back(t);
+    }
+    TIER_RETURN_IF_ERROR(restore_pool_from_snapshot(*p, need));
+    uint64_t lost_here = 0;
+    for (Tensor* t : need) {  // what the snapshot did not cover
+      log_warn("pool '{}': tensor '{}' (id {}) was only in RAM and not in a snapshot: lost", p->name,
+               t->name, t->id);
+      st_.ram->release(*p, *t->ram);
+      t->ram.reset();
+      tensor_deleted(*t);
+      st_.catalog.erase_tensor(*p, t->id);
+      ++lost_here;
+    }
+    r.lost_tensors += lost_here;
+    if (lost_here)
+      log_warn("pool '{}': {} tensors lost in the reboot (created or only in RAM after its last snapshot)",
+               p->name, lost_here);
+  }
+  return Status::ok();
+}
+
+void Durability::remove_stale_arenas() {
+  std::string want = arena_prefix(state_dir_) + "-";
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(dir)) {
+    std::string name = e->d_name;
+    if (!name.starts_with(want)) continue;
+    // tierd-<h>-p<pool>-n<node>
+    unsigned long long pool = 0;
+    int node = 0;
+    if (std::sscanf(name.c_str() + want.size(), "p%llu-n%d", &pool, &node) != 2) continue;
+    if (!st_.ram->arena(arena_id(pool, node))) stale.push_back(name);
+  }
+  ::closedir(dir);
+  for (const auto& name : stale) {
+    if (::shm_unlink(("/" + name).c_str()) == 0) {
+      report_.stale_arenas_removed++;
+      log_warn("removed arena /dev/shm/{}: the journal does not name it", name);
+    }
+  }
+}
+
+void Durability::append(const Record& r) {
+  if (!failed_.is_ok()) return;
+  bool ack = std::holds_alternative<PoolCreated>(r) || std::holds_alternative<PoolDropped>(r) ||
+             std::holds_alternative<TensorCreated>(r) || std::holds_alternative<TensorDeleted>(r);
+  if (Status st = image_.apply(r); !st) {
+    log_error("internal: journal record refused by the catalog image: {}", st.message());
+    return;
+  }
+  auto seq = journal_->append(r);
+  if (seq && ack) ack_seq_ = *seq;
+  if (!seq) {
+    failed_ = seq.error();
+    log_error("journal append failed: {}; tierd stops acknowledging changes", failed_.message());
+  }
+}
+
+Status Durability::commit() {
+  if (!failed_.is_ok()) return failed_;
+  if (pending()) {
+    Status st = journal_->sync();
+    if (!st) {
+      failed_ = st;
+      return st;
+    }
+  }
+  if (journal_->compaction_due()) {
+    uint64_t before = journal_->size_bytes();
+    Status st = journal_->compact([&](const Journal::Emit& emit) { return image_.emit_live(emit); });
+    if (!st) {
+      if (!journal_->health().is_ok()) {
+        failed_ = st;
+        return st;
+      }
+      log_warn("journal compaction failed (the old journal stays in use): {}", st.message());
+    } else {
+      log_info("journal compacted: {} -> {} bytes", before, journal_->size_bytes());
+    }
+  }
+  return Status::ok();
+}
+
+// --- records ---
+
+void Durability::pool_created(const Pool& p) {
+  append(PoolCreated{p.id, p.name, static_cast<uint32_t>(p.owner_uid), 0, 0, p.ram_quota, p.nvme_quota});
+}
+
+void Durability::pool_dropped(const Pool& p) {
+  append(PoolDropped{p.id});
+  std::error_code ec;
+  fs::remove_all(snapshot_root() + "/" + p.name, ec);
+  if (ec) log_warn("pool '{}': removing its snapshots: {}", p.name, ec.message());
+}
+
+void Durability::tensor_created(const Tensor& t) {
+  TensorCreated r;
+  r.pool_id = t.pool_id;
+  r.tensor_id = t.id;
+  r.name = t.name;
+  r.size = t.size;
+  r.dtype = static_cast<uint8_t>(t.dtype);
+  r.shape = t.shape;
+  r.numa_node = t.node;
+  if (t.ram) {
+    const journal::PoolImage* pi = nullptr;
+    if (auto it = image_.pools().find(t.pool_id); it != image_.pools().end()) pi = &it->second;
+    if (pi && !pi->arenas.contains(t.ram->arena_id)) {
+      if (Arena* a = st_.ram->arena(t.ram->arena_id))
+        append(ArenaCreated{t.pool_id, t.ram->arena_id, t.ram->node, a->path(), a->size()});
+    }
+    r.numa_node = t.ram->node;
+    r.arena_id = t.ram->arena_id;
+    r.offset = t.ram->offset;
+    r.ram_length = t.ram->length;
+  }
+  append(r);
+}
+
+void Durability::tensor_deleted(const Tensor& t) { append(TensorDeleted{t.pool_id, t.id}); }
+
+void Durability::ram_placed(const Tensor& t) {
+  if (!t.ram) return ram_dropped(t);
+  const journal::PoolImage* pi = nullptr;
+  if (auto it = image_.pools().find(t.pool_id); it != image_.pools().end()) pi = &it->second;
+  if (pi && !pi->arenas.contains(t.ram->arena_id)) {
+    if (Arena* a = st_.ram->arena(t.ram->arena_id))
+      append(ArenaCreated{t.pool_id, t.ram->arena_id, t.ram->node, a->path(), a->size()});
+  }
+  append(TensorRamPlaced{t.id, t.ram->node, t.ram->arena_id, t.ram->offset, t.ram->length});
+}
+
+void Durability::ram_dropped(const Tensor& t) { append(TensorRamDropped{t.id}); }
+
+void Durability::nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& loc) {
+  NvmeCopyWritten r;
+  r.tensor_id = t.id;
+  r.generation = image_.watermarks().next_generation;
+  for (const nvme::Extent& e : loc.extents)
+    r.extents.push_back(Extent{std::to_string(e.dir), std::to_string(e.file), e.offset, e.length, e.checksum});
+  append(r);
+}
+
+void Durability::nvme_copy_dropped(const Tensor& t) {
+  const TensorImage* ti = image_.tensor(t.id);
+  if (!ti || !ti->nvme) return;
+  append(NvmeCopyDropped{t.id, ti->nvme->generation});
+}
+
+}  // namespace tier::daemon

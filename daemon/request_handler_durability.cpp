@@ -1,0 +1,22 @@
+// RequestHandler: the Snapshot request (durability.hpp does the work).
+#include "daemon/durability.hpp"
+#include "daemon/request_handler.hpp"
+
+namespace tier::daemon {
+
+using namespace tier::wire;
+
+void RequestHandler::on_snapshot(Session& s, const Header& h, std::span<const std::byte> payload,
+                                 Reply& out) {
+  auto req = decode<PoolNameReq>(payload);
+  if (!req) return reply_err(h, req.error(), out);
+  auto pr = pool_named(req->name);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (Status st = may_use(s, **pr); !st) return reply_err(h, st, out);
+  if (!state_.durable)
+    return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
+  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id); !st) return reply_err(h, st, out);
+  out.deferred = true;  // answered by Durability::poll once the snapshot is durable
+}
+
+}  // namespace tier::daemon
