@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
 
   if (do_plan) {
     po.model = m;
+    po.prefetch = o.prefetch;
     auto p = make_plan(po);
     if (!p) die(nullptr, p.error().message(), 2);
     std::fputs((json ? plan_json(*p) : plan_text(*p)).c_str(), stdout);
