@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "nvme/nvme_log.hpp"
 #include "policy/prefetch.hpp"
@@ -31,6 +32,9 @@ uint64_t nvme_bytes(const nvme::NvmeLocation& loc) {
 
 // The share of RAM a plan keeps resident when its client gives no budget.
 constexpr double kDefaultPlanBudget = 0.5;
+// A failed write-back (tier full, quota, device error) is not retried for this long, so an
+// allocation that cannot evict fails instead of retrying the same victim forever.
+constexpr double kSpillRetryS = 1.0;
 // Prefetch lead time beyond the transfer time, as a fraction of it (the device is shared with
 // checksum work and other clients).
 constexpr double kPrefetchMargin = 0.3;
@@ -133,6 +137,7 @@ void TierManager::drop_ram(Pool& pool, Tensor& t) {
   }
   ram_.release(pool, loc);
   t.ram.reset();
+  if (durable_) durable_->ram_dropped(t);
   stats_.evictions++;
 }
 
@@ -191,6 +196,7 @@ void TierManager::fetch_done(uint64_t id, Status st) {
   if (!t || !p) return;  // forget() waits for I/O, so this does not happen
   if (st) {
     t->ram = s.pending;
+    if (durable_) durable_->ram_placed(*t);
     t->dirty = false;
     s.last_use = tick_++;
     stats_.fetches++;
@@ -237,12 +243,21 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
     writeback_pending_bytes_ -= std::min(writeback_pending_bytes_, t->ram->length);
   if (!r) {
     stats_.writeback_errors++;
+    s.spill_failed_at = now_s();
+    s.spill_error = r.error();
+    last_spill_error_ = r.error();
     log_warn("write-back of tensor '{}' (pool '{}') failed: {}", t->name, p->name, r.error().message());
     return;  // the RAM copy (and any older NVMe copy) stay
   }
   uint64_t old = t->nvme ? nvme_bytes(*t->nvme) : 0;
   p->nvme_used = p->nvme_used - std::min(p->nvme_used, old) + nvme_bytes(*r);
   t->nvme = std::move(*r);
+  // Journaled only now that the write completed, and only when no write lease was granted
+  // while it ran (those bytes may be torn); then the replaced copy is recorded as gone.
+  if (durable_) {
+    if (s.write_gen == s.spill_gen) durable_->nvme_copy_written(*t, *t->nvme);
+    else durable_->nvme_copy_dropped(*t);
+  }
   stats_.writebacks++;
   if (s.write_gen == s.spill_gen) t->dirty = false;  // no write lease since it started
   if (s.drop_after && !t->dirty && evictable(*t)) drop_ram(*p, *t);
@@ -295,6 +310,10 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
     Tensor* t = catalog_.find_tensor(id);
     Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
     if (!p || !evictable(*t)) continue;
+    if (needs_writeback(*t) && now_s() - ts(id).spill_failed_at < kSpillRetryS) {
+      last_error = ts(id).spill_error;
+      continue;
+    }
     uint64_t len = t->ram->length;
     if (!needs_writeback(*t)) {
       drop_ram(*p, *t);
@@ -303,6 +322,8 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
       started += len;
     } else {
       last_error = st;
+      ts(id).spill_failed_at = now_s();
+      ts(id).spill_error = st;
     }
   }
   return freed;
@@ -310,6 +331,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
 
 Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size) {
   Status last_error;
+  last_spill_error_ = Status::ok();
   for (;;) {
     auto loc = ram_.allocate(pool, node, size);
     if (loc) {
@@ -343,6 +365,7 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
       continue;
     }
     std::string why = loc.error().message() + "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
+    if (last_error.is_ok()) last_error = last_spill_error_;
     if (!last_error.is_ok()) why += "; last write-back error: " + last_error.message();
     return fail(Code::kResourceExhausted, why);
   }
@@ -430,6 +453,25 @@ void TierManager::on_granted(std::span<Tensor* const> tensors, LeaseMode mode) {
       t->dirty = true;
     }
   }
+}
+
+Status TierManager::adopt_catalog() {
+  for (const auto& [name, pid] : catalog_.pool_names()) {
+    Pool* p = catalog_.find_pool(pid);
+    if (!p) continue;
+    for (auto& [id, t] : p->tensors) {
+      if (!t.nvme) continue;
+      if (Status st = engine_->adopt(*t.nvme); !st) {
+        log_error("tensor '{}' (pool '{}'): its journaled NVMe copy is unusable: {}", t.name, p->name, st.message());
+        if (durable_) durable_->nvme_copy_dropped(t);
+        t.nvme.reset();
+        continue;
+      }
+      p->nvme_used += nvme_bytes(*t.nvme);
+      t.dirty = false;
+    }
+  }
+  return Status::ok();
 }
 
 void TierManager::forget(Pool& pool, Tensor& t) {

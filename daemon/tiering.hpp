@@ -39,6 +39,8 @@
 
 namespace tier::daemon {
 
+class Durability;
+
 struct TierStats {
   uint64_t hits = 0;        // leased tensors found in RAM
   uint64_t misses = 0;      // leased tensors found only on NVMe, no fetch under way
@@ -102,6 +104,13 @@ class TierManager {
   const TierStats& stats() const noexcept { return stats_; }
   const nvme::Engine& engine() const noexcept { return *engine_; }
 
+  // The journal (daemon/durability.hpp): RAM placements, drops and completed NVMe copies are
+  // recorded there. Null: nothing is journaled (tests).
+  void set_durability(Durability* d) noexcept { durable_ = d; }
+  // After a restart rebuilt the catalog: marks every journaled NVMe copy's extents used. A copy
+  // whose extents the engine refuses is dropped (journaled) and logged.
+  [[nodiscard]] Status adopt_catalog();
+
  private:
   enum class Io : uint8_t { kNone, kFetch, kSpill };
   struct TState {
@@ -112,6 +121,8 @@ class TierManager {
     bool drop_after = false;   // drop the RAM copy when the write-back completes
     RamLocation pending;       // RAM being filled by the fetch in flight
     std::optional<Status> error;  // the last fetch's failure, until the next fetch starts
+    double spill_failed_at = -1e9;  // when its last write-back failed: not retried for a while
+    Status spill_error;             // and why
   };
   struct Plan {
     uint64_t pool_id = 0;
@@ -156,10 +167,12 @@ class TierManager {
   std::unordered_set<uint64_t> pinned_;
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
+  Status last_spill_error_;  // the last failed write-back (named in allocation errors)
   bool progress_ = false;
   double next_prefetch_ = 0;  // when schedule_prefetch() is due again (0: now)
   int epfd_ = -1, timer_fd_ = -1;
   TierStats stats_;
+  Durability* durable_ = nullptr;
   std::unique_ptr<nvme::Engine> engine_;  // last: destroyed (drained) first
 };
 

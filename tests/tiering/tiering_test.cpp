@@ -1,0 +1,392 @@
+// The NVMe tier inside a real tierd, through libtier: spill and fetch under churn, eviction
+// and prefetch by hand, corruption and quota errors, the tmpfs fallback, and plans.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "support/daemon_fixture.hpp"
+#include "tier/client.hpp"
+
+using namespace tier;
+using namespace tier::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A temporary directory removed at scope exit.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& base = "/tmp") {
+    std::string t = base + "/tiering-test-XXXXXX";
+    REQUIRE(::mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// A daemon with an NVMe directory `nvme` and `ram` of RAM tier; `config` is extra TOML.
+DaemonOptions nvme_opts(const std::string& nvme, const std::string& ram, const std::string& config = "") {
+  DaemonOptions o;
+  o.ram = ram;
+  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
+  if (!config.empty()) {
+    std::string cfg = nvme + "/../tierd-test.toml";
+    std::ofstream(cfg) << config;
+    o.extra_args.push_back("--config");
+    o.extra_args.push_back(cfg);
+  }
+  return o;
+}
+
+std::unique_ptr<Client> connect_to(const TestDaemon& d) {
+  auto c = Client::connect(d.socket(), {.client_name = "tiering-test", .connect_timeout = std::chrono::seconds(5)});
+  REQUIRE(c);
+  return std::move(*c);
+}
+
+TensorDesc desc(std::string name, uint64_t size) {
+  TensorDesc d;
+  d.name = std::move(name);
+  d.size = size;
+  return d;
+}
+
+uint64_t fnv(std::span<const std::byte> b) {
+  uint64_t h = 1469598103934665603ull;
+  for (std::byte x : b) h = (h ^ static_cast<uint8_t>(x)) * 1099511628211ull;
+  return h;
+}
+
+void fill(std::span<std::byte> b, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  size_t i = 0;
+  for (; i + 8 <= b.size(); i += 8) {
+    uint64_t v = g();
+    std::memcpy(b.data() + i, &v, 8);
+  }
+  for (; i < b.size(); ++i) b[i] = static_cast<std::byte>(g());
+}
+
+// Writes `seed`'s bytes into the tensor; returns their hash.
+uint64_t write_tensor(Client& c, uint64_t id, uint64_t seed) {
+  auto l = c.lease(id, LeaseMode::kWrite, {LeaseWait::kForever});
+  REQUIRE(l);
+  fill(l->bytes(), seed);
+  uint64_t h = fnv(l->bytes());
+  REQUIRE(l->release().is_ok());
+  return h;
+}
+
+uint64_t read_hash(Client& c, uint64_t id) {
+  auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
+  REQUIRE(l);
+  uint64_t h = fnv(l->bytes());
+  REQUIRE(l->release().is_ok());
+  return h;
+}
+
+NodeStatus status_of(Client& c) {
+  auto s = c.status();
+  REQUIRE(s);
+  return *s;
+}
+
+uint8_t tiers_of(Client& c, const std::string& pool, const std::string& name) {
+  auto t = c.open_tensor(pool, name);
+  REQUIRE(t);
+  return t->tiers;
+}
+
+}  // namespace
+
+TEST_CASE("content survives churn with RAM at a quarter of the working set") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "16M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("churn"));
+  std::mt19937_64 rng(42);
+  const int kTensors = 40;  // random sizes 64 KiB .. 3 MiB: about 64 MiB in all
+  std::vector<uint64_t> ids, hashes;
+  uint64_t total = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    uint64_t size = 65536 + rng() % (3u << 20) + (rng() % 2 ? 0 : rng() % 4096);  // odd sizes too
+    auto t = c->create_tensor("churn", desc("t" + std::to_string(i), size));
+    REQUIRE(t);
+    ids.push_back(t->id);
+    hashes.push_back(write_tensor(*c, t->id, rng()));
+    total += size;
+  }
+  CHECK(total > 3 * (16u << 20));
+  for (int op = 0; op < 250; ++op) {
+    size_t k = rng() % ids.size();
+    if (rng() % 3 == 0) {
+      hashes[k] = write_tensor(*c, ids[k], rng());
+    } else {
+      INFO("tensor " << k << " op " << op);
+      REQUIRE(read_hash(*c, ids[k]) == hashes[k]);
+    }
+    if (op % 50 == 49) REQUIRE(c->evict("churn").is_ok());
+  }
+  for (size_t k = 0; k < ids.size(); ++k) REQUIRE(read_hash(*c, ids[k]) == hashes[k]);
+  NodeStatus s = status_of(*c);
+  REQUIRE(s.ram.size() >= 1);
+  REQUIRE(s.nvme.size() == 1);
+  CHECK(s.nvme[0].backend == "io_uring");
+  CHECK(s.ram[0].used <= s.ram[0].capacity);
+  CHECK(s.misses > 0);
+  CHECK(s.evictions > 0);
+  CHECK(s.bytes_read > 0);
+  CHECK(s.bytes_written > 0);
+}
+
+TEST_CASE("evict then lease brings a tensor back bit-exact; prefetch then lease is a hit") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  auto t = c->create_tensor("p", desc("w", (1u << 20) + 123));
+  REQUIRE(t);
+  uint64_t h = write_tensor(*c, t->id, 7);
+  CHECK(tiers_of(*c, "p", "w") == kTierRam);
+
+  uint64_t id = t->id;
+  REQUIRE(c->evict("p", {&id, 1}).is_ok());
+  CHECK(tiers_of(*c, "p", "w") == kTierNvme);
+  NodeStatus s0 = status_of(*c);
+  CHECK(s0.ram[0].used == 0);
+  CHECK(s0.nvme[0].used >= (1u << 20));
+  CHECK(read_hash(*c, id) == h);
+  NodeStatus s1 = status_of(*c);
+  CHECK(s1.misses == s0.misses + 1);
+  CHECK(s1.stalls == s0.stalls + 1);
+  CHECK(tiers_of(*c, "p", "w") == (kTierRam | kTierNvme));  // a clean copy on both
+
+  // Clean now: evicting drops it without writing again.
+  REQUIRE(c->evict("p").is_ok());
+  CHECK(status_of(*c).bytes_written == s1.bytes_written);
+  REQUIRE(c->prefetch("p", {&id, 1}).is_ok());
+  for (int i = 0; i < 500 && !(tiers_of(*c, "p", "w") & kTierRam); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE((tiers_of(*c, "p", "w") & kTierRam) != 0);
+  NodeStatus s2 = status_of(*c);
+  CHECK(read_hash(*c, id) == h);
+  NodeStatus s3 = status_of(*c);
+  CHECK(s3.hits == s2.hits + 1);
+  CHECK(s3.misses == s2.misses);
+  CHECK(s3.prefetches >= 1);
+
+  // A leased tensor is not evicted; naming it says so.
+  auto l = c->lease(id, LeaseMode::kRead);
+  REQUIRE(l);
+  Status st = c->evict("p", {&id, 1});
+  CHECK(st.code() == Code::kBusy);
+  CHECK(fnv(l->bytes()) == h);
+  REQUIRE(l->release().is_ok());
+}
+
+TEST_CASE("a flipped byte on NVMe is kCorruption to the client and the daemon keeps serving") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  auto a = c->create_tensor("p", desc("a", 256 << 10));
+  auto b = c->create_tensor("p", desc("b", 256 << 10));
+  REQUIRE(a);
+  REQUIRE(b);
+  write_tensor(*c, a->id, 1);
+  uint64_t hb = write_tensor(*c, b->id, 2);
+  uint64_t ida = a->id;
+  REQUIRE(c->evict("p", {&ida, 1}).is_ok());  // the only copy on NVMe: at offset 0 of file 0
+  std::string file = nvme.path + "/data-000000.tier";
+  int fd = ::open(file.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  unsigned char x = 0;
+  REQUIRE(::pread(fd, &x, 1, 1000) == 1);
+  x ^= 0x40;
+  REQUIRE(::pwrite(fd, &x, 1, 1000) == 1);
+  ::fsync(fd);
+  ::close(fd);
+
+  auto l = c->lease(ida, LeaseMode::kRead, {LeaseWait::kForever});
+  REQUIRE_FALSE(l);
+  CHECK(l.error().code() == Code::kCorruption);
+  CHECK_THAT(l.error().message(), Catch::Contains("checksum"));
+  // Again: still corrupt, still an error, never data.
+  auto l2 = c->lease(ida, LeaseMode::kRead, {LeaseWait::kForever});
+  REQUIRE_FALSE(l2);
+  CHECK(l2.error().code() == Code::kCorruption);
+  // The daemon serves on: the other tensor, status, new tensors.
+  CHECK(read_hash(*c, b->id) == hb);
+  CHECK(status_of(*c).ram[0].used > 0);
+  auto n = c->create_tensor("p", desc("n", 4096));
+  CHECK(n);
+}
+
+TEST_CASE("an NVMe quota that is full gives a clear error and loses nothing") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "8M"));
+  auto c = connect_to(d);
+  PoolOptions po;
+  po.nvme_quota = 2u << 20;  // room for two of the 1 MiB tensors on NVMe
+  REQUIRE(c->create_pool("q", po));
+  std::vector<uint64_t> ids, hashes;
+  Status last;
+  for (int i = 0; i < 16; ++i) {
+    auto t = c->create_tensor("q", desc("t" + std::to_string(i), 1u << 20));
+    if (!t) {
+      last = t.error();
+      break;
+    }
+    ids.push_back(t->id);
+    hashes.push_back(write_tensor(*c, t->id, 100 + i));
+  }
+  // 8 MiB of RAM and 2 MiB of NVMe hold 10 tensors at most.
+  REQUIRE_FALSE(last.is_ok());
+  CHECK(last.code() == Code::kResourceExhausted);
+  CHECK_THAT(last.message(), Catch::Contains("NVMe quota"));
+  CHECK(ids.size() >= 8);
+  CHECK(ids.size() <= 10);
+  // Nothing stored is lost: free room, then read every tensor back.
+  REQUIRE(c->delete_tensor("q", "t" + std::to_string(ids.size() - 1)).is_ok());
+  ids.pop_back();
+  hashes.pop_back();
+  REQUIRE(c->delete_tensor("q", "t" + std::to_string(ids.size() - 1)).is_ok());
+  ids.pop_back();
+  hashes.pop_back();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    INFO("tensor " << k);
+    CHECK(read_hash(*c, ids[k]) == hashes[k]);
+  }
+  auto pools = c->list_pools();
+  REQUIRE(pools);
+  REQUIRE(pools->size() == 1);
+  CHECK((*pools)[0].nvme_used <= po.nvme_quota);
+}
+
+TEST_CASE("a full NVMe tier (nvme_capacity) gives a clear error and loses nothing") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "4M", "nvme_capacity = \"1M\"\n"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("f"));
+  std::vector<uint64_t> ids, hashes;
+  Status last;
+  for (int i = 0; i < 12; ++i) {
+    auto t = c->create_tensor("f", desc("t" + std::to_string(i), 512u << 10));
+    if (!t) {
+      last = t.error();
+      break;
+    }
+    ids.push_back(t->id);
+    hashes.push_back(write_tensor(*c, t->id, 200 + i));
+  }
+  REQUIRE_FALSE(last.is_ok());
+  CHECK(last.code() == Code::kResourceExhausted);
+  CHECK_THAT(last.message(), Catch::Contains("write-back"));
+  REQUIRE(c->delete_tensor("f", "t" + std::to_string(ids.size() - 1)).is_ok());
+  ids.pop_back();
+  hashes.pop_back();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    INFO("tensor " << k);
+    CHECK(read_hash(*c, ids[k]) == hashes[k]);
+  }
+}
+
+TEST_CASE("the tmpfs fallback (NVMe dir under /dev/shm) works end to end") {
+  TempDir nvme("/dev/shm");
+  TestDaemon d(nvme_opts(nvme.path, "8M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("s"));
+  std::vector<uint64_t> ids, hashes;
+  for (int i = 0; i < 12; ++i) {  // 12 MiB through 8 MiB of RAM
+    auto t = c->create_tensor("s", desc("t" + std::to_string(i), (1u << 20) - 100 * i));
+    REQUIRE(t);
+    ids.push_back(t->id);
+    hashes.push_back(write_tensor(*c, t->id, 300 + i));
+  }
+  for (size_t k = 0; k < ids.size(); ++k) CHECK(read_hash(*c, ids[k]) == hashes[k]);
+  NodeStatus s = status_of(*c);
+  REQUIRE(s.nvme.size() == 1);
+  CHECK(s.nvme[0].backend == "pread");
+  CHECK(s.misses > 0);
+  CHECK_THAT(d.log(), Catch::Contains("tmpfs"));
+}
+
+TEST_CASE("without NVMe directories, Prefetch/Evict/PlanSet stay unsupported") {
+  DaemonOptions o;
+  o.ram = "16M";
+  o.extra_args = {"--remove-arenas-on-exit"};
+  TestDaemon d(o);
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("u"));
+  auto t = c->create_tensor("u", desc("t", 4096));
+  REQUIRE(t);
+  uint64_t id = t->id;
+  CHECK(c->evict("u", {&id, 1}).code() == Code::kUnsupported);
+  CHECK(c->prefetch("u", {&id, 1}).code() == Code::kUnsupported);
+  CHECK(c->set_plan("u", {&id, 1}).code() == Code::kUnsupported);
+  CHECK(status_of(*c).nvme.empty());
+}
+
+namespace {
+
+// Misses of `steps` cyclic passes over `ids` (after one warm-up pass), `gap` between uses.
+uint64_t cyclic_misses(Client& c, const std::vector<uint64_t>& ids, int steps, std::chrono::milliseconds gap) {
+  for (uint64_t id : ids) {
+    auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
+    REQUIRE(l);
+    std::this_thread::sleep_for(gap);
+    REQUIRE(l->release().is_ok());
+  }
+  uint64_t before = status_of(c).misses;
+  for (int s = 0; s < steps; ++s)
+    for (uint64_t id : ids) {
+      auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
+      REQUIRE(l);
+      std::this_thread::sleep_for(gap);
+      REQUIRE(l->release().is_ok());
+    }
+  return status_of(c).misses - before;
+}
+
+}  // namespace
+
+TEST_CASE("a registered plan reduces misses on a cyclic access pattern") {
+  const int kTensors = 24;  // 24 MiB working set, 12 MiB RAM tier
+  const int kSteps = 3;
+  uint64_t misses[2] = {0, 0};
+  for (int with_plan = 0; with_plan < 2; ++with_plan) {
+    TempDir nvme;
+    TestDaemon d(nvme_opts(nvme.path, "12M"));
+    auto c = connect_to(d);
+    REQUIRE(c->create_pool("plan"));
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < kTensors; ++i) {
+      auto t = c->create_tensor("plan", desc("t" + std::to_string(i), 1u << 20));
+      REQUIRE(t);
+      ids.push_back(t->id);
+      write_tensor(*c, t->id, 400 + i);
+    }
+    if (with_plan) REQUIRE(c->set_plan("plan", ids, 8u << 20).is_ok());
+    misses[with_plan] = cyclic_misses(*c, ids, kSteps, std::chrono::milliseconds(4));
+    NodeStatus s = status_of(*c);
+    WARN("cyclic plan test, " << (with_plan ? "with" : "without") << " a plan: " << misses[with_plan]
+                               << " misses in " << kSteps * kTensors << " uses, " << s.prefetches
+                               << " prefetches, " << s.stalls << " stalls");
+  }
+  // Without a plan, LRU misses on (nearly) every use of a cyclic pattern larger than RAM.
+  CHECK(misses[0] >= static_cast<uint64_t>(kSteps * kTensors * 3 / 4));
+  // With it, Belady keeps part of the set and prefetches bring the rest ahead of use.
+  CHECK(misses[1] * 2 < misses[0]);
+}
