@@ -124,7 +124,12 @@ Status Durability::rebuild() {
       const TensorCreated& m = ti.meta;
       cat.set_next_ids(marks.next_pool_id, tid);
       TensorDesc desc{m.name, m.size, static_cast<DType>(m.dtype), m.shape, {}};
-      auto t = cat.create_tensor(pool, std::move(desc), m.numa_node);
+      // A tensor evicted to NVMe has no RAM node in the journal; it comes back on the pool's
+      // node (its first arena's), else the first node.
+      int32_t node = m.numa_node;
+      if (node < 0) node = !pi.arenas.empty() ? pi.arenas.begin()->second.numa_node
+                                              : (st_.topology.nodes.empty() ? 0 : st_.topology.nodes.front().id);
+      auto t = cat.create_tensor(pool, std::move(desc), node);
       if (!t) return Status(Code::kCorruption, "journal: tensor '" + m.name + "': " + t.error().message());
       Tensor& tensor = **t;
       r.tensors++;

@@ -123,6 +123,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   (*state)->durable = std::move(*durable);
+  if ((*state)->tiering) {
+    (*state)->tiering->set_durability((*state)->durable.get());
+    if (Status st = (*state)->tiering->adopt_catalog(); !st) {
+      log_error("{}", st.message());
+      return 1;
+    }
+  }
   Server server(**state, sock);
   if (Status st = server.listen(); !st) {
     log_error("{}", st.message());
