@@ -14,10 +14,40 @@ ArenaMap::~ArenaMap() { unmap_all(); }
 void ArenaMap::unmap_all() noexcept {
   for (Arena& a : arenas_)
     if (a.base) ::munmap(a.base, a.size);
+  for (Arena& a : retired_)
+    if (a.base) ::munmap(a.base, a.size);
   arenas_.clear();
+  retired_.clear();
+}
+
+bool ArenaMap::same_object(uint64_t id, int fd) const noexcept {
+  const Arena* a = find(id);
+  struct stat st{};
+  if (!a || fd < 0 || ::fstat(fd, &st) != 0) return false;
+  return a->dev == static_cast<uint64_t>(st.st_dev) && a->ino == static_cast<uint64_t>(st.st_ino);
 }
 
 Result<const Arena*> ArenaMap::add(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
+  auto a = map(id, fd, size, numa_node);
+  if (!a) return fail(a.error());
+  arenas_.push_back(*a);
+  return &arenas_.back();
+}
+
+Result<const Arena*> ArenaMap::replace(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
+  auto a = map(id, fd, size, numa_node);
+  if (!a) return fail(a.error());
+  for (Arena& old : arenas_)
+    if (old.id == id) {
+      retired_.push_back(old);
+      old = *a;
+      return &old;
+    }
+  arenas_.push_back(*a);
+  return &arenas_.back();
+}
+
+Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
   struct CloseFd {
     int fd;
     ~CloseFd() { if (fd >= 0) ::close(fd); }
@@ -35,8 +65,8 @@ Result<const Arena*> ArenaMap::add(uint64_t id, int fd, uint64_t size, int32_t n
   if (p == MAP_FAILED)
     return fail(Status::from_errno(errno, "mmap of arena " + std::to_string(id) + " (" +
                                               std::to_string(size) + " bytes)"));
-  arenas_.push_back(Arena{id, static_cast<std::byte*>(p), size, numa_node});
-  return &arenas_.back();
+  return Arena{id, static_cast<std::byte*>(p), size, numa_node, static_cast<uint64_t>(st.st_dev),
+               static_cast<uint64_t>(st.st_ino)};
 }
 
 }  // namespace tier::client

@@ -19,6 +19,7 @@ struct Arena {
   std::byte* base = nullptr;
   uint64_t size = 0;
   int32_t numa_node = -1;
+  uint64_t dev = 0, ino = 0;  // the shared-memory object (a restarted tierd passes the same one)
 };
 
 class ArenaMap {
@@ -38,11 +39,20 @@ class ArenaMap {
   // Maps `fd` (size bytes, read-write, shared) as arena `id`. Takes ownership of fd: it is
   // closed whether or not the mapping succeeds (the mapping keeps the memory alive).
   [[nodiscard]] Result<const Arena*> add(uint64_t id, int fd, uint64_t size, int32_t numa_node);
+  // After tierd restarted: whether `fd` is the very object mapped as arena `id` (same device and
+  // inode), so the mapping (and every span into it) is still the arena. Does not take fd.
+  [[nodiscard]] bool same_object(uint64_t id, int fd) const noexcept;
+  // Maps `fd` as arena `id` in place of the current mapping (the object was replaced: a reboot
+  // or a dropped and re-created pool). The old mapping stays until unmap_all(), so spans that
+  // still point into it never fault. Takes ownership of fd like add().
+  [[nodiscard]] Result<const Arena*> replace(uint64_t id, int fd, uint64_t size, int32_t numa_node);
   const std::vector<Arena>& all() const noexcept { return arenas_; }
   void unmap_all() noexcept;
 
  private:
+  [[nodiscard]] Result<Arena> map(uint64_t id, int fd, uint64_t size, int32_t numa_node);
   std::vector<Arena> arenas_;
+  std::vector<Arena> retired_;
 };
 
 }  // namespace tier::client

@@ -7,6 +7,7 @@
 #include "tier/client.hpp"
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "client/arena_map.hpp"
 #include "client/connection.hpp"
+#include "client/held_leases.hpp"
 #include "wire/messages.hpp"
 
 namespace tier {
@@ -72,6 +74,9 @@ std::string default_socket_path() {
 struct Client::Impl {
   mutable std::mutex mu;
   std::string path;
+  ConnectOptions opts;
+  uint32_t epoch = 0;      // bumped by each reconnect
+  client::HeldLeases held;  // leases the caller holds, for re-acquiring them
   uint64_t session_id = 0;
   std::string daemon_version;
   client::Connection conn;
@@ -82,12 +87,38 @@ struct Client::Impl {
   wire::ReleaseReq release_req;
   wire::Empty empty;
 
+  // Runs `attempt` (one request/reply on conn); when it finds the daemon gone, reconnects
+  // (re-acquiring the held leases) and runs it once more. A request that is not idempotent and
+  // was sent before the link died is not repeated: the daemon may have applied it. Caller
+  // holds mu.
+  template <class F>
+  Status retrying(F&& attempt, bool idempotent = true) {
+    Status st = attempt();
+    if (st.is_ok() || st.code() != Code::kUnavailable || conn.is_open() ||
+        opts.reconnect_timeout.count() <= 0)
+      return st;
+    bool sent = conn.last_sent();
+    TIER_RETURN_IF_ERROR(reconnect(st));
+    if (sent && !idempotent)
+      return Status(Code::kUnavailable,
+                    "tierd restarted while this request was in flight: it may or may not have "
+                    "been applied (the connection is back; check and retry)");
+    return attempt();
+  }
+  template <class Req, class Rep>
+  Status call(MsgType type, const Req& req, Rep& rep, bool idempotent = true) {
+    return retrying([&] { return conn.call(type, req, rep); }, idempotent);
+  }
+
+  Status hello();
+  Status reconnect(const Status& why);
+
   // Maps arena `id` if this connection has not yet. Caller holds mu.
   Result<const client::Arena*> arena(uint64_t id) {
     if (const client::Arena* a = arenas.find(id)) return a;
     wire::MapArenaRep rep;
     int fd = -1;
-    Status st = conn.call(MsgType::kMapArena, wire::MapArenaReq{id}, rep, &fd);
+    Status st = retrying([&] { return conn.call(MsgType::kMapArena, wire::MapArenaReq{id}, rep, &fd); });
     if (!st.is_ok()) return fail(std::move(st));
     if (rep.arena_id != id) {
       if (fd >= 0) ::close(fd);
@@ -117,6 +148,21 @@ struct Client::Impl {
     }
   }
 
+  // The id the daemon knows a held lease by (0 when it was lost in a restart).
+  uint64_t daemon_id(const Lease& l) noexcept {
+    client::HeldLease* h = held.find(l.id_, l.epoch_);
+    return h ? h->daemon_id : 0;
+  }
+  // Stops tracking a lease and detaches it (the caller gives it back another way).
+  void forget(Lease& l) noexcept {
+    if (client::HeldLease* h = held.find(l.id_, l.epoch_)) held.erase(h);
+    l.detach();
+  }
+  Status lost_error(const Lease& l) const {
+    return Status(Code::kUnavailable, "lease " + std::to_string(l.id_) + " on tensor " +
+                                          std::to_string(l.tensor_id_) + " was lost when tierd restarted");
+  }
+
   // One attempt (one daemon-side wait of at most timeout_ms); these take mu themselves.
   Result<Lease> lease_once(Client* owner, uint64_t tensor_id, LeaseMode mode, int32_t timeout_ms);
   Result<std::vector<Lease>> lease_batch_once(Client* owner, std::span<const uint64_t> tensor_ids,
@@ -143,21 +189,11 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view socket_path,
   try {
     auto impl = std::make_unique<Impl>();
     impl->path = socket_path.empty() ? default_socket_path() : std::string(socket_path);
+    impl->opts = opts;
     Status st = impl->conn.open(impl->path, std::max<int64_t>(0, opts.connect_timeout.count()));
     if (!st.is_ok()) return fail(std::move(st));
-    wire::HelloReq hello;
-    hello.pid = static_cast<int32_t>(::getpid());
-    hello.numa_node = current_numa_node();
-    hello.client_name = opts.client_name.empty() ? default_client_name() : opts.client_name;
-    if (hello.client_name.size() > 255) hello.client_name.resize(255);
-    wire::HelloRep rep;
-    st = impl->conn.call(MsgType::kHello, hello, rep);
+    st = impl->hello();
     if (!st.is_ok()) return fail(std::move(st));
-    if (rep.version != wire::kVersion)
-      return fail(Code::kProtocol, "tierd speaks protocol version " + std::to_string(rep.version) +
-                                       ", this libtier speaks " + std::to_string(wire::kVersion));
-    impl->session_id = rep.session_id;
-    impl->daemon_version = std::move(rep.daemon_version);
     impl->lease_req.tensor_ids.reserve(kLeaseChunk);
     impl->lease_rep.grants.reserve(kLeaseChunk);
     impl->release_req.lease_ids.reserve(wire::kMaxBatch);
@@ -165,6 +201,101 @@ Result<std::unique_ptr<Client>> Client::connect(std::string_view socket_path,
   } catch (const std::bad_alloc&) {
     return fail(Code::kResourceExhausted, "out of memory while connecting to tierd");
   }
+}
+
+Status Client::Impl::hello() {
+  wire::HelloReq req;
+  req.pid = static_cast<int32_t>(::getpid());
+  req.numa_node = current_numa_node();
+  req.client_name = opts.client_name.empty() ? default_client_name() : opts.client_name;
+  if (req.client_name.size() > 255) req.client_name.resize(255);
+  wire::HelloRep rep;
+  TIER_RETURN_IF_ERROR(conn.call(MsgType::kHello, req, rep));
+  if (rep.version != wire::kVersion)
+    return Status(Code::kProtocol, "tierd speaks protocol version " + std::to_string(rep.version) +
+                                       ", this libtier speaks " + std::to_string(wire::kVersion));
+  session_id = rep.session_id;
+  daemon_version = std::move(rep.daemon_version);
+  return Status::ok();
+}
+
+// tierd restarted: connect again (backoff), check that every mapped arena is still the same
+// shared-memory object, and re-acquire the held leases (same tensor, mode and bytes). Leases
+// that cannot be re-acquired (the tensor is gone, its arena was replaced, another client took a
+// conflicting lease first) are lost: forgotten here, named in the returned error, and their
+// release() reports it too.
+Status Client::Impl::reconnect(const Status& why) {
+  auto start = std::chrono::steady_clock::now();
+  auto deadline = start + opts.reconnect_timeout;
+  auto backoff = std::chrono::milliseconds(10);
+  Status st;
+  for (;;) {
+    st = conn.open(path, 0);
+    if (st.is_ok()) st = hello();
+    if (st.is_ok()) break;
+    if (std::chrono::steady_clock::now() + backoff > deadline) {
+      conn.close();
+      return Status(Code::kUnavailable,
+                    why.message() + "; reconnecting gave up after " +
+                        std::to_string(opts.reconnect_timeout.count()) + " ms: " + st.message());
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+  ++epoch;
+  // Arenas: the same object (a restart) keeps its mapping; another one (a reboot) is remapped.
+  std::vector<uint64_t> replaced;
+  std::vector<uint64_t> ids;
+  for (const auto& a : arenas.all()) ids.push_back(a.id);
+  for (uint64_t id : ids) {
+    wire::MapArenaRep rep;
+    int fd = -1;
+    if (!conn.call(MsgType::kMapArena, wire::MapArenaReq{id}, rep, &fd).is_ok()) continue;
+    if (arenas.same_object(id, fd)) {
+      ::close(fd);
+      continue;
+    }
+    replaced.push_back(id);
+    (void)arenas.replace(id, fd, rep.size, rep.numa_node);
+  }
+  // Leases.
+  std::string lost;
+  size_t n_lost = 0;
+  std::vector<uint64_t> gone;  // held entries to forget: (id, epoch) pairs flattened
+  held.for_each([&](client::HeldLease& h) {
+    wire::LeaseReq req;
+    req.mode = h.mode;
+    req.timeout_ms = 0;
+    req.tensor_ids.assign(1, h.tensor_id);
+    wire::LeaseRep rep;
+    Status ls = conn.call(MsgType::kLease, req, rep);
+    bool ok = ls.is_ok() && rep.grants.size() == 1;
+    bool same_place = ok && rep.grants[0].arena_id == h.arena_id && rep.grants[0].offset == h.offset &&
+                      std::find(replaced.begin(), replaced.end(), h.arena_id) == replaced.end();
+    if (ok && same_place) {
+      h.daemon_id = rep.grants[0].lease_id;
+      return;
+    }
+    if (ok) {
+      wire::ReleaseReq rel;
+      rel.lease_ids.assign(1, rep.grants[0].lease_id);
+      wire::Empty e;
+      (void)conn.call(MsgType::kRelease, rel, e);
+    }
+    if (n_lost < 8)
+      lost += (n_lost ? ", " : "") + std::string("lease ") + std::to_string(h.id) + " on tensor " +
+              std::to_string(h.tensor_id) + " (" + (ls.is_ok() ? std::string("its bytes moved") : ls.message()) + ")";
+    ++n_lost;
+    gone.push_back(h.id);
+    gone.push_back(h.epoch);
+  });
+  for (size_t i = 0; i < gone.size(); i += 2)
+    if (client::HeldLease* h = held.find(gone[i], static_cast<uint32_t>(gone[i + 1]))) held.erase(h);
+  if (n_lost > 0)
+    return Status(Code::kUnavailable, "tierd restarted; " + std::to_string(n_lost) + " lease" +
+                                          (n_lost > 1 ? "s were" : " was") + " lost: " + lost +
+                                          (n_lost > 8 ? ", ..." : ""));
+  return Status::ok();
 }
 
 // ---- pools ----
@@ -175,7 +306,7 @@ Result<PoolInfo> Client::create_pool(std::string_view name, const PoolOptions& o
     wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok};
     wire::PoolInfoW rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kPoolCreate, req, rep);
+    Status st = impl_->call(MsgType::kPoolCreate, req, rep, /*idempotent=*/exist_ok);
     if (!st.is_ok()) return fail(std::move(st));
     return wire::to_public(rep);
   });
@@ -185,7 +316,7 @@ Result<PoolInfo> Client::open_pool(std::string_view name) {
   return guarded<Result<PoolInfo>>([&]() -> Result<PoolInfo> {
     wire::PoolInfoW rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kPoolOpen, wire::PoolNameReq{std::string(name)}, rep);
+    Status st = impl_->call(MsgType::kPoolOpen, wire::PoolNameReq{std::string(name)}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return wire::to_public(rep);
   });
@@ -196,7 +327,7 @@ Result<std::vector<PoolInfo>> Client::list_pools() {
     wire::PoolListRep rep;
     {
       std::lock_guard g(impl_->mu);
-      Status st = impl_->conn.call(MsgType::kPoolList, wire::Empty{}, rep);
+      Status st = impl_->call(MsgType::kPoolList, wire::Empty{}, rep);
       if (!st.is_ok()) return fail(std::move(st));
     }
     std::vector<PoolInfo> out;
@@ -209,7 +340,7 @@ Result<std::vector<PoolInfo>> Client::list_pools() {
 Status Client::drop_pool(std::string_view name) {
   return guarded<Status>([&]() -> Status {
     std::lock_guard g(impl_->mu);
-    return impl_->conn.call(MsgType::kPoolDrop, wire::PoolNameReq{std::string(name)}, impl_->empty);
+    return impl_->call(MsgType::kPoolDrop, wire::PoolNameReq{std::string(name)}, impl_->empty, false);
   });
 }
 
@@ -229,7 +360,7 @@ Result<TensorInfo> Client::create_tensor(std::string_view pool, const TensorDesc
     req.exist_ok = exist_ok;
     wire::TensorInfoW rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kTensorCreate, req, rep);
+    Status st = impl_->call(MsgType::kTensorCreate, req, rep, /*idempotent=*/exist_ok);
     if (!st.is_ok()) return fail(std::move(st));
     return wire::to_public(rep);
   });
@@ -239,7 +370,7 @@ Result<TensorInfo> Client::open_tensor(std::string_view pool, std::string_view n
   return guarded<Result<TensorInfo>>([&]() -> Result<TensorInfo> {
     wire::TensorInfoW rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kTensorOpen,
+    Status st = impl_->call(MsgType::kTensorOpen,
                                  wire::TensorRefReq{std::string(pool), std::string(name)}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return wire::to_public(rep);
@@ -254,7 +385,7 @@ Result<std::vector<TensorInfo>> Client::list_tensors(std::string_view pool) {
     for (;;) {
       {
         std::lock_guard g(impl_->mu);
-        Status st = impl_->conn.call(MsgType::kTensorList, req, rep);
+        Status st = impl_->call(MsgType::kTensorList, req, rep);
         if (!st.is_ok()) return fail(std::move(st));
       }
       for (const auto& t : rep.tensors) out.push_back(wire::to_public(t));
@@ -269,8 +400,8 @@ Result<std::vector<TensorInfo>> Client::list_tensors(std::string_view pool) {
 Status Client::delete_tensor(std::string_view pool, std::string_view name) {
   return guarded<Status>([&]() -> Status {
     std::lock_guard g(impl_->mu);
-    return impl_->conn.call(MsgType::kTensorDelete,
-                            wire::TensorRefReq{std::string(pool), std::string(name)}, impl_->empty);
+    return impl_->call(MsgType::kTensorDelete, wire::TensorRefReq{std::string(pool), std::string(name)},
+                       impl_->empty, false);
   });
 }
 
@@ -320,7 +451,7 @@ Result<Lease> Client::Impl::lease_once(Client* owner, uint64_t tensor_id, LeaseM
   m.lease_req.mode = static_cast<uint8_t>(mode);
   m.lease_req.timeout_ms = timeout_ms;
   m.lease_req.tensor_ids.assign(1, tensor_id);
-  Status st = m.conn.call(MsgType::kLease, m.lease_req, m.lease_rep);
+  Status st = m.call(MsgType::kLease, m.lease_req, m.lease_rep);
   if (!st.is_ok()) return fail(std::move(st));
   if (m.lease_rep.grants.size() != 1 || m.lease_rep.grants[0].tensor_id != tensor_id) {
     for (const auto& gr : m.lease_rep.grants) m.release_quietly({&gr.lease_id, 1});
@@ -338,6 +469,8 @@ Result<Lease> Client::Impl::lease_once(Client* owner, uint64_t tensor_id, LeaseM
   l.tensor_id_ = tensor_id;
   l.mode_ = mode;
   l.bytes_ = *span;
+  l.epoch_ = m.epoch;
+  m.held.insert({gr.lease_id, m.epoch, true, static_cast<uint8_t>(mode), tensor_id, gr.lease_id, gr.arena_id, gr.offset});
   return l;
 }
 
@@ -346,7 +479,7 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
   lease_req.mode = static_cast<uint8_t>(mode);
   lease_req.timeout_ms = wait.timeout_ms;
   lease_req.tensor_ids.assign(ids.begin(), ids.end());
-  TIER_RETURN_IF_ERROR(conn.call(MsgType::kLease, lease_req, lease_rep));
+  TIER_RETURN_IF_ERROR(call(MsgType::kLease, lease_req, lease_rep));
   std::vector<uint64_t> granted;
   granted.reserve(lease_rep.grants.size());
   for (const auto& gr : lease_rep.grants) granted.push_back(gr.lease_id);
@@ -364,7 +497,7 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
             ? span_of(gr)
             : fail(Code::kProtocol, "tierd granted a batch out of request order");
     if (!span) {
-      for (size_t j = first; j < out.size(); ++j) out[j].detach();
+      for (size_t j = first; j < out.size(); ++j) forget(out[j]);
       out.resize(first);
       release_quietly(granted);
       return span.error();
@@ -375,6 +508,8 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
     l.tensor_id_ = gr.tensor_id;
     l.mode_ = mode;
     l.bytes_ = *span;
+    l.epoch_ = epoch;
+    held.insert({gr.lease_id, epoch, true, static_cast<uint8_t>(mode), gr.tensor_id, gr.lease_id, gr.arena_id, gr.offset});
     out.push_back(std::move(l));
   }
   return Status::ok();
@@ -405,7 +540,7 @@ Result<std::vector<Lease>> Client::Impl::lease_batch_once(Client* owner,
     if (!st.is_ok()) {
       std::vector<uint64_t> ids;
       ids.reserve(out.size());
-      for (Lease& l : out) { ids.push_back(l.id_); l.detach(); }
+      for (Lease& l : out) { ids.push_back(daemon_id(l)); forget(l); }
       release_quietly(ids);
       return fail(std::move(st));
     }
@@ -413,11 +548,21 @@ Result<std::vector<Lease>> Client::Impl::lease_batch_once(Client* owner,
   return out;
 }
 
-Status Client::release_one(uint64_t lease_id) {
+Status Client::release_one(const Lease& lease) {
   std::lock_guard g(impl_->mu);
   Impl& m = *impl_;
-  m.release_req.lease_ids.assign(1, lease_id);
-  return m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+  // Looked up per attempt: a reconnect in between re-acquires it under a new daemon id.
+  Status st = m.retrying([&] {
+    client::HeldLease* h = m.held.find(lease.id_, lease.epoch_);
+    if (!h) return m.lost_error(lease);
+    m.release_req.lease_ids.assign(1, h->daemon_id);
+    return m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+  });
+  if (client::HeldLease* h = m.held.find(lease.id_, lease.epoch_)) {
+    // Released, or the connection is gone for good (the daemon drops a dead client's leases).
+    if (st.is_ok() || !m.conn.is_open()) m.held.erase(h);
+  }
+  return st;
 }
 
 Status Client::release_batch(std::span<Lease> leases) {
@@ -428,6 +573,12 @@ Status Client::release_batch(std::span<Lease> leases) {
     auto flush = [&] {
       if (m.release_req.lease_ids.empty()) return;
       Status st = m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+      if (!st.is_ok() && !m.conn.is_open() && m.opts.reconnect_timeout.count() > 0) {
+        // The daemon restarted: those leases died with it (re-acquired ones are released
+        // below by their new ids when the reconnect brings them back).
+        Status rs = m.reconnect(st);
+        st = rs.is_ok() ? Status::ok() : rs;
+      }
       if (result.is_ok() && !st.is_ok()) result = std::move(st);
       m.release_req.lease_ids.clear();
     };
@@ -439,7 +590,14 @@ Status Client::release_batch(std::span<Lease> leases) {
           result = Status(Code::kInvalidArgument, "release_batch given a lease of another client");
         continue;
       }
-      m.release_req.lease_ids.push_back(l.id_);
+      client::HeldLease* h = m.held.find(l.id_, l.epoch_);
+      if (!h) {
+        if (result.is_ok()) result = m.lost_error(l);
+        l.detach();
+        continue;
+      }
+      m.release_req.lease_ids.push_back(h->daemon_id);
+      m.held.erase(h);
       l.detach();
       if (m.release_req.lease_ids.size() == wire::kMaxBatch) flush();
     }
@@ -457,7 +615,7 @@ Status Client::prefetch(std::string_view pool, std::span<const uint64_t> tensor_
     for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
       size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
       req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-      TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kPrefetch, req, impl_->empty));
+      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kPrefetch, req, impl_->empty));
     }
     return Status::ok();
   });
@@ -467,11 +625,11 @@ Status Client::evict(std::string_view pool, std::span<const uint64_t> tensor_ids
   return guarded<Status>([&]() -> Status {
     wire::TensorIdsReq req{std::string(pool), {}};
     std::lock_guard g(impl_->mu);
-    if (tensor_ids.empty()) return impl_->conn.call(MsgType::kEvict, req, impl_->empty);
+    if (tensor_ids.empty()) return impl_->call(MsgType::kEvict, req, impl_->empty);
     for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
       size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
       req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-      TIER_RETURN_IF_ERROR(impl_->conn.call(MsgType::kEvict, req, impl_->empty));
+      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kEvict, req, impl_->empty));
     }
     return Status::ok();
   });
@@ -481,7 +639,7 @@ Status Client::set_plan(std::string_view pool, std::span<const uint64_t> tensor_
   return guarded<Status>([&]() -> Status {
     wire::PlanSetReq req{std::string(pool), {tensor_ids.begin(), tensor_ids.end()}, budget};
     std::lock_guard g(impl_->mu);
-    return impl_->conn.call(MsgType::kPlanSet, req, impl_->empty);
+    return impl_->call(MsgType::kPlanSet, req, impl_->empty);
   });
 }
 
@@ -489,7 +647,7 @@ Result<SnapshotInfo> Client::snapshot(std::string_view pool) {
   return guarded<Result<SnapshotInfo>>([&]() -> Result<SnapshotInfo> {
     wire::SnapshotRep rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kSnapshot, wire::PoolNameReq{std::string(pool)}, rep);
+    Status st = impl_->call(MsgType::kSnapshot, wire::PoolNameReq{std::string(pool)}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return SnapshotInfo{rep.snapshot_id, rep.bytes, rep.stall_us};
   });
@@ -502,7 +660,7 @@ Result<NodeStatus> Client::status() {
     wire::StatusRep rep;
     {
       std::lock_guard g(impl_->mu);
-      Status st = impl_->conn.call(MsgType::kStatus, wire::Empty{}, rep);
+      Status st = impl_->call(MsgType::kStatus, wire::Empty{}, rep);
       if (!st.is_ok()) return fail(std::move(st));
     }
     NodeStatus s;
@@ -532,7 +690,7 @@ Result<Topology> Client::topology() {
     wire::TopoRep rep;
     {
       std::lock_guard g(impl_->mu);
-      Status st = impl_->conn.call(MsgType::kTopo, wire::Empty{}, rep);
+      Status st = impl_->call(MsgType::kTopo, wire::Empty{}, rep);
       if (!st.is_ok()) return fail(std::move(st));
     }
     Topology t;
@@ -548,7 +706,7 @@ Result<std::string> Client::metrics() {
   return guarded<Result<std::string>>([&]() -> Result<std::string> {
     wire::TextRep rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->conn.call(MsgType::kMetrics, wire::Empty{}, rep);
+    Status st = impl_->call(MsgType::kMetrics, wire::Empty{}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return std::move(rep.text);
   });
@@ -567,7 +725,7 @@ std::vector<Client::ArenaMapping> Client::mapped_arenas() const {
 
 Lease::Lease(Lease&& o) noexcept
     : client_(std::exchange(o.client_, nullptr)), id_(o.id_), tensor_id_(o.tensor_id_),
-      mode_(o.mode_), bytes_(std::exchange(o.bytes_, {})) {}
+      mode_(o.mode_), bytes_(std::exchange(o.bytes_, {})), epoch_(o.epoch_) {}
 
 Lease& Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {
@@ -577,6 +735,7 @@ Lease& Lease::operator=(Lease&& o) noexcept {
     tensor_id_ = o.tensor_id_;
     mode_ = o.mode_;
     bytes_ = std::exchange(o.bytes_, {});
+    epoch_ = o.epoch_;
   }
   return *this;
 }
@@ -588,7 +747,7 @@ Status Lease::release() {
   Client* c = std::exchange(client_, nullptr);
   bytes_ = {};
   try {
-    return c->release_one(id_);
+    return c->release_one(*this);
   } catch (...) {  // a destructor must not throw; a failed release dies with the connection
     return Status(Code::kInternal, "release failed with an exception");
   }

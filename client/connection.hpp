@@ -34,6 +34,9 @@ class Connection {
   [[nodiscard]] Status open(const std::string& path, int64_t timeout_ms);
   void close() noexcept;
   bool is_open() const noexcept { return fd_ >= 0; }
+  // Whether the last call() got its request out before it failed (the daemon may have acted on
+  // it) — what decides if a non-idempotent request may be retried after a reconnect.
+  bool last_sent() const noexcept { return last_sent_; }
 
   // Sends `req` as message `type` and decodes the reply into `rep`. A reply of another id or
   // type is kProtocol and breaks the connection (nothing after it can be trusted). A received
@@ -41,8 +44,10 @@ class Connection {
   // status that broke it.
   template <class Req, class Rep>
   [[nodiscard]] Status call(wire::MsgType type, const Req& req, Rep& rep, int* fd_out = nullptr) {
+    last_sent_ = false;
     if (!broken_.is_ok()) return broken_;
     TIER_RETURN_IF_ERROR(send_request(type, req));
+    last_sent_ = true;
     TIER_RETURN_IF_ERROR(receive_reply(type, fd_out));
     return decode_body(rep);
   }
@@ -79,6 +84,7 @@ class Connection {
   int fd_ = -1;
   std::string path_;
   uint32_t last_id_ = 0;
+  bool last_sent_ = false;
   Status broken_;
   std::vector<std::byte> send_buf_;
   std::unique_ptr<std::byte[]> recv_buf_;

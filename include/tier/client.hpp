@@ -36,6 +36,11 @@ struct ConnectOptions {
   std::string client_name;  // shown by tierctl status; defaults to the program name
   // Retry connecting while the daemon is not yet (or no longer) accepting, up to this long.
   std::chrono::milliseconds connect_timeout{0};
+  // When tierd restarts under a live Client (a call finds the connection closed), the Client
+  // reconnects for up to this long (backoff 10 ms doubling to 500 ms), re-acquires the leases it
+  // holds and retries the call; 0: no reconnecting, calls fail with kUnavailable at once. See
+  // docs/client.md, "Daemon restarts".
+  std::chrono::milliseconds reconnect_timeout{10000};
 };
 
 // How long lease() waits for a conflicting lease to go away.
@@ -74,6 +79,7 @@ class [[nodiscard]] Lease {
   uint64_t tensor_id_ = 0;
   LeaseMode mode_ = LeaseMode::kRead;
   std::span<std::byte> bytes_;
+  uint32_t epoch_ = 0;  // the Client's connection epoch when granted (reconnects bump it)
 };
 
 // Node-wide figures, as `tierctl status` shows them.
@@ -159,7 +165,7 @@ class Client {
   friend class Lease;
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
-  Status release_one(uint64_t lease_id);
+  Status release_one(const Lease& lease);
   std::unique_ptr<Impl> impl_;
 };
 

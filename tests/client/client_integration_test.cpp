@@ -386,7 +386,10 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
 TEST_CASE("a daemon killed mid-session turns calls into Unavailable, never a crash") {
   TestDaemon d;
   DropPoolsAtEnd janitor{d};
-  auto c = connect_to(d);
+  // No reconnecting: every call must fail at once (tests/durability covers reconnects).
+  auto cr = Client::connect(d.socket(), {.client_name = "no-reconnect", .reconnect_timeout = std::chrono::milliseconds(0)});
+  REQUIRE(cr.has_value());
+  auto c = std::move(*cr);
   REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*c, "p", "t", 4096);
   auto l = c->lease(id, LeaseMode::kWrite);

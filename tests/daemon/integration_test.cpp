@@ -472,17 +472,21 @@ TEST_CASE("clean exit keeps /dev/shm clean with --remove-arenas-on-exit; --clean
     REQUIRE(c.tensor_create("job", "w", 4096));
     d.kill9();
     CHECK(shm_objects_with_prefix(prefix) == 1);
-    // A new daemon on the same state dir (no re-attach yet) replaces the stale arena.
+    // A new daemon on the same state dir re-attaches the arena its journal names (the pool and
+    // its tensor are back; nothing is replaced).
     d.start();
     {
       RawClient c2 = must_connect(d);
-      REQUIRE(c2.pool_create("job", 8 << 20));
-      auto t = c2.tensor_create("job", "w", 4096);
+      auto p = c2.pool_create("job", 8 << 20);
+      REQUIRE_FALSE(p);
+      CHECK(p.error().code() == Code::kAlreadyExists);
+      auto t = c2.tensor_create("job", "w2", 4096);
       REQUIRE(t);
       CHECK(t->tiers == kTierRam);
       CHECK(shm_objects_with_prefix(prefix) == 1);
     }
-    CHECK(d.log().find("replacing stale arena") != std::string::npos);
+    CHECK(d.log().find("1 arenas re-attached") != std::string::npos);
+    CHECK(d.log().find("replacing stale arena") == std::string::npos);
     d.kill9();
     std::string cmd = bin_path("tierd") + " --state-dir " + d.state_dir() + " --cleanup-arenas >/dev/null";
     CHECK(std::system(cmd.c_str()) == 0);
