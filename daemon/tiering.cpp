@@ -126,16 +126,21 @@ bool TierManager::evictable(const Tensor& t) const {
   return it == ts_.end() || it->second.io == Io::kNone;
 }
 
-void TierManager::drop_ram(Pool& pool, Tensor& t) {
-  RamLocation loc = *t.ram;
+void TierManager::release_ram(Pool& pool, const RamLocation& loc) {
   // Give the pages back: the arena is sparse shared memory and freeing the extent alone would
   // keep them resident. (Clients map the same object; nobody holds a lease on these bytes.)
+  // On hugetlbfs only whole huge pages can be punched; a refusal just keeps the pages.
   if (Arena* a = ram_.arena(loc.arena_id)) {
     if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                     static_cast<off_t>(loc.offset), static_cast<off_t>(loc.length)) != 0)
       log_debug("punching {} bytes at {} of {}: {}", loc.length, loc.offset, a->path(), std::strerror(errno));
   }
   ram_.release(pool, loc);
+}
+
+void TierManager::drop_ram(Pool& pool, Tensor& t) {
+  RamLocation loc = *t.ram;
+  release_ram(pool, loc);
   t.ram.reset();
   if (durable_) durable_->ram_dropped(t);
   stats_.evictions++;
@@ -201,7 +206,7 @@ void TierManager::fetch_done(uint64_t id, Status st) {
     s.last_use = tick_++;
     stats_.fetches++;
   } else {
-    ram_.release(*p, s.pending);
+    release_ram(*p, s.pending);
     s.error = st;
     stats_.fetch_errors++;
     log_warn("fetch of tensor '{}' (pool '{}') failed: {}", t->name, p->name, st.message());

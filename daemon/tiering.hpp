@@ -136,6 +136,8 @@ class TierManager {
   TierManager(Catalog& c, RamTier& r) : catalog_(c), ram_(r) {}
   TState& ts(uint64_t id);
   std::byte* ram_ptr(const RamLocation& loc);
+  // Frees a RAM extent and punches its pages out of the arena.
+  void release_ram(Pool& pool, const RamLocation& loc);
   // Drops a clean, unleased RAM copy (frees its extent and returns its pages to the OS).
   void drop_ram(Pool& pool, Tensor& t);
   [[nodiscard]] bool needs_writeback(const Tensor& t) const { return t.dirty || !t.nvme; }
