@@ -62,6 +62,8 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
                                      " bytes, smaller than the " + std::to_string(size) +
                                      " tierd announced");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // A group reader gets a read-only fd (daemon/access.hpp): map it read-only.
+  if (p == MAP_FAILED && errno == EACCES) p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED)
     return fail(Status::from_errno(errno, "mmap of arena " + std::to_string(id) + " (" +
                                               std::to_string(size) + " bytes)"));

@@ -303,7 +303,8 @@ Status Client::Impl::reconnect(const Status& why) {
 Result<PoolInfo> Client::create_pool(std::string_view name, const PoolOptions& opts, bool exist_ok) {
   return guarded<Result<PoolInfo>>([&]() -> Result<PoolInfo> {
     if (Status v = validate_pool_name(name); !v.is_ok()) return fail(std::move(v));
-    wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok};
+    wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok, opts.group,
+                            opts.group_read};
     wire::PoolInfoW rep;
     std::lock_guard g(impl_->mu);
     Status st = impl_->call(MsgType::kPoolCreate, req, rep, /*idempotent=*/exist_ok);
@@ -704,11 +705,17 @@ Result<Topology> Client::topology() {
 
 Result<std::string> Client::metrics() {
   return guarded<Result<std::string>>([&]() -> Result<std::string> {
-    wire::TextRep rep;
+    // The text comes in pages of at most 4 KiB (the wire's string limit), cut at line ends.
+    std::string text;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->call(MsgType::kMetrics, wire::Empty{}, rep);
-    if (!st.is_ok()) return fail(std::move(st));
-    return std::move(rep.text);
+    for (uint32_t page = 0; page < 65536; ++page) {
+      wire::TextRep rep;
+      Status st = impl_->call(MsgType::kMetrics, wire::MetricsReq{page}, rep);
+      if (!st.is_ok()) return fail(std::move(st));
+      text += rep.text;
+      if (!rep.more) break;
+    }
+    return text;
   });
 }
 

@@ -59,6 +59,8 @@ struct Pool {
   uint64_t leases = 0;                   // leases held on its tensors
   std::map<uint64_t, Tensor> tensors;    // by id
   std::unordered_map<std::string, uint64_t> by_name;
+  gid_t group = static_cast<gid_t>(-1);  // -1: none
+  bool group_read = false;               // members of `group` may read (daemon/access.hpp)
 };
 
 class Catalog {

@@ -1,4 +1,5 @@
 #include "daemon/config.hpp"
+#include "daemon/metrics_http.hpp"
 
 #include <toml++/toml.h>
 
@@ -162,6 +163,18 @@ Status apply_table(const toml::table& tbl, Config& c) {
       if (v.is_string() && v.value<std::string>()->empty()) c.nvme_capacity.clear();
       else st = get_size(key, v, c.nvme_capacity);
     }
+    else if (key == "uid_ram_quota") st = get_size(key, v, c.uid_ram_quota);
+    else if (key == "uid_nvme_quota") st = get_size(key, v, c.uid_nvme_quota);
+    else if (key == "max_connections_per_uid") st = get_u32(key, v, c.max_connections_per_uid, 1);
+    else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
+    else if (key == "metrics_listen") {
+      st = get_string(key, v, c.metrics_listen);
+      if (st && !c.metrics_listen.empty()) {
+        auto addr = parse_metrics_listen(c.metrics_listen);
+        if (!addr) return addr.error();
+      }
+    }
+    else if (key == "prefault") st = get_bool(key, v, c.prefault);
     else if (key == "log_level") {
       st = get_string(key, v, c.log_level);
       if (st && c.log_level != "error" && c.log_level != "warning" && c.log_level != "info" &&
@@ -276,6 +289,16 @@ Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total) {
   auto a = parse_size(cfg.alignment);
   if (!a) return fail(Code::kInvalidArgument, "alignment: " + a.error().message());
   r.alignment = *a;
+  if (!cfg.uid_ram_quota.empty()) {
+    auto u = parse_size(cfg.uid_ram_quota, r.ram);
+    if (!u) return fail(Code::kInvalidArgument, "uid_ram_quota: " + u.error().message());
+    r.uid_ram_quota = *u;
+  }
+  if (!cfg.uid_nvme_quota.empty()) {
+    auto u = parse_size(cfg.uid_nvme_quota);
+    if (!u) return fail(Code::kInvalidArgument, "uid_nvme_quota (bytes, not %): " + u.error().message());
+    r.uid_nvme_quota = *u;
+  }
   return r;
 }
 

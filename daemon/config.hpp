@@ -62,6 +62,16 @@ struct Config {
   double ram_low_watermark = 0.80;
   // Bytes each NVMe directory may use; empty: 90% of its filesystem's free space.
   std::string nvme_capacity;
+  // Per-uid quotas over all the pools a uid owns; "" = unlimited. RAM: bytes or % of the RAM
+  // tier, checked on usage before each allocation. NVMe: bytes, reserved from pool NVMe quotas.
+  std::string uid_ram_quota, uid_nvme_quota;
+  uint32_t max_connections_per_uid = 1024;
+  // Lease requests one client may have waiting at once.
+  uint32_t max_waiters_per_client = 64;
+  // "127.0.0.1:9464": serve Prometheus metrics over HTTP on this loopback address; "" = off.
+  std::string metrics_listen;
+  // Populate every arena page at creation (daemon/ram/prefault.hpp).
+  bool prefault = false;
 };
 
 // Sizes resolved against this machine.
@@ -69,6 +79,7 @@ struct ResolvedSizes {
   uint64_t ram = 0;
   uint64_t pool_quota = 0;
   uint64_t alignment = 0;
+  uint64_t uid_ram_quota = 0, uid_nvme_quota = 0;  // 0: unlimited
 };
 
 // Parses TOML text into a Config starting from the defaults. Pure.

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "daemon/log.hpp"
 
@@ -28,6 +30,11 @@ size_t encoded_size(const TensorInfoW& t) {
   return 8 + 4 + t.name.size() + 8 + 1 + 4 + 8 * t.shape.size() + 4 + 1 + 1 + 4 + 1;
 }
 
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+}
+
 uint64_t ms_since(Clock::time_point t) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
@@ -37,6 +44,14 @@ uint64_t ms_since(Clock::time_point t) {
 
 RequestHandler::RequestHandler(DaemonState& state) : state_(state) {}
 
+RequestHandler::~RequestHandler() {
+  for (auto& [id, fd] : ro_fds_) ::close(fd);
+}
+
+namespace {
+PeerCreds creds(const Session& s) { return PeerCreds{s.uid, s.gid, s.groups}; }
+}  // namespace
+
 void RequestHandler::session_opened(Session& s) {
   s.leases.session_id = s.id;
   sessions_[s.id] = &s;
@@ -44,6 +59,8 @@ void RequestHandler::session_opened(Session& s) {
 
 void RequestHandler::session_closed(Session& s) {
   sessions_.erase(s.id);
+  if (s.counted) uids_.remove_connection(s.uid);
+  s.counted = false;
   state_.leases.drop_waiters(s.id);
   if (state_.tiering) state_.tiering->session_closed(s.id);
   size_t n = state_.leases.release_all(s.leases, state_.catalog);
@@ -74,19 +91,17 @@ void RequestHandler::reply_err(const Header& h, const Status& st, Reply& out) {
 
 // --- authorization ---
 
+// The rules live in daemon/access.{hpp,cpp}.
 bool RequestHandler::is_admin(const Session& s) const noexcept {
-  return s.uid == 0 || (state_.admin_gid != static_cast<gid_t>(-1) && s.gid == state_.admin_gid);
+  return tier::daemon::is_admin(creds(s), state_.admin_gid);
 }
 
 Status RequestHandler::may_use(const Session& s, const Pool& p) const {
-  if (s.uid == p.owner_uid) return Status::ok();
-  return Status(Code::kPermissionDenied,
-                "pool '" + p.name + "' belongs to uid " + std::to_string(p.owner_uid));
+  return check_right(creds(s), p, Right::kUse, state_.admin_gid);
 }
 
 Status RequestHandler::may_inspect(const Session& s, const Pool& p) const {
-  if (s.uid == p.owner_uid || is_admin(s)) return Status::ok();
-  return may_use(s, p);
+  return check_right(creds(s), p, Right::kInspect, state_.admin_gid);
 }
 
 Result<Pool*> RequestHandler::pool_named(const std::string& name) {
@@ -169,6 +184,18 @@ void RequestHandler::on_hello(Session& s, const Header& h, std::span<const std::
     out.close = true;
     return;
   }
+  if (!s.counted) {
+    if (!uids_.add_connection(s.uid, state_.config.max_connections_per_uid)) {
+      reply_err(h, Status(Code::kResourceExhausted,
+                          "uid " + std::to_string(s.uid) + " has " + std::to_string(uids_.connections(s.uid)) +
+                              " connections to tierd; the limit is " +
+                              std::to_string(state_.config.max_connections_per_uid) + " (max_connections_per_uid)"),
+                out);
+      out.close = true;
+      return;
+    }
+    s.counted = true;
+  }
   s.hello = true;
   s.numa_node = req.numa_node;
   s.name = std::move(req.client_name);
@@ -191,8 +218,25 @@ void RequestHandler::on_pool_create(Session& s, const Header& h,
                                "RAM quota " + format_size(quota) + " exceeds the RAM tier of " +
                                    format_size(state_.ram->capacity())),
                      out);
-  auto p = state_.catalog.create_pool(req.name, s.uid, quota, req.nvme_quota);
+  if (req.group_read && req.group == UINT32_MAX)
+    return reply_err(h, Status(Code::kInvalidArgument, "group read access needs a group"), out);
+  uint64_t nvme_quota = req.nvme_quota;
+  if (uint64_t uq = state_.sizes.uid_nvme_quota; uq > 0) {
+    // Per-uid NVMe quota: the pools' NVMe quotas are reserved from it (0 takes what is left).
+    UidUsage u = uid_usage(state_.catalog, s.uid);
+    uint64_t left = u.nvme_quota >= uq ? 0 : uq - u.nvme_quota;
+    if (nvme_quota == 0) nvme_quota = left;
+    if (nvme_quota == 0 || nvme_quota > left)
+      return reply_err(h, Status(Code::kResourceExhausted,
+                                 "uid " + std::to_string(s.uid) + " has reserved " + format_size(u.nvme_quota) +
+                                     " of its NVMe quota of " + format_size(uq) + " (uid_nvme_quota); " +
+                                     format_size(left) + " left"),
+                       out);
+  }
+  auto p = state_.catalog.create_pool(req.name, s.uid, quota, nvme_quota);
   if (!p) return reply_err(h, p.error(), out);
+  (*p)->group = req.group == UINT32_MAX ? kNoGroup : static_cast<gid_t>(req.group);
+  (*p)->group_read = req.group_read;
   if (state_.durable) state_.durable->pool_created(**p);
   log_info("pool '{}' created by uid {} (RAM quota {})", req.name, s.uid, format_size(quota));
   reply_ok(h, to_wire(pool_info(**p)), out);
@@ -215,7 +259,7 @@ void RequestHandler::on_pool_list(Session& s, const Header& h, std::span<const s
   size_t bytes = 0;
   for (const auto& [name, id] : state_.catalog.pool_names()) {
     Pool* p = state_.catalog.find_pool(id);
-    if (!p || (p->owner_uid != s.uid && !is_admin(s))) continue;
+    if (!p || !may_see(creds(s), *p, state_.admin_gid)) continue;
     bytes += 64 + name.size();
     if (bytes > kListBudget) break;  // 1000+ pools: the rest does not fit one reply
     rep.pools.push_back(to_wire(pool_info(*p)));
@@ -238,6 +282,7 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
     if (state_.tiering) state_.tiering->forget(p, t);
     if (t.ram) state_.ram->release(p, *t.ram);
   }
+  close_read_only_fds(p.id);
   state_.ram->drop_pool(p.id);
   log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, s.uid, p.tensors.size());
   if (state_.durable) state_.durable->pool_dropped(p);
@@ -273,6 +318,15 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
   Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
   auto node = choose_node(state_.topology, pl, s.numa_node);
   if (!node) return reply_err(h, node.error(), out);
+  if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
+    UidUsage u = uid_usage(state_.catalog, p.owner_uid);
+    if (u.ram_used + req.size > uq)
+      return reply_err(h, Status(Code::kResourceExhausted,
+                                 "uid " + std::to_string(p.owner_uid) + " uses " + format_size(u.ram_used) +
+                                     " of its RAM quota of " + format_size(uq) + " (uid_ram_quota); " +
+                                     format_size(req.size) + " more do not fit"),
+                       out);
+  }
   auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
                             : state_.ram->allocate(p, *node, req.size);
   if (!loc) return reply_err(h, loc.error(), out);
@@ -344,14 +398,17 @@ void RequestHandler::on_tensor_delete(Session& s, const Header& h,
 
 // --- leases (hot path) ---
 
-Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint64_t> ids) {
+Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint64_t> ids, LeaseMode mode) {
   scratch_tensors_.clear();
   for (uint64_t id : ids) {
     Tensor* t = state_.catalog.find_tensor(id);
     if (!t) return Status(Code::kNotFound, "no tensor with id " + std::to_string(id));
     Pool* p = state_.catalog.find_pool(t->pool_id);
     if (!p) return Status(Code::kInternal, "tensor without a pool");
-    if (p->owner_uid != s.uid) return may_use(s, *p);
+    if (p->owner_uid != s.uid) {
+      Status st = check_right(creds(s), *p, mode == LeaseMode::kRead ? Right::kRead : Right::kUse, state_.admin_gid);
+      if (!st) return st;
+    }
     if (!t->ram && !state_.tiering)
       return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
     scratch_tensors_.push_back(t);
@@ -385,6 +442,7 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
 
 void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::byte> payload,
                               Reply& out) {
+  const uint64_t t_receipt = now_ns();
   Reader r(payload);
   r(lease_req_);
   if (!r.ok() || !r.at_end())
@@ -402,8 +460,8 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
                                "this client holds " + std::to_string(s.leases.count) +
                                    " leases; the limit is " + std::to_string(state_.config.max_leases_per_client)),
                      out);
-  if (Status st = resolve_for_lease(s, req.tensor_ids); !st) return reply_err(h, st, out);
   LeaseMode mode = static_cast<LeaseMode>(req.mode);
+  if (Status st = resolve_for_lease(s, req.tensor_ids, mode); !st) return reply_err(h, st, out);
   if (state_.tiering) {
     // Tensors only on NVMe are fetched first; the reply waits for them like a lease wait.
     auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_);
@@ -424,8 +482,18 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
     }
   }
   Status st = grant(s, mode, h.request_id, out.bytes);
-  if (st) return;
+  if (st) {
+    lease_latency_.observe(now_ns() - t_receipt);
+    return;
+  }
   if (st.code() != Code::kBusy || req.timeout_ms == 0) return reply_err(h, st, out);
+  if (s.waiting >= state_.config.max_waiters_per_client)
+    return reply_err(h, Status(Code::kResourceExhausted,
+                               "this client has " + std::to_string(s.waiting) +
+                                   " lease requests waiting; the limit is " +
+                                   std::to_string(state_.config.max_waiters_per_client) + " (max_waiters_per_client)"),
+                     out);
+  s.waiting++;
   Waiter w;
   w.session_id = s.id;
   w.request_id = h.request_id;
@@ -465,7 +533,7 @@ void RequestHandler::retry_waiters() {
     auto it = sessions_.find(w.session_id);
     if (it == sessions_.end()) return true;
     Session& s = *it->second;
-    Status st = resolve_for_lease(s, w.tensor_ids);
+    Status st = resolve_for_lease(s, w.tensor_ids, w.mode);
     if (st && state_.tiering) {
       bool ready = false;
       st = state_.tiering->lease_ready(scratch_tensors_, ready);
@@ -486,6 +554,7 @@ void RequestHandler::retry_waiters() {
       state_.counters.errors++;
       (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
     }
+    if (!w.io && s.waiting > 0) s.waiting--;
     if (sink_) sink_(w.session_id, deferred_buf_);
     return true;
   });
@@ -495,6 +564,8 @@ void RequestHandler::expire(Clock::time_point now) {
   state_.leases.expire_waiters(now, [&](Waiter& w) {
     state_.counters.lease_timeouts++;
     state_.counters.errors++;
+    if (auto it = sessions_.find(w.session_id); !w.io && it != sessions_.end() && it->second->waiting > 0)
+      it->second->waiting--;
     Status st(Code::kTimeout, "lease not granted within the timeout: a conflicting lease is still held");
     (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
     if (sink_) sink_(w.session_id, deferred_buf_);
@@ -507,9 +578,35 @@ void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const s
   Pool* p = state_.catalog.find_pool(arena_pool(req.arena_id));
   Arena* a = p ? state_.ram->arena(req.arena_id) : nullptr;
   if (!a) return reply_err(h, Status(Code::kNotFound, "no arena " + std::to_string(req.arena_id)), out);
-  if (Status st = may_use(s, *p); !st) return reply_err(h, st, out);
+  if (s.uid != p->owner_uid) {
+    // Group readers get a read-only fd; anyone else is refused.
+    if (Status st = check_right(creds(s), *p, Right::kRead, state_.admin_gid); !st) return reply_err(h, st, out);
+    int fd = read_only_fd(*a);
+    if (fd < 0) return reply_err(h, Status::from_errno(errno, "read-only arena fd"), out);
+    reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
+    out.fd = fd;
+    return;
+  }
   reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
   out.fd = a->fd();
+}
+
+int RequestHandler::read_only_fd(const Arena& a) {
+  auto it = ro_fds_.find(a.id());
+  if (it != ro_fds_.end()) return it->second;
+  // Reopening through /proc gives a new open file description on the same object, read-only.
+  std::string path = "/proc/self/fd/" + std::to_string(a.fd());
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) ro_fds_.emplace(a.id(), fd);
+  return fd;
+}
+
+void RequestHandler::close_read_only_fds(uint64_t pool_id) {
+  auto it = ro_fds_.lower_bound(arena_id(pool_id, 0));
+  while (it != ro_fds_.end() && arena_pool(it->first) == pool_id) {
+    ::close(it->second);
+    it = ro_fds_.erase(it);
+  }
 }
 
 // --- introspection ---
@@ -545,27 +642,17 @@ TopoRep RequestHandler::topo() const {
   return r;
 }
 
-std::string RequestHandler::metrics_text() const {
+std::string RequestHandler::metrics_text(const Session* viewer) const {
   StatusRep st = status();
-  std::string o;
-  auto metric = [&](const char* name, const char* type, const char* help, uint64_t v) {
-    o += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
-  };
-  metric("tierd_uptime_seconds", "gauge", "Seconds since tierd started.", st.uptime_ms / 1000);
-  metric("tierd_clients", "gauge", "Connected clients.", st.clients);
-  metric("tierd_pools", "gauge", "Pools.", st.pools);
-  metric("tierd_leases", "gauge", "Leases held.", st.leases);
-  metric("tierd_requests_total", "counter", "Control requests served.", st.requests);
-  metric("tierd_errors_total", "counter", "Requests answered with an error.", st.errors);
-  metric("tierd_lease_waits_total", "counter", "Lease requests that waited.", state_.counters.lease_waits);
-  metric("tierd_lease_timeouts_total", "counter", "Lease waits that timed out.", state_.counters.lease_timeouts);
-  o += "# HELP tierd_ram_capacity_bytes RAM tier capacity per NUMA node.\n# TYPE tierd_ram_capacity_bytes gauge\n";
-  for (const auto& n : st.ram) o += fmt::format("tierd_ram_capacity_bytes{{node=\"{}\"}} {}\n", n.node, n.capacity);
-  o += "# HELP tierd_ram_used_bytes RAM tier bytes allocated per NUMA node.\n# TYPE tierd_ram_used_bytes gauge\n";
-  for (const auto& n : st.ram) o += fmt::format("tierd_ram_used_bytes{{node=\"{}\"}} {}\n", n.node, n.used);
-  o += "# HELP tierd_ram_tensors Tensors in RAM per NUMA node.\n# TYPE tierd_ram_tensors gauge\n";
-  for (const auto& n : st.ram) o += fmt::format("tierd_ram_tensors{{node=\"{}\"}} {}\n", n.node, n.tensors);
-  return o;
+  MetricsInput in;
+  in.status = &st;
+  in.lease_waits = state_.counters.lease_waits;
+  in.lease_timeouts = state_.counters.lease_timeouts;
+  in.leases_granted = state_.counters.leases_granted;
+  in.lease_latency = &lease_latency_;
+  in.catalog = &state_.catalog;
+  if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
+  return render_metrics(in);
 }
 
 std::string RequestHandler::status_line() const {
@@ -588,11 +675,18 @@ void RequestHandler::on_topo(Session&, const Header& h, std::span<const std::byt
   reply_ok(h, topo(), out);
 }
 
-void RequestHandler::on_metrics(Session&, const Header& h, std::span<const std::byte> payload,
+void RequestHandler::on_metrics(Session& s, const Header& h, std::span<const std::byte> payload,
                                 Reply& out) {
-  TIER_DECODE(Empty, req);
-  (void)req;
-  reply_ok(h, TextRep{metrics_text()}, out);
+  // Pages of at most kMaxStringBytes, cut at line ends; an empty payload asks for page 0.
+  MetricsReq req;
+  if (!payload.empty()) {
+    auto r = decode<MetricsReq>(payload);
+    if (!r) return reply_err(h, r.error(), out);
+    req = *r;
+  }
+  TextRep rep;
+  rep.text = metrics_page(metrics_text(&s), req.page, kMaxStringBytes, rep.more);
+  reply_ok(h, rep, out);
 }
 
 void RequestHandler::on_nvme_only(Session&, const Header& h, std::span<const std::byte>,

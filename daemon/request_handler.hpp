@@ -15,12 +15,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/access.hpp"
+#include "daemon/metrics.hpp"
 #include "daemon/state.hpp"
 #include "wire/messages.hpp"
 
@@ -35,6 +38,9 @@ struct Session {
   int32_t numa_node = -1;  // the client's node from Hello
   std::string name;        // the client's name from Hello
   SessionLeases leases;
+  std::vector<gid_t> groups;  // supplementary groups from SO_PEERGROUPS (daemon/access.hpp)
+  uint32_t waiting = 0;       // lease requests of this session waiting now
+  bool counted = false;       // counted in the per-uid connection table (after Hello)
 };
 
 struct Reply {
@@ -50,6 +56,7 @@ class RequestHandler {
   using DeferredSink = std::function<void(uint64_t session_id, std::span<const std::byte> reply)>;
 
   explicit RequestHandler(DaemonState& state);
+  ~RequestHandler();
 
   void set_deferred_sink(DeferredSink sink) { sink_ = std::move(sink); }
   // Sessions are registered while their connection is open; `s` must outlive the registration.
@@ -72,7 +79,8 @@ class RequestHandler {
   [[nodiscard]] wire::StatusRep status() const;
   [[nodiscard]] wire::TopoRep topo() const;
   // Prometheus text exposition of the status counters.
-  [[nodiscard]] std::string metrics_text() const;
+  // `viewer`: only the pools that session may see get per-pool series; null: every pool.
+  [[nodiscard]] std::string metrics_text(const Session* viewer = nullptr) const;
   // One line for systemd's STATUS=.
   [[nodiscard]] std::string status_line() const;
 
@@ -115,7 +123,10 @@ class RequestHandler {
   [[nodiscard]] Result<Pool*> pool_named(const std::string& name);
 
   // Resolves and authorizes tensor ids into scratch_tensors_.
-  [[nodiscard]] Status resolve_for_lease(const Session& s, std::span<const uint64_t> ids);
+  [[nodiscard]] Status resolve_for_lease(const Session& s, std::span<const uint64_t> ids, LeaseMode mode);
+  // A read-only fd of the arena for group readers (opened once, closed when its pool drops).
+  [[nodiscard]] int read_only_fd(const Arena& a);
+  void close_read_only_fds(uint64_t pool_id);
   // Grants into scratch_grants_ and encodes the LeaseRep into `out`; false on conflict.
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
@@ -131,6 +142,9 @@ class RequestHandler {
   std::vector<Tensor*> scratch_tensors_;
   std::vector<uint64_t> scratch_ids_;
   std::vector<std::byte> deferred_buf_;
+  UidTable uids_;
+  LatencyHistogram lease_latency_;
+  std::map<uint64_t, int> ro_fds_;  // arena id -> owned O_RDONLY fd
 };
 
 }  // namespace tier::daemon

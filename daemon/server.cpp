@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "daemon/log.hpp"
+#include "daemon/metrics_http.hpp"
 #include "wire/transport.hpp"
 
 namespace tier::daemon {
@@ -77,6 +78,7 @@ struct Server::Impl {
     std::vector<std::byte> bytes;
   };
   std::vector<Held> held;
+  std::unique_ptr<MetricsHttp> http;  // metrics_listen; published on every tick
 
   Impl(DaemonState& s, std::string p) : st(s), handler(s), path(std::move(p)) {
     handler.set_deferred_sink([this](uint64_t sid, std::span<const std::byte> bytes) {
@@ -199,6 +201,13 @@ struct Server::Impl {
       c->session.uid = cred.uid;
       c->session.gid = cred.gid;
       c->session.pid = cred.pid;
+      {
+        // Supplementary groups as of connect (Linux 4.13+); admin_group and pool groups use them.
+        gid_t groups[256];
+        socklen_t glen = sizeof groups;
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
+          c->session.groups.assign(groups, groups + glen / sizeof(gid_t));
+      }
       if (Status s = add(fd, c->session.id, EPOLLIN); !s) {
         ::close(fd);
         continue;
@@ -308,6 +317,7 @@ struct Server::Impl {
     std::string line = "STATUS=" + handler.status_line();
     if (watchdog_usec > 0) line += "\nWATCHDOG=1";
     sd_notify(0, line.c_str());
+    if (http) http->publish(handler.metrics_text());
   }
 };
 
@@ -374,6 +384,15 @@ Status Server::listen() {
   if (m.st.config.watchdog && sd_watchdog_enabled(0, &usec) > 0) m.watchdog_usec = usec;
   uint64_t period_us = static_cast<uint64_t>(m.st.config.status_interval_ms) * 1000;
   if (m.watchdog_usec > 0) period_us = std::min(period_us, m.watchdog_usec / 2);
+  if (!m.st.config.metrics_listen.empty()) {
+    auto addr = parse_metrics_listen(m.st.config.metrics_listen);
+    if (!addr) return addr.error();
+    m.http = std::make_unique<MetricsHttp>();
+    TIER_RETURN_IF_ERROR(m.http->start(*addr));
+    m.http->publish(m.handler.metrics_text());
+    log_info("serving Prometheus metrics on http://{}:{}/metrics", addr->host, m.http->port());
+    period_us = std::min<uint64_t>(period_us, 1000000);  // scrapes see figures at most 1 s old
+  }
   if (period_us == 0) period_us = 1000;
   itimerspec its{};
   its.it_interval.tv_sec = static_cast<time_t>(period_us / 1000000);
@@ -445,6 +464,7 @@ Status Server::run() {
     m.close_dead();
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  if (m.http) m.http->stop();
   ::close(m.listen_fd);
   m.listen_fd = -1;
   ::unlink(m.path.c_str());

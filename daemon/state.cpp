@@ -22,6 +22,7 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
   ro.alignment = sizes.alignment;
   ro.hugepages = cfg.hugepages;
   ro.hugetlbfs_mount = cfg.hugetlbfs_mount;
+  ro.prefault = cfg.prefault;
   if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs) return fail(std::move(hs));
   if (cfg.hugepages != HugePages::kNone && ro.hugetlbfs_mount.empty()) {
     auto m = find_hugetlbfs(cfg.hugepages);

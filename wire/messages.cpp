@@ -21,11 +21,11 @@ Result<Header> parse_header(std::span<const std::byte> datagram) {
 
 PoolInfo to_public(const PoolInfoW& w) {
   return PoolInfo{w.id, w.name, w.owner_uid, w.ram_quota, w.nvme_quota, w.ram_used, w.nvme_used,
-                  w.tensor_count};
+                  w.tensor_count, w.group, w.group_read};
 }
 PoolInfoW to_wire(const PoolInfo& p) {
   return PoolInfoW{p.id, p.name, p.owner_uid, p.ram_quota, p.nvme_quota, p.ram_used, p.nvme_used,
-                   p.tensor_count};
+                   p.tensor_count, p.group, p.group_read};
 }
 TensorInfo to_public(const TensorInfoW& w) {
   TensorInfo t;

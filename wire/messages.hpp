@@ -88,9 +88,11 @@ struct PoolInfoW {
   std::string name;
   uint32_t owner_uid = 0;
   uint64_t ram_quota = 0, nvme_quota = 0, ram_used = 0, nvme_used = 0, tensor_count = 0;
+  uint32_t group = UINT32_MAX;  // UINT32_MAX: none
+  bool group_read = false;
   template <class V> void visit(V& v) {
     v(id); v(name); v(owner_uid); v(ram_quota); v(nvme_quota); v(ram_used); v(nvme_used);
-    v(tensor_count);
+    v(tensor_count); v(group); v(group_read);
   }
 };
 
@@ -98,7 +100,9 @@ struct PoolCreateReq {
   std::string name;
   uint64_t ram_quota = 0, nvme_quota = 0;
   bool exist_ok = false;  // open the pool instead of failing when it exists (same owner only)
-  template <class V> void visit(V& v) { v(name); v(ram_quota); v(nvme_quota); v(exist_ok); }
+  uint32_t group = UINT32_MAX;  // a group that may read the pool (with group_read); UINT32_MAX: none
+  bool group_read = false;
+  template <class V> void visit(V& v) { v(name); v(ram_quota); v(nvme_quota); v(exist_ok); v(group); v(group_read); }
 };
 struct PoolNameReq {  // PoolOpen, PoolDrop, TensorList, Snapshot
   std::string name;
@@ -259,9 +263,14 @@ struct SnapshotRep {
   uint64_t stall_us = 0;  // how long the pool was frozen for the point-in-time copy
   template <class V> void visit(V& v) { v(snapshot_id); v(bytes); v(stall_us); }
 };
-struct TextRep {  // Metrics (Prometheus text)
+struct TextRep {  // Metrics (Prometheus text), one page of at most kMaxStringBytes
   std::string text;
-  template <class V> void visit(V& v) { v(text); }
+  bool more = false;  // further pages follow: ask for page + 1
+  template <class V> void visit(V& v) { v(text); v(more); }
+};
+struct MetricsReq {  // an empty payload means page 0 (older clients)
+  uint32_t page = 0;
+  template <class V> void visit(V& v) { v(page); }
 };
 struct Empty {
   template <class V> void visit(V&) {}

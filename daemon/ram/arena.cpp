@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "daemon/log.hpp"
+#include "daemon/ram/prefault.hpp"
 #include "tier/types.hpp"
 
 namespace tier::daemon {
@@ -201,6 +202,17 @@ Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool at
       return cleanup_fail(Status::from_errno(err, "mbind arena " + a->path_ + " to node " +
                                                       std::to_string(a->os_node_)));
     }
+  }
+  if (spec.prefault) {
+    auto pf = prefault(a->base_, a->size_, a->os_node_, 0, a->huge_ ? granule : 4096);
+    if (!pf) {
+      ::munmap(p, a->size_);
+      a->base_ = nullptr;
+      return cleanup_fail(Status(Code::kResourceExhausted, pf.error().message()));
+    }
+    log_info("arena {}: {} prefaulted in {:.2f} s ({:.2f} s/GiB, {})", a->path_, format_size(a->size_),
+             pf->seconds, pf->seconds / (static_cast<double>(a->size_) / (1ull << 30)),
+             pf->populate_write ? "MADV_POPULATE_WRITE" : "page writes");
   }
   return a;
 }

@@ -53,6 +53,7 @@ struct ArenaSpec {
   uid_t owner = 0;
   HugePages hugepages = HugePages::kNone;
   std::string hugetlbfs_mount; // with huge pages; empty: found in /proc/mounts
+  bool prefault = false;       // touch every page at creation (daemon/ram/prefault.hpp)
 };
 
 class Arena {

@@ -53,7 +53,7 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
   auto it = arenas_.find(id);
   if (it == arenas_.end()) {
     ArenaSpec spec{opts_.prefix, pool.id, node, pool.ram_quota, pool.owner_uid, opts_.hugepages,
-                   opts_.hugetlbfs_mount};
+                   opts_.hugetlbfs_mount, opts_.prefault};
     auto a = Arena::create(spec);
     if (!a) return fail(a.error());
     uint64_t cap = (*a)->size();

@@ -27,6 +27,7 @@ struct RamTierOptions {
   uint64_t alignment = 2ull << 20;  // for tensors at least this large; smaller ones use 4 KiB
   HugePages hugepages = HugePages::kNone;
   std::string hugetlbfs_mount;
+  bool prefault = false;  // config prefault: arenas are populated at creation
 };
 
 struct NodeUsage {

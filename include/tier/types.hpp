@@ -61,6 +61,8 @@ struct TensorInfo {
 struct PoolOptions {
   uint64_t ram_quota = 0;   // bytes; 0 = the daemon's default pool quota
   uint64_t nvme_quota = 0;  // bytes; 0 = the daemon's default NVMe quota
+  uint32_t group = UINT32_MAX;  // with group_read: members of this gid may read the pool
+  bool group_read = false;
 };
 
 struct PoolInfo {
@@ -72,6 +74,8 @@ struct PoolInfo {
   uint64_t ram_used = 0;
   uint64_t nvme_used = 0;
   uint64_t tensor_count = 0;
+  uint32_t group = UINT32_MAX;  // UINT32_MAX: no group access
+  bool group_read = false;
 };
 
 // Sizes: "4096", "512K", "512M", "64G", "1.5T" (powers of 1024), and "80%" when total is given.

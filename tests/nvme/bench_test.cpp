@@ -58,6 +58,14 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and plan figures with the
     CHECK(last["nvme.plan.misses"].at("baseline") == 16.0);
     CHECK(last["nvme.plan.misses"].at("value") <= 16.0);
   }
+  // The same pattern through a private tierd with an NVMe directory.
+  for (const char* n : {"nvme.daemon_plan.misses", "nvme.daemon_plan.stall", "nvme.daemon_plan.step",
+                        "nvme.daemon_plan.lru_step"})
+    CHECK(seen[n] == 1);
+  if (last.contains("nvme.daemon_plan.misses")) {
+    CHECK(last["nvme.daemon_plan.misses"].at("baseline") >= 24.0);  // LRU: (nearly) every use
+    CHECK(last["nvme.daemon_plan.misses"].at("value") < last["nvme.daemon_plan.misses"].at("baseline"));
+  }
   // The bench cleans up after itself.
   CHECK(std::filesystem::is_empty(dir.path()));
 }

@@ -123,6 +123,11 @@ std::string slurp(const std::string& path) {
 }  // namespace
 
 bool BenchDaemon::start(const BenchOptions& o, const std::string& ram) {
+  return start(o, ram, {});
+}
+
+bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
+                        const std::vector<std::string>& extra) {
   if (!o.socket.empty()) {
     socket_ = o.socket;
     return true;
@@ -144,6 +149,7 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram) {
   std::filesystem::create_directories(state);
   std::vector<std::string> args = {tierd, "--socket", socket_, "--state-dir", state,
                                    "--ram", ram, "--foreground"};
+  args.insert(args.end(), extra.begin(), extra.end());
   pid_t pid = ::fork();
   if (pid < 0) {
     std::fprintf(stderr, "tier-bench: fork: %s\n", std::strerror(errno));

@@ -54,6 +54,8 @@ class BenchDaemon {
   // Uses o.socket when set; otherwise starts a private daemon with `ram` (a tierd --ram value).
   // Returns false (with a message on stderr) when that fails.
   bool start(const BenchOptions& o, const std::string& ram);
+  // The same with extra tierd arguments for the private daemon (e.g. --nvme-dir D).
+  bool start(const BenchOptions& o, const std::string& ram, const std::vector<std::string>& extra);
   const std::string& socket() const { return socket_; }
   bool is_private() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }  // the private daemon's pid, -1 for --socket

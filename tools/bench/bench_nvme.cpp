@@ -11,6 +11,10 @@
 //                             bytes that must move divided by the raw read bandwidth, with
 //                             compute equal to that (balanced); nvme.plan.*.compute2x with
 //                             twice as much compute (full runs only).
+//   nvme.daemon_plan.*        the same cyclic pattern through a private tierd (--nvme-dir on
+//                             the same directory, RAM tier half the working set) via libtier:
+//                             lease, compute, release; misses (daemon counters) and lease wait
+//                             with a registered plan vs without (LRU), step time vs the ideal.
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -32,12 +36,14 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/nvme_log.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "policy/prefetch.hpp"
 #include "suites.hpp"
+#include "tier/client.hpp"
 
 namespace tier::bench {
 namespace {
@@ -466,6 +472,107 @@ bool bench_plan(const BenchOptions& o, Engine& e, const Raw& raw, double compute
   return true;
 }
 
+// The cyclic plan through tierd: one lease per use, `compute` seconds of work while it is held.
+struct DaemonRun {
+  uint64_t misses = 0;
+  double wait_s = 0, elapsed_s = 0;
+};
+
+bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t>& ids, int warm,
+                  int steps, double compute, DaemonRun& out) {
+  auto spin = [](double s) {
+    uint64_t end = now_ns() + static_cast<uint64_t>(s * 1e9);
+    while (now_ns() < end) clobber();
+  };
+  uint64_t misses0 = 0, t0 = 0;
+  for (int step = 0; step < warm + steps; ++step) {
+    if (step == warm) {
+      auto st = c.status();
+      if (!st) return false;
+      misses0 = st->misses;
+      t0 = now_ns();
+    }
+    for (uint64_t id : ids) {
+      uint64_t a = now_ns();
+      auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
+      if (!l) {
+        std::fprintf(stderr, "tier-bench nvme: lease: %s\n", l.error().to_string().c_str());
+        return false;
+      }
+      if (step >= warm) out.wait_s += static_cast<double>(now_ns() - a) / 1e9;
+      spin(compute);
+      if (!l->release()) return false;
+    }
+  }
+  out.elapsed_s = static_cast<double>(now_ns() - t0) / 1e9;
+  auto st = c.status();
+  if (!st) return false;
+  out.misses = st->misses - misses0;
+  (void)pool;
+  return true;
+}
+
+bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw& raw) {
+  const uint64_t size = o.quick ? 1 * kMiB : 8 * kMiB;
+  const uint64_t ram = o.quick ? 16 * kMiB : 128 * kMiB;
+  const size_t tensors = 2 * ram / size;
+  const int warm = 1, steps = o.quick ? 1 : 3;
+  // What stays resident: the RAM tier below its low watermark (0.8).
+  const size_t slots = static_cast<size_t>(0.8 * static_cast<double>(ram / size));
+  uint64_t must = must_move_per_step(tensors, slots, size);
+  double ideal_io = static_cast<double>(must) / raw.read_bw;
+  double compute = ideal_io / static_cast<double>(tensors);
+  double ideal_step = std::max(ideal_io, compute * static_cast<double>(tensors));
+  DaemonRun runs[2];
+  for (int with_plan = 0; with_plan < 2; ++with_plan) {
+    std::string nv = dir + "/daemon" + std::to_string(with_plan);
+    std::error_code ec;
+    std::filesystem::create_directories(nv, ec);
+    BenchOptions priv = o;
+    priv.socket.clear();  // always a private daemon: its RAM tier size is part of the figure
+    BenchDaemon d;
+    if (!d.start(priv, std::to_string(ram), {"--nvme-dir", nv, "--remove-arenas-on-exit"})) return false;
+    auto c = Client::connect(d.socket(), {.client_name = "tier-bench"});
+    if (!c) {
+      std::fprintf(stderr, "tier-bench nvme: connect: %s\n", c.error().to_string().c_str());
+      return false;
+    }
+    std::string pool = bench_pool_name("nvme");
+    if (!(*c)->create_pool(pool)) return false;
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < tensors; ++i) {
+      TensorDesc td;
+      td.name = "t" + std::to_string(i);
+      td.size = size;
+      auto t = (*c)->create_tensor(pool, td);
+      if (!t) {
+        std::fprintf(stderr, "tier-bench nvme: create: %s\n", t.error().to_string().c_str());
+        return false;
+      }
+      ids.push_back(t->id);
+      auto l = (*c)->lease(t->id, LeaseMode::kWrite, {LeaseWait::kForever});
+      if (!l) return false;
+      std::memset(l->bytes().data(), static_cast<int>(i), size);
+      if (!l->release()) return false;
+    }
+    if (with_plan && !(*c)->set_plan(pool, ids, slots * size)) return false;
+    if (!daemon_cycle(**c, pool, ids, warm, steps, compute, runs[with_plan])) return false;
+  }
+  const DaemonRun& lru = runs[0];
+  const DaemonRun& plan = runs[1];
+  double n = steps;
+  uint64_t set = tensors * size;
+  emit(o, {"nvme.daemon_plan.misses", set, plan.misses / n, "misses/step", lru.misses / n,
+           lru.misses ? static_cast<double>(plan.misses) / static_cast<double>(lru.misses) : 0});
+  emit(o, {"nvme.daemon_plan.stall", set, plan.wait_s / n * 1e3, "ms/step", lru.wait_s / n * 1e3,
+           lru.wait_s > 0 ? plan.wait_s / lru.wait_s : 0});
+  emit(o, {"nvme.daemon_plan.step", set, plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
+           plan.elapsed_s / n / ideal_step});
+  emit(o, {"nvme.daemon_plan.lru_step", set, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
+           lru.elapsed_s / n / ideal_step});
+  return true;
+}
+
 }  // namespace
 
 int run_nvme(const BenchOptions& o) {
@@ -497,7 +604,8 @@ int run_nvme(const BenchOptions& o) {
     } else {
       Raw raw;
       if (bench_bandwidth(o, **e, dir, raw) && bench_plan(o, **e, raw, 1.0, "") &&
-          (o.quick || bench_plan(o, **e, raw, 2.0, ".compute2x")))
+          (o.quick || bench_plan(o, **e, raw, 2.0, ".compute2x")) &&
+          bench_daemon_plan(o, dir, raw))
         rc = 0;
     }
   }

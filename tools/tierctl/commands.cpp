@@ -48,7 +48,8 @@ std::string node_str(int32_t n) { return n < 0 ? "-" : std::to_string(n); }
 json pool_json(const PoolInfo& p) {
   return {{"id", p.id},           {"name", p.name},           {"owner_uid", p.owner_uid},
           {"ram_quota", p.ram_quota}, {"ram_used", p.ram_used}, {"nvme_quota", p.nvme_quota},
-          {"nvme_used", p.nvme_used}, {"tensors", p.tensor_count}};
+          {"nvme_used", p.nvme_used}, {"tensors", p.tensor_count},
+          {"group", p.group_read ? json(p.group) : json(nullptr)}, {"group_read", p.group_read}};
 }
 
 json tensor_json(const TensorInfo& t) {
@@ -204,10 +205,11 @@ Status cmd_pools(Client& c, const Output& o) {
     return Status::ok();
   }
   if (pools->empty()) { std::printf("no pools\n"); return Status::ok(); }
-  Table tb({"NAME", "ID", "OWNER", "TENSORS", "RAM USED", "RAM QUOTA", "NVME USED", "NVME QUOTA"},
-           {false, true, true, true, true, true, true, true});
+  Table tb({"NAME", "ID", "OWNER", "GROUP", "TENSORS", "RAM USED", "RAM QUOTA", "NVME USED", "NVME QUOTA"},
+           {false, true, true, true, true, true, true, true, true});
   for (const auto& p : *pools)
-    tb.add({p.name, std::to_string(p.id), std::to_string(p.owner_uid), std::to_string(p.tensor_count),
+    tb.add({p.name, std::to_string(p.id), std::to_string(p.owner_uid),
+            p.group_read ? std::to_string(p.group) + " (read)" : "-", std::to_string(p.tensor_count),
             format_size(p.ram_used), format_size(p.ram_quota), format_size(p.nvme_used),
             format_size(p.nvme_quota)});
   tb.print();

@@ -33,5 +33,7 @@ struct PutOptions {
 [[nodiscard]] Status cmd_snapshot(Client& c, const Output& o, const std::string& pool);
 [[nodiscard]] Status cmd_drop(Client& c, const Output& o, const std::string& pool);
 [[nodiscard]] Status cmd_metrics(Client& c, const Output& o);
+// Live view (tools/tierctl/top.cpp); `once`: one frame, no clearing, no keyboard.
+[[nodiscard]] Status cmd_top(Client& c, double interval_s, bool once, size_t top_n);
 
 }  // namespace tier::ctl

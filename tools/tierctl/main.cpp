@@ -26,7 +26,8 @@ Examples:
   tierctl put job1 w0 weights.bin         store a file as tensor w0 of pool job1
   tierctl get job1 w0 copy.bin            read it back
   tierctl --json tensors job1 | jq .      machine-readable listing
-  tierctl metrics | grep tier_ram         Prometheus text exposition)";
+  tierctl metrics | grep tier_ram         Prometheus text exposition
+  tierctl top                             live view, refreshed every 2 s (q quits))";
 
 int fail_with(const tier::Status& st) {
   std::string line = st.to_string();
@@ -99,6 +100,14 @@ int main(int argc, char** argv) {
 
   auto* metrics = app.add_subcommand("metrics", "print every counter and gauge as Prometheus text");
 
+  double top_interval = 2;
+  bool top_once = false;
+  size_t top_n = 10;
+  auto* top = app.add_subcommand("top", "live view: RAM/NVMe use per node, NVMe bandwidth, top pools by RAM (q quits)");
+  top->add_option("--interval", top_interval, "seconds between refreshes (default 2)")->check(CLI::PositiveNumber);
+  top->add_flag("--once", top_once, "print one frame and exit (no screen clearing)");
+  top->add_option("--pools", top_n, "how many pools to show (default 10)");
+
   for (auto* sc : app.get_subcommands({})) sc->footer("Run 'tierctl --help' for the socket, --json and exit codes.");
 
   try {
@@ -142,6 +151,7 @@ int main(int argc, char** argv) {
     else if (*snapshot) st = cmd_snapshot(c, out, pool);
     else if (*drop) st = cmd_drop(c, out, pool);
     else if (*metrics) st = cmd_metrics(c, out);
+    else if (*top) st = cmd_top(c, top_interval, top_once, top_n);
   } catch (const std::exception& e) {  // bad_alloc, or JSON of invalid UTF-8 from the daemon
     st = tier::Status(tier::Code::kInternal, e.what());
   }
