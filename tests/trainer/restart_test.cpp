@@ -147,7 +147,11 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
     // The kill may land after the last step: then --resume has nothing left to do.
     if (!b.steps.empty()) {
       CHECK(b.steps.back() == 40);
-      if (!a.steps.empty()) CHECK(b.steps.front() <= a.steps.back() + 1);
+      // A step commits on every rank before rank 0 prints its line, and mpirun's output
+      // forwarding dies with the job: the last committed step's line can be lost, so the
+      // resumed run may start one step past the last printed one (never more: the next step
+      // cannot commit without the killed rank).
+      if (!a.steps.empty()) CHECK(b.steps.front() <= a.steps.back() + 2);
     }
     for (const TrainRun* r : {static_cast<const TrainRun*>(&a), &b})
       for (size_t i = 0; i < r->steps.size(); ++i) {
