@@ -652,7 +652,9 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.lease_latency = &lease_latency_;
   in.catalog = &state_.catalog;
   if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
-  return render_metrics(in);
+  std::string o = render_metrics(in);
+  if (state_.tiering) o += tier_metrics_text();
+  return o;
 }
 
 std::string RequestHandler::status_line() const {

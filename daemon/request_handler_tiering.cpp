@@ -97,6 +97,25 @@ void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const st
   reply_empty(h, out);
 }
 
+// Tiering metrics beyond the status counters (which render_metrics already exports).
+std::string RequestHandler::tier_metrics_text() const {
+  const TierStats& t = state_.tiering->stats();
+  std::string o;
+  auto metric = [&](const char* name, const char* help, uint64_t v) {
+    o += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
+  };
+  o += fmt::format("# HELP tierd_stall_seconds_total Time lease requests waited for NVMe I/O.\n"
+                   "# TYPE tierd_stall_seconds_total counter\ntierd_stall_seconds_total {:.6f}\n",
+                   static_cast<double>(t.stall_us) / 1e6);
+  metric("tierd_writebacks_total", "Write-backs to NVMe completed.", t.writebacks);
+  metric("tierd_fetches_total", "Fetches from NVMe completed.", t.fetches);
+  metric("tierd_fetch_errors_total", "Fetches that failed (I/O error or checksum mismatch).", t.fetch_errors);
+  metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);
+  nvme::EngineStats es = state_.tiering->engine().stats();
+  metric("tierd_nvme_checksum_failures_total", "Extents whose checksum did not match.", es.checksum_failures);
+  return o;
+}
+
 void RequestHandler::tier_poll() {
   if (!state_.tiering) return;
   if (state_.tiering->poll() && state_.leases.waiter_count() > 0) retry_waiters();

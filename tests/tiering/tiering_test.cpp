@@ -172,6 +172,11 @@ TEST_CASE("evict then lease brings a tensor back bit-exact; prefetch then lease 
   CHECK(s1.misses == s0.misses + 1);
   CHECK(s1.stalls == s0.stalls + 1);
   CHECK(tiers_of(*c, "p", "w") == (kTierRam | kTierNvme));  // a clean copy on both
+  auto m = c->metrics();
+  REQUIRE(m);
+  CHECK_THAT(*m, Catch::Contains("tierd_misses_total 1\n"));
+  CHECK_THAT(*m, Catch::Contains("tierd_stall_seconds_total "));
+  CHECK_THAT(*m, Catch::Contains("tierd_fetches_total 1\n"));
 
   // Clean now: evicting drops it without writing again.
   REQUIRE(c->evict("p").is_ok());
