@@ -128,7 +128,16 @@ class Durability {
     journal::PoolCreated pool;
     std::vector<journal::TensorCreated> tensors;  // offsets: in `staging` and in the data file
     std::vector<uint64_t> offsets;
-    std::unique_ptr<std::byte[]> staging;
+    // Anonymous mapping, populated when made (one kernel call instead of a page fault per
+    // 4 KiB during the copy, which is the stall).
+    struct Staging {
+      std::byte* p = nullptr;
+      uint64_t n = 0;
+      ~Staging() { reset(); }
+      void reset() noexcept;
+      std::byte* get() const noexcept { return p; }
+      explicit operator bool() const noexcept { return p != nullptr; }
+    } staging;
     uint64_t bytes = 0, stall_us = 0;
     int efd = -1;
     std::thread thread;

@@ -1,6 +1,7 @@
 // Durability: pool snapshots (start_snapshot/poll, the writer thread) and the reboot restore
 // from the latest snapshot. See durability.hpp.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -63,6 +64,11 @@ uint64_t now_unix_ms() {
 
 }  // namespace
 
+void Durability::Job::Staging::reset() noexcept {
+  if (p) ::munmap(p, n);
+  p = nullptr;
+}
+
 Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id) {
   if (!failed_.is_ok()) return failed_;
   for (const auto& j : jobs_)
@@ -87,7 +93,11 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   uint64_t total = 0;
   for (const auto& [id, t] : pool.tensors)
     if (t.ram) total += t.size;
-  job->staging.reset(new (std::nothrow) std::byte[total ? total : 1]);
+  job->staging.n = total ? total : 1;
+  void* mem = ::mmap(nullptr, job->staging.n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (mem != MAP_FAILED) {
+    job->staging.p = static_cast<std::byte*>(mem);
+  }
   if (!job->staging)
     return Status(Code::kResourceExhausted, "snapshot of pool '" + pool.name + "' needs " +
                                                 format_size(total) + " of staging memory");
@@ -98,7 +108,13 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
     if (!t.ram) continue;  // only on NVMe: restored from its journaled NVMe copy
     Arena* a = st_.ram->arena(t.ram->arena_id);
     if (!a) continue;
-    std::memcpy(job->staging.get() + off, a->base() + t.ram->offset, t.size);
+    // pread from the shared-memory object rather than memcpy from the daemon's mapping: the
+    // daemon never touched most of these pages (clients wrote them through their own mappings),
+    // and faulting them in one by one would dominate the stall.
+    if (Status rs = read_all(a->fd(), job->staging.get() + off, t.size, t.ram->offset, a->path()); !rs) {
+      job->staging.reset();
+      return rs;
+    }
     TensorCreated m;
     m.pool_id = pool.id;
     m.tensor_id = t.id;
