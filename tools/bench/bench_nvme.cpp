@@ -488,7 +488,10 @@ bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t
   for (int step = 0; step < warm + steps; ++step) {
     if (step == warm) {
       auto st = c.status();
-      if (!st) return false;
+      if (!st) {
+        std::fprintf(stderr, "tier-bench nvme: status: %s\n", st.error().to_string().c_str());
+        return false;
+      }
       misses0 = st->misses;
       t0 = now_ns();
     }
@@ -501,7 +504,10 @@ bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t
       }
       if (step >= warm) out.wait_s += static_cast<double>(now_ns() - a) / 1e9;
       spin(compute);
-      if (!l->release()) return false;
+      if (Status st = l->release(); !st) {
+        std::fprintf(stderr, "tier-bench nvme: release: %s\n", st.to_string().c_str());
+        return false;
+      }
     }
   }
   out.elapsed_s = static_cast<double>(now_ns() - t0) / 1e9;
@@ -538,7 +544,10 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
       return false;
     }
     std::string pool = bench_pool_name("nvme");
-    if (!(*c)->create_pool(pool)) return false;
+    if (auto p = (*c)->create_pool(pool); !p) {
+      std::fprintf(stderr, "tier-bench nvme: create pool: %s\n", p.error().to_string().c_str());
+      return false;
+    }
     std::vector<uint64_t> ids;
     for (size_t i = 0; i < tensors; ++i) {
       TensorDesc td;
@@ -551,11 +560,22 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
       }
       ids.push_back(t->id);
       auto l = (*c)->lease(t->id, LeaseMode::kWrite, {LeaseWait::kForever});
-      if (!l) return false;
+      if (!l) {
+        std::fprintf(stderr, "tier-bench nvme: lease: %s\n", l.error().to_string().c_str());
+        return false;
+      }
       std::memset(l->bytes().data(), static_cast<int>(i), size);
-      if (!l->release()) return false;
+      if (Status st = l->release(); !st) {
+        std::fprintf(stderr, "tier-bench nvme: release: %s\n", st.to_string().c_str());
+        return false;
+      }
     }
-    if (with_plan && !(*c)->set_plan(pool, ids, slots * size)) return false;
+    if (with_plan) {
+      if (Status st = (*c)->set_plan(pool, ids, slots * size); !st) {
+        std::fprintf(stderr, "tier-bench nvme: set_plan: %s\n", st.to_string().c_str());
+        return false;
+      }
+    }
     if (!daemon_cycle(**c, pool, ids, warm, steps, compute, runs[with_plan])) return false;
   }
   const DaemonRun& lru = runs[0];
