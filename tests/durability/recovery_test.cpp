@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -101,10 +102,14 @@ TEST_CASE("kill -9 of tierd at random points of put/evict/prefetch/snapshot/dele
   dopt.ram = "128M";
   dopt.extra_args = {"--nvme-dir", nvme};
   TestDaemon d(dopt);
-  constexpr int kTrials = 24;
+  // tools/soak varies these: TIER_SOAK_SEED (kill timing and workload), TIER_SOAK_TRIALS.
+  const char* seed_env = std::getenv("TIER_SOAK_SEED");
+  const char* trials_env = std::getenv("TIER_SOAK_TRIALS");
+  const unsigned seed = seed_env ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10)) : 12345u;
+  const int kTrials = trials_env ? std::atoi(trials_env) : 24;
   constexpr size_t kSize = 48 << 10;
   std::map<std::string, uint64_t> acked;  // name -> hash of what was acknowledged
-  std::mt19937 rng(12345);
+  std::mt19937 rng(seed);
   uint64_t total_ops = 0, checked = 0, unknown = 0;
   std::set<std::string> maybe;  // a delete was in flight when tierd died: either answer is right
   int seq = 0;
@@ -119,7 +124,7 @@ TEST_CASE("kill -9 of tierd at random points of put/evict/prefetch/snapshot/dele
       auto cr = Client::connect(d.socket(), {.client_name = "worker", .reconnect_timeout = std::chrono::milliseconds(0)});
       if (!cr) return;
       Client& c = **cr;
-      std::mt19937 wr(static_cast<unsigned>(trial * 7919));
+      std::mt19937 wr(seed + static_cast<unsigned>(trial * 7919));
       while (!stop.load()) {
         int op = static_cast<int>(wr() % 10);
         std::string name;
