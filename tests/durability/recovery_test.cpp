@@ -308,7 +308,7 @@ TEST_CASE("a simulated reboot after a snapshot brings every tensor of the snapsh
   CHECK(d.log().find("1 tensors lost in the reboot") != std::string::npos);
 }
 
-TEST_CASE("a truncated journal recovers its valid records; a corrupted one is refused with a clear message") {
+TEST_CASE("a truncated journal recovers its valid records, a corrupted one is refused with a clear message") {
   TestDaemon d;
   {
     auto c = connect_to(d);
