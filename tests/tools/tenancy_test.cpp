@@ -153,7 +153,12 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
   char tmpl[] = "/tmp/tier-tenancy.XXXXXX";
   REQUIRE(::mkdtemp(tmpl));
   std::string cfg = write_config(tmpl, "admin_group = \"adm\"\nremove_arenas_on_exit = true\n");
-  TestDaemon d(with_config(cfg));
+  // With an NVMe directory, so Prefetch/Evict/PlanSet/Snapshot reach their authorization.
+  std::string nvme = std::string(tmpl) + "/nvme";
+  std::filesystem::create_directories(nvme);
+  auto opts = with_config(cfg);
+  opts.extra_args.insert(opts.extra_args.end(), {"--nvme-dir", nvme});
+  TestDaemon d(opts);
   REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);  // mkdtemp made it 0700: other uids must reach the socket
   const std::string sock = d.socket();
 
