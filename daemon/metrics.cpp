@@ -70,6 +70,18 @@ std::string render_metrics(const MetricsInput& in) {
   per_dir("tierd_nvme_capacity_bytes", "NVMe tier capacity per directory.", [](const wire::NvmeTierW& d) { return d.capacity; });
   per_dir("tierd_nvme_used_bytes", "NVMe tier bytes used per directory.", [](const wire::NvmeTierW& d) { return d.used; });
 
+  if (!in.nvme_io.empty()) {
+    auto per_io = [&](const char* name, const char* type, const char* help, auto get) {
+      o.family(name, type, help);
+      for (const auto& d : in.nvme_io) o.s += fmt::format("{}{{tier=\"nvme\",path=\"{}\"}} {}\n", name, esc(d.path), get(d));
+    };
+    using Io = MetricsInput::NvmeIo;
+    per_io("tierd_nvme_io_in_flight", "gauge", "NVMe requests in flight now per directory.", [](const Io& d) { return d.in_flight; });
+    per_io("tierd_nvme_io_queue_depth", "gauge", "NVMe queue depth per directory (the most requests in flight).", [](const Io& d) { return d.queue_depth; });
+    per_io("tierd_nvme_dir_read_bytes_total", "counter", "Device bytes read per NVMe directory.", [](const Io& d) { return d.bytes_read; });
+    per_io("tierd_nvme_dir_written_bytes_total", "counter", "Device bytes written per NVMe directory.", [](const Io& d) { return d.bytes_written; });
+  }
+
   if (const LatencyHistogram* h = in.lease_latency) {
     o.family("tierd_lease_latency_seconds", "histogram",
              "Lease requests answered at once: receipt to reply, in the daemon.");

@@ -43,6 +43,9 @@ struct MetricsInput {
   uint64_t lease_waits = 0, lease_timeouts = 0, leases_granted = 0;
   const LatencyHistogram* lease_latency = nullptr;
   Catalog* catalog = nullptr;  // per-pool figures; null: none
+  // NVMe I/O per directory (from the NVMe engine; empty without an NVMe tier).
+  struct NvmeIo { std::string path; uint64_t in_flight = 0, queue_depth = 0, bytes_read = 0, bytes_written = 0; };
+  std::vector<NvmeIo> nvme_io;
   // Which pools to show (the socket shows a client only the pools it may see); empty: all.
   std::function<bool(const Pool&)> visible;
 };

@@ -652,6 +652,9 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.lease_latency = &lease_latency_;
   in.catalog = &state_.catalog;
   if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
+  if (state_.tiering)
+    for (const auto& d : state_.tiering->engine().stats().dirs)
+      in.nvme_io.push_back({d.path, d.in_flight, d.queue_depth, d.bytes_read, d.bytes_written});
   std::string o = render_metrics(in);
   if (state_.tiering) o += tier_metrics_text();
   return o;
