@@ -189,6 +189,16 @@ class Backend {
   virtual void free_tokens(int32_t* p) = 0;
   virtual void upload_tokens(int32_t* dst_dev, const int32_t* src_host, size_t n) = 0;
   virtual void synchronize() = 0;
+  // Page-locks host memory the trainer allocated itself (staging for upload/download) so
+  // copies to and from it are DMA; false when the backend has no use for it or refused (the
+  // memory then stays pageable and still works). A pinned range must be unpinned with
+  // unpin_host before it is freed. Default: nothing to pin (host-accessible backends).
+  virtual bool pin_host(void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return false;
+  }
+  virtual void unpin_host(void* p) { (void)p; }
 
   // ---- layers ----
   // embed: out[B,T,C] = wte[tokens[b,t]] + wpe[t]. `params` is layer 0 (EmbedLayout).

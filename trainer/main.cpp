@@ -22,6 +22,9 @@ using namespace tier::train;
 namespace tier::train {
 std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
 }
+#ifdef TIER_HAVE_NCCL
+#include "trainer/cuda/gpu_optimizer.hpp"
+#endif
 #endif
 
 namespace {
@@ -39,7 +42,7 @@ namespace {
 int main(int argc, char** argv) {
   CLI::App app{"tier-train: a ZeRO-3 trainer whose sharded state lives in tierd"};
   std::string model_name = "small", data_path, state = "resident", job = "tier-train", socket,
-              backend = "cpu", ram_quota, nvme_quota;
+              backend = "cpu", optimizer = "cpu", ram_quota, nvme_quota;
   int layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, threads = 0, buffers = 0;
   TrainOptions o;
   bool do_plan = false, json = false, bench_opt = false, force_mpi = false;
@@ -64,6 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--val-every", o.val_every, "validation loss every N steps (0: at the end, -1: never)");
   app.add_option("--val-seqs", o.val_seqs, "validation sequences (default: --batch)");
   app.add_option("--backend", backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "cpu (AdamW over the tier on this CPU) or gpu (fused AdamW on the GPU; --backend cuda)")
+      ->capture_default_str();
   app.add_option("--state", state, "resident (private memory) or tier (tierd)")->capture_default_str();
   app.add_option("--job", job, "tierd pool of this job")->capture_default_str();
   app.add_option("--socket", socket, "tierd socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
@@ -140,6 +146,18 @@ int main(int argc, char** argv) {
     die(&comm, fmt::format("--backend must be cpu or cuda, not '{}'", backend), 2);
   }
 
+  std::unique_ptr<OffloadOptimizer> offload;
+  if (optimizer == "gpu") {
+    std::string err = "this build has no GPU optimizer (needs CUDA and NCCL)";
+#if defined(TIER_TRAIN_HAVE_CUDA) && defined(TIER_HAVE_NCCL)
+    offload = cuda::make_gpu_optimizer(*be, &err);
+#endif
+    if (!offload) die(&comm, "--optimizer gpu: " + err, 2);
+    o.optimizer = offload.get();
+  } else if (optimizer != "cpu") {
+    die(&comm, fmt::format("--optimizer must be cpu or gpu, not '{}'", optimizer), 2);
+  }
+
   std::unique_ptr<ShardStore> store;
   if (state == "resident") {
     store = make_resident_store();
@@ -192,5 +210,6 @@ int main(int argc, char** argv) {
                  tier::format_size(store->bytes()).c_str());
   }
   store.reset();
+  offload.reset();
   return 0;
 }

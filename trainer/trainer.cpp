@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 
@@ -54,21 +55,36 @@ struct Buffers {
   float* dx = nullptr;
   int32_t* tokens = nullptr;
   int32_t* targets = nullptr;
-  std::vector<std::vector<float>> host_owned;
+  // Host staging for a backend that is not host-accessible: page-aligned and pinned through
+  // the backend (CUDA: cudaHostRegister) so upload/download are DMA; unpinned before freeing.
+  struct HostBuf {
+    float* p = nullptr;
+    bool pinned = false;
+  };
+  std::vector<HostBuf> host_owned;
 
   ~Buffers() {
     for (float* p : owned) be->free(p);
     if (tokens) be->free_tokens(tokens);
     if (targets) be->free_tokens(targets);
+    for (HostBuf& h : host_owned) {
+      if (h.pinned) be->unpin_host(h.p);
+      std::free(h.p);
+    }
   }
   float* dev(size_t n) {
     float* p = be->alloc(std::max<size_t>(n, 1));
     if (p) owned.push_back(p);
     return p;
   }
+  // nullptr when out of memory.
   float* host(size_t n) {
-    host_owned.emplace_back(n);
-    return host_owned.back().data();
+    const size_t bytes = round_up(std::max<size_t>(n, 1) * sizeof(float), 4096);
+    auto* p = static_cast<float*>(std::aligned_alloc(4096, bytes));
+    if (p == nullptr) return nullptr;
+    std::memset(p, 0, bytes);
+    host_owned.push_back({p, be->pin_host(p, bytes)});
+    return p;
   }
 };
 
@@ -187,6 +203,10 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   buf.targets = be.alloc_tokens(static_cast<size_t>(B) * T);
   for (float* p : buf.owned)
     if (p == nullptr) return fail(Code::kResourceExhausted, "backend allocation failed");
+  for (float* p : buf.slots_host)
+    if (p == nullptr) return fail(Code::kResourceExhausted, "host staging allocation failed");
+  for (float* p : buf.g_host)
+    if (p == nullptr) return fail(Code::kResourceExhausted, "host staging allocation failed");
   if (!buf.tokens || !buf.targets) return fail(Code::kResourceExhausted, "backend allocation failed");
   std::vector<int32_t> tok_h(static_cast<size_t>(B) * T), tgt_h(tok_h.size());
 
@@ -409,8 +429,16 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         const size_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
         if (a >= b) continue;
         const size_t o = a - lo;
-        adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
-                     outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
+        if (opts.optimizer != nullptr) {
+          if (auto s = opts.optimizer->update(in[0].data + o, in[1].data + o, in[2].data + o,
+                                              in[3].data + o, outp[0].data + o, outp[1].data + o,
+                                              outp[2].data + o, b - a, st, r.decay, step);
+              !s)
+            return fail(s);
+        } else {
+          adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
+                       outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
+        }
       }
       std::vector<Pinned> all = std::move(pins->first);
       for (auto& q : pins->second) all.push_back(std::move(q));

@@ -28,6 +28,19 @@
 
 namespace tier::train {
 
+// AdamW over a range of a rank's shards somewhere else than this CPU (`--optimizer gpu`:
+// trainer/cuda/gpu_optimizer.hpp). Same contract as adamw_update (outputs may alias the
+// inputs); `step` is the 1-based optimizer step (bias correction). Called from the main thread
+// only, with every span pinned until it returns.
+class OffloadOptimizer {
+ public:
+  virtual ~OffloadOptimizer() = default;
+  virtual const char* name() const = 0;
+  [[nodiscard]] virtual Status update(const float* p, const float* m, const float* v,
+                                      const float* g, float* p_out, float* m_out, float* v_out,
+                                      size_t n, const AdamWStep& s, bool decay, int64_t step) = 0;
+};
+
 struct TrainOptions {
   ModelConfig model;
   int64_t steps = 20;
@@ -42,6 +55,7 @@ struct TrainOptions {
   int prefetch = 1;       // K
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
+  OffloadOptimizer* optimizer = nullptr;  // null: the CPU AdamW over the tier (adamw_update)
   // Fault injection for the warm-restart tests: rank `fault_rank` kills itself (SIGKILL) in
   // step `fault_step` at `fault_point`: "forward", "backward", "optimizer" (after the first
   // layer's update), "precommit" (after the barrier, before the marker) or "postcommit".

@@ -128,6 +128,12 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     if (stream_) cu(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
+  // The trainer's host staging (gather slots, gradient buffers): pinned so upload/download
+  // are DMA. A refusal is not an error (the copies then go through CUDA's pageable path).
+  bool pin_host(void* p, size_t bytes) override {
+    return ::tier::train::cuda_pin_host(p, bytes, nullptr);
+  }
+  void unpin_host(void* p) override { ::tier::train::cuda_unpin_host(p); }
 
   // ---- layers ----
   void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) override {

@@ -1,0 +1,77 @@
+#include "trainer/cuda/gpu_optimizer.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "tier/gpu.hpp"
+#include "trainer/cuda/cuda_backend.hpp"
+#include "trainer/cuda/pipeline.hpp"
+
+namespace tier::train::cuda {
+namespace {
+
+class GpuOptimizer final : public OffloadOptimizer {
+ public:
+  GpuOptimizer(std::unique_ptr<tier::gpu::Stager> st, cudaStream_t compute)
+      : stager_(std::move(st)), compute_(compute) {}
+  const char* name() const override { return "gpu"; }
+
+  Status update(const float* p, const float* m, const float* v, const float* g, float* p_out,
+                float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay,
+                int64_t step) override {
+    if (n == 0) return Status::ok();
+    // The pipeline's device buffer holds the largest range seen so far; grow it on demand.
+    if (!pipeline_ || n > capacity_) {
+      pipeline_.reset();
+      PipelineOptions po;
+      po.shard_floats = n;
+      po.depth = 1;
+      auto pl = LayerPipeline::create(*stager_, nullptr, compute_, po);
+      if (!pl) return pl.error();
+      pipeline_ = std::move(*pl);
+      capacity_ = n;
+    }
+    if (p_out != p) std::memcpy(p_out, p, n * sizeof(float));
+    if (m_out != m) std::memcpy(m_out, m, n * sizeof(float));
+    if (v_out != v) std::memcpy(v_out, v, n * sizeof(float));
+    AdamW h;
+    h.lr = s.lr;
+    h.beta1 = s.beta1;
+    h.beta2 = s.beta2;
+    h.eps = s.eps;
+    h.weight_decay = decay ? s.weight_decay : 0.0f;
+    h.step = static_cast<int>(step);
+    h.grad_scale = s.grad_scale;
+    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, h);
+  }
+
+ private:
+  std::unique_ptr<tier::gpu::Stager> stager_;
+  cudaStream_t compute_ = nullptr;
+  std::unique_ptr<LayerPipeline> pipeline_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<OffloadOptimizer> make_gpu_optimizer(Backend& backend, std::string* error) {
+  auto* stream = static_cast<cudaStream_t>(backend_stream(backend));
+  if (stream == nullptr) {
+    if (error) *error = "--optimizer gpu needs --backend cuda";
+    return nullptr;
+  }
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) (void)cudaGetLastError();  // the backend's device
+  tier::gpu::StagerOptions so;
+  so.device = device;
+  so.allow_pageable = true;
+  auto st = tier::gpu::Stager::create_detached(so);
+  if (!st) {
+    if (error) *error = st.error().to_string();
+    return nullptr;
+  }
+  return std::make_unique<GpuOptimizer>(std::move(*st), stream);
+}
+
+}  // namespace tier::train::cuda
