@@ -2,8 +2,10 @@
 // state and the session — no socket I/O — so it can be unit-tested and fuzzed in memory.
 //
 // Malformed input never crashes: a datagram whose header cannot be trusted (short, bad magic,
-// bad version, length mismatch, unknown type) gets a kProtocol reply and Reply::close; a body
-// that does not decode gets a kProtocol reply and the connection stays. The first message of a
+// bad version, length mismatch, unknown type) closes the connection (Reply::close), after a
+// kProtocol reply only when the header is recognisably tierd's (our magic and a known type, e.g.
+// another protocol version) so that there is a request id to answer; a body that does not decode
+// gets a kProtocol reply and the connection stays. The first message of a
 // session must be Hello.
 //
 // Lease requests that must wait produce no reply now (Reply::deferred); the reply comes later
