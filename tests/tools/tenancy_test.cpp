@@ -115,6 +115,12 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
   v.push_back(code(r.call<TopoRep>(MsgType::kTopo, Empty{})));                                   // 17
   auto met = r.call<TextRep>(MsgType::kMetrics, MetricsReq{0});                                  // 18
   v.push_back(code(met));
+  for (uint32_t page = 1; met && met->more && page < 1000; ++page) {  // the per-pool series come later
+    auto next = r.call<TextRep>(MsgType::kMetrics, MetricsReq{page});
+    if (!next) break;
+    met->text += next->text;
+    met->more = next->more;
+  }
   v.push_back(code(r.call<Empty>(MsgType::kPoolDrop, PoolNameReq{pool})));                       // 19
   bool listed = false;
   if (list)
