@@ -277,7 +277,9 @@ TEST_CASE("list_tensors follows pages until more is false") {
 
 TEST_CASE("a daemon that goes away turns every call into Unavailable") {
   FakeDaemon d([](FakeDaemon&) {});  // closes right after hello
-  auto c = Client::connect(d.path(), {.reconnect_timeout = std::chrono::milliseconds(0)});
+  ConnectOptions no_reconnect;
+  no_reconnect.reconnect_timeout = std::chrono::milliseconds(0);
+  auto c = Client::connect(d.path(), no_reconnect);
   REQUIRE(c.has_value());
   auto p = (*c)->list_pools();
   REQUIRE_FALSE(p.has_value());
