@@ -416,12 +416,22 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       }
       return p;
     };
-    // The pins of layer l+1 are taken (one or two daemon round trips) while layer l updates.
+    // The pins of layer l+1 are taken (one or two daemon round trips) while layer l updates,
+    // and the inputs of layer l+2 are hinted to tierd then, so a shard spilled to NVMe is
+    // fetched a whole layer's update ahead of its lease (best effort; RAM-resident: no-op).
+    const int cur_in = cur;
+    auto hint_layer = [&store, cur_in, NL](int l) {
+      if (l >= NL) return;
+      store.prefetch(std::vector<ShardRef>{{l, ShardKind::kParam, cur_in}, {l, ShardKind::kM, cur_in},
+                                           {l, ShardKind::kV, cur_in}, {l, ShardKind::kGrad, 0}});
+    };
+    hint_layer(1);
     std::future<Result<Pins>> next = std::async(std::launch::deferred, pin_layer, 0);
     for (int l = 0; l < NL; ++l) {
       auto pins = next.get();
       if (!pins) return fail(pins.error());
       if (l + 1 < NL) next = std::async(std::launch::async, pin_layer, l + 1);
+      hint_layer(l + 2);
       const std::vector<Pinned>& in = pins->first;
       const std::vector<Pinned>& outp = pins->second;
       const size_t lo = static_cast<size_t>(rank) * shard[l], hi = lo + shard[l];
