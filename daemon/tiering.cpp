@@ -140,9 +140,20 @@ void TierManager::release_ram(Pool& pool, const RamLocation& loc) {
 
 void TierManager::drop_ram(Pool& pool, Tensor& t) {
   RamLocation loc = *t.ram;
-  release_ram(pool, loc);
   t.ram.reset();
-  if (durable_) durable_->ram_dropped(t);
+  if (durable_) {
+    // Write-ahead: the journal must say the RAM copy is gone before its bytes are destroyed.
+    // Punching first left a window in which a kill -9 replayed a RAM placement over zeroed (or
+    // reused) pages. A failed commit is fatal for the daemon (it stops acknowledging); keep the
+    // pages and the extent then, so nothing the journal still points at is overwritten.
+    durable_->ram_dropped(t);
+    if (Status st = durable_->commit(); !st.is_ok()) {
+      log_error("journal commit before dropping tensor {} from RAM failed: {}", t.id, st.to_string());
+      stats_.evictions++;
+      return;
+    }
+  }
+  release_ram(pool, loc);
   stats_.evictions++;
 }
 
