@@ -419,6 +419,11 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
 Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out) {
   scratch_ids_.clear();
+  // The grant hands out t->ram; a tensor that left RAM since it was checked would hand out an
+  // extent now owned by another tensor (the tier keeps a lease's tensors resident until here).
+  for (const Tensor* t : scratch_tensors_)
+    if (!t->ram)
+      return Status(Code::kInternal, "tensor '" + t->name + "' left RAM before its lease was granted");
   TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
   state_.counters.leases_granted += scratch_ids_.size();
   state_.counters.hits += scratch_ids_.size();

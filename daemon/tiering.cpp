@@ -121,7 +121,7 @@ uint64_t TierManager::nvme_quota(const Pool& p) const {
 }
 
 bool TierManager::evictable(const Tensor& t) const {
-  if (!t.ram || t.readers > 0 || t.writer || pinned_.contains(t.id)) return false;
+  if (!t.ram || t.readers > 0 || t.writer || pinned_.contains(t.id) || leasing_.contains(t.id)) return false;
   auto it = ts_.find(t.id);
   return it == ts_.end() || it->second.io == Io::kNone;
 }
@@ -401,6 +401,16 @@ void TierManager::maintain() {
 // --- leases ---
 
 Result<bool> TierManager::prepare_lease(uint64_t session, std::span<Tensor* const> tensors) {
+  // A grant follows at once when this returns false: the fetches and prefetches started below
+  // (and the evictions they make) must not drop a tensor of this lease already found in RAM.
+  leasing_.clear();
+  for (Tensor* t : tensors) leasing_.insert(t->id);
+  auto r = prepare_lease_impl(session, tensors);
+  leasing_.clear();
+  return r;
+}
+
+Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors) {
   double now = now_s();
   auto pit = plans_.find(session);
   bool wait = false;
@@ -442,6 +452,14 @@ Result<bool> TierManager::prepare_lease(uint64_t session, std::span<Tensor* cons
 }
 
 Status TierManager::lease_ready(std::span<Tensor* const> tensors, bool& ready) {
+  leasing_.clear();
+  for (Tensor* t : tensors) leasing_.insert(t->id);
+  Status st = lease_ready_impl(tensors, ready);
+  leasing_.clear();
+  return st;
+}
+
+Status TierManager::lease_ready_impl(std::span<Tensor* const> tensors, bool& ready) {
   ready = true;
   for (Tensor* t : tensors) {
     if (t->ram) continue;

@@ -144,6 +144,8 @@ class TierManager {
   [[nodiscard]] bool evictable(const Tensor& t) const;
   [[nodiscard]] Status start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance);
   [[nodiscard]] Status start_spill(Pool& pool, Tensor& t, bool drop_after);
+  [[nodiscard]] Result<bool> prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors);
+  [[nodiscard]] Status lease_ready_impl(std::span<Tensor* const> tensors, bool& ready);
   void fetch_done(uint64_t id, Status st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
   void wait_idle(uint64_t id);
@@ -167,6 +169,10 @@ class TierManager {
   std::unordered_map<uint64_t, TState> ts_;
   std::unordered_map<uint64_t, Plan> plans_;  // by session
   std::unordered_set<uint64_t> pinned_;
+  // The tensors of the lease prepare_lease()/lease_ready() is deciding on: never victims while
+  // it runs (a fetch or prefetch it starts may evict), so a tensor it found in RAM is still
+  // there when the caller grants the lease.
+  std::unordered_set<uint64_t> leasing_;
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
   Status last_spill_error_;  // the last failed write-back (named in allocation errors)

@@ -397,3 +397,49 @@ TEST_CASE("a registered plan reduces misses on a cyclic access pattern") {
   // Belady part, so a slow machine that delays prefetches does not fail it.
   CHECK(misses[1] * 4 < misses[0] * 3);
 }
+
+// A lease whose tensors are all in RAM is granted right after the plan's cursor advances, and
+// advancing it starts prefetches that evict clean tensors used farthest ahead: the tensor just
+// leased (its next use is a whole cycle away) is exactly such a victim. Every lease must still
+// see its tensor's last committed bytes, never an extent freed to (and refilled for) another.
+TEST_CASE("leases under a plan's prefetches always see the last committed bytes") {
+  const int kTensors = 24;  // 24 MiB working set, 12 MiB RAM tier
+  const int kCycles = 6;
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "12M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("plan"));
+  std::vector<uint64_t> ids;
+  std::vector<uint64_t> want;
+  for (int i = 0; i < kTensors; ++i) {
+    auto t = c->create_tensor("plan", desc("t" + std::to_string(i), (1u << 20) - 64 * i));
+    REQUIRE(t);
+    ids.push_back(t->id);
+    want.push_back(write_tensor(*c, t->id, 700 + i));
+  }
+  REQUIRE(c->set_plan("plan", ids, 8u << 20).is_ok());
+  int mismatches = 0;
+  uint64_t seed = 10000;
+  for (int cycle = 0; cycle < kCycles; ++cycle) {
+    for (int i = 0; i < kTensors; ++i) {
+      if ((i + cycle) % 3 == 0) {
+        auto l = c->lease(ids[i], LeaseMode::kWrite, {LeaseWait::kForever});
+        REQUIRE(l);
+        if (fnv(l->bytes()) != want[i]) ++mismatches;
+        fill(l->bytes(), ++seed);
+        want[i] = fnv(l->bytes());
+        REQUIRE(l->release().is_ok());
+      } else {
+        auto l = c->lease(ids[i], LeaseMode::kRead, {LeaseWait::kForever});
+        REQUIRE(l);
+        if (fnv(l->bytes()) != want[i]) ++mismatches;
+        REQUIRE(l->release().is_ok());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  NodeStatus s = status_of(*c);
+  INFO(s.prefetches << " prefetches, " << s.misses << " misses");
+  CHECK(mismatches == 0);
+  for (int i = 0; i < kTensors; ++i) CHECK(read_hash(*c, ids[i]) == want[i]);
+}
