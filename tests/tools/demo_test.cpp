@@ -6,12 +6,15 @@
 
 TEST_CASE("tools/demo runs end to end and stops its tierd") {
   std::string build = std::filesystem::path(TIER_BIN_DIR).parent_path().string();
+  // A short run: the test checks the demo's plumbing (start, train, status, stop), not how far
+  // the loss falls, and must not depend on how fast the machine is.
   auto r = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/demo", {},
-                                  {"TIER_BUILD_DIR=" + build}, 60);
+                                  {"TIER_BUILD_DIR=" + build, "TIER_DEMO_STEPS=40"}, 300);
   INFO(r.out);
   INFO(r.err);
   REQUIRE(r.rc == 0);
   CHECK(r.out.find("round trip: identical") != std::string::npos);
   CHECK(r.out.find("tierd stopped cleanly") != std::string::npos);
   CHECK(r.out.find("NUMA nodes") != std::string::npos);
+  CHECK(r.out.find("for 40 steps") != std::string::npos);
 }
