@@ -264,7 +264,9 @@ Status Client::Impl::reconnect(const Status& why) {
   std::vector<uint64_t> gone;  // held entries to forget: (id, epoch) pairs flattened
   held.for_each([&](client::HeldLease& h) {
     wire::LeaseReq req;
-    req.mode = h.mode;
+    // An overwrite lease comes back as a write lease: the holder may have written part of the
+    // tensor already, and those bytes must be handed back, never replaced by fresh RAM.
+    req.mode = h.mode == static_cast<uint8_t>(LeaseMode::kOverwrite) ? static_cast<uint8_t>(LeaseMode::kWrite) : h.mode;
     req.timeout_ms = 0;
     req.tensor_ids.assign(1, h.tensor_id);
     wire::LeaseRep rep;
@@ -638,7 +640,21 @@ Status Client::evict(std::string_view pool, std::span<const uint64_t> tensor_ids
 
 Status Client::set_plan(std::string_view pool, std::span<const uint64_t> tensor_ids, uint64_t budget) {
   return guarded<Status>([&]() -> Status {
-    wire::PlanSetReq req{std::string(pool), {tensor_ids.begin(), tensor_ids.end()}, budget};
+    wire::PlanSetReq req{std::string(pool), {tensor_ids.begin(), tensor_ids.end()}, budget, {}};
+    std::lock_guard g(impl_->mu);
+    return impl_->call(MsgType::kPlanSet, req, impl_->empty);
+  });
+}
+
+Status Client::set_plan(std::string_view pool, std::span<const PlanUse> uses, uint64_t budget) {
+  return guarded<Status>([&]() -> Status {
+    wire::PlanSetReq req{std::string(pool), {}, budget, {}};
+    req.tensor_ids.reserve(uses.size());
+    req.overwrite.reserve(uses.size());
+    for (const PlanUse& u : uses) {
+      req.tensor_ids.push_back(u.tensor_id);
+      req.overwrite.push_back(u.overwrite ? 1 : 0);
+    }
     std::lock_guard g(impl_->mu);
     return impl_->call(MsgType::kPlanSet, req, impl_->empty);
   });

@@ -11,14 +11,14 @@ uint64_t make_id(uint32_t gen, uint32_t slot) { return (static_cast<uint64_t>(ge
 
 Status LeaseTable::check(LeaseMode mode, std::span<Tensor* const> tensors) const {
   for (const Tensor* t : tensors) {
-    if (mode == LeaseMode::kWrite && (t->writer || t->readers > 0))
+    if (is_write(mode) && (t->writer || t->readers > 0))
       return Status(Code::kBusy, "tensor '" + t->name + "' is leased (" +
                                      (t->writer ? std::string("write") :
                                                   std::to_string(t->readers) + " read") + ")");
     if (mode == LeaseMode::kRead && t->writer)
       return Status(Code::kBusy, "tensor '" + t->name + "' is write-leased");
   }
-  if (mode == LeaseMode::kWrite && tensors.size() > 1) {
+  if (is_write(mode) && tensors.size() > 1) {
     // A write batch naming a tensor twice could never be granted.
     const Tensor* dup = nullptr;
     if (tensors.size() <= 16) {
@@ -59,7 +59,7 @@ Status LeaseTable::acquire(SessionLeases& s, LeaseMode mode, std::span<Tensor* c
     s.head = idx;
     s.count++;
     live_++;
-    if (mode == LeaseMode::kWrite) t->writer = true;
+    if (is_write(mode)) t->writer = true;
     else t->readers++;
     if (Pool* p = catalog.find_pool(t->pool_id)) p->leases++;
     ids_out.push_back(make_id(sl.gen, idx));
@@ -75,7 +75,7 @@ void LeaseTable::unlink_slot(SessionLeases& s, uint32_t idx, Catalog& catalog) {
   s.count--;
   live_--;
   if (Tensor* t = catalog.find_tensor(sl.lease.tensor_id)) {
-    if (sl.lease.mode == LeaseMode::kWrite) t->writer = false;
+    if (is_write(sl.lease.mode)) t->writer = false;
     else if (t->readers > 0) t->readers--;
   }
   if (Pool* p = catalog.find_pool(sl.lease.pool_id); p && p->leases > 0) p->leases--;

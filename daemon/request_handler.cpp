@@ -416,6 +416,15 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
   return Status::ok();
 }
 
+LeaseMode RequestHandler::prepare_mode(LeaseMode mode) const {
+  // An overwrite lease skips the read-back of tensors only on NVMe only when it can be granted
+  // right after (no conflicting lease): otherwise the placed, unspecified bytes would sit
+  // unleased while it waits. Waiting, it fetches like a write lease (correct, just not free).
+  if (mode == LeaseMode::kOverwrite && !state_.leases.check(mode, scratch_tensors_).is_ok())
+    return LeaseMode::kWrite;
+  return mode;
+}
+
 Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out) {
   scratch_ids_.clear();
@@ -427,7 +436,7 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
   state_.counters.leases_granted += scratch_ids_.size();
   state_.counters.hits += scratch_ids_.size();
-  if (state_.durable && mode == LeaseMode::kWrite)  // the NVMe copy becomes stale
+  if (state_.durable && is_write(mode))  // the NVMe copy becomes stale
     for (Tensor* t : scratch_tensors_)
       if (t->nvme) state_.durable->nvme_copy_dropped(*t);
   if (state_.tiering) state_.tiering->on_granted(scratch_tensors_, mode);
@@ -453,8 +462,8 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
   if (!r.ok() || !r.at_end())
     return reply_err(h, Status(Code::kProtocol, "malformed Lease request"), out);
   const LeaseReq& req = lease_req_;
-  if (req.mode != static_cast<uint8_t>(LeaseMode::kRead) && req.mode != static_cast<uint8_t>(LeaseMode::kWrite))
-    return reply_err(h, Status(Code::kInvalidArgument, "lease mode must be read or write"), out);
+  if (req.mode < static_cast<uint8_t>(LeaseMode::kRead) || req.mode > kMaxLeaseMode)
+    return reply_err(h, Status(Code::kInvalidArgument, "lease mode must be read, write or overwrite"), out);
   if (req.tensor_ids.empty() || req.tensor_ids.size() > kMaxLeaseGrants)
     return reply_err(h, Status(Code::kInvalidArgument,
                                "a lease names 1.." + std::to_string(kMaxLeaseGrants) +
@@ -469,7 +478,7 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
   if (Status st = resolve_for_lease(s, req.tensor_ids, mode); !st) return reply_err(h, st, out);
   if (state_.tiering) {
     // Tensors only on NVMe are fetched first; the reply waits for them like a lease wait.
-    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_);
+    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_, prepare_mode(mode));
     if (!must_wait) return reply_err(h, must_wait.error(), out);
     if (*must_wait) {
       Waiter w;
@@ -541,7 +550,7 @@ void RequestHandler::retry_waiters() {
     Status st = resolve_for_lease(s, w.tensor_ids, w.mode);
     if (st && state_.tiering) {
       bool ready = false;
-      st = state_.tiering->lease_ready(scratch_tensors_, ready);
+      st = state_.tiering->lease_ready(scratch_tensors_, ready, prepare_mode(w.mode));
       if (st && !ready) {
         state_.tiering->pin(w.tensor_ids);  // fetched tensors stay until the grant
         return false;

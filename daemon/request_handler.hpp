@@ -131,6 +131,8 @@ class RequestHandler {
   [[nodiscard]] int read_only_fd(const Arena& a);
   void close_read_only_fds(uint64_t pool_id);
   // Grants into scratch_grants_ and encodes the LeaseRep into `out`; false on conflict.
+  // The mode prepare_lease()/lease_ready() get for a lease of `mode` on scratch_tensors_.
+  [[nodiscard]] LeaseMode prepare_mode(LeaseMode mode) const;
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
   void retry_waiters();

@@ -92,7 +92,14 @@ void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const st
                                                       ", which is not in pool '" + p.name + "'"),
                        out);
   }
-  if (Status st = state_.tiering->set_plan(s.id, p, std::move(req.tensor_ids), req.budget); !st)
+  if (!req.overwrite.empty() && req.overwrite.size() != req.tensor_ids.size())
+    return reply_err(h, Status(Code::kInvalidArgument,
+                               "plan has " + std::to_string(req.tensor_ids.size()) + " uses but " +
+                                   std::to_string(req.overwrite.size()) + " overwrite flags"),
+                     out);
+  if (Status st = state_.tiering->set_plan(s.id, p, std::move(req.tensor_ids), req.budget,
+                                           std::move(req.overwrite));
+      !st)
     return reply_err(h, st, out);
   reply_empty(h, out);
 }
@@ -110,6 +117,7 @@ std::string RequestHandler::tier_metrics_text() const {
   metric("tierd_writebacks_total", "Write-backs to NVMe completed.", t.writebacks);
   metric("tierd_fetches_total", "Fetches from NVMe completed.", t.fetches);
   metric("tierd_fetch_errors_total", "Fetches that failed (I/O error or checksum mismatch).", t.fetch_errors);
+  metric("tierd_fetches_skipped_total", "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
   metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);
   nvme::EngineStats es = state_.tiering->engine().stats();
   metric("tierd_nvme_checksum_failures_total", "Extents whose checksum did not match.", es.checksum_failures);

@@ -400,21 +400,53 @@ void TierManager::maintain() {
 
 // --- leases ---
 
-Result<bool> TierManager::prepare_lease(uint64_t session, std::span<Tensor* const> tensors) {
+bool TierManager::may_place_for_overwrite(std::span<Tensor* const> tensors, LeaseMode mode) {
+  // A placed tensor holds unspecified bytes and is not leased yet: anyone could read them until
+  // the grant. So place only when the grant follows at once, i.e. no tensor of the lease is
+  // still being fetched (the caller has checked that no conflicting lease is held).
+  if (mode != LeaseMode::kOverwrite) return false;
+  for (const Tensor* t : tensors) {
+    auto it = ts_.find(t->id);
+    if (!t->ram && it != ts_.end() && it->second.io == Io::kFetch) return false;
+  }
+  return true;
+}
+
+Status TierManager::place_for_overwrite(Pool& pool, Tensor& t) {
+  auto loc = allocate(pool, t.node, t.size);
+  if (!loc) return loc.error();
+  // allocate() may have waited for I/O; fetches start only from the event loop, so none of
+  // this tensor can have begun meanwhile, but a placement found here must not leak the extent.
+  if (t.ram || ts(t.id).io != Io::kNone) {
+    ram_.release(pool, *loc);
+    return Status::ok();
+  }
+  t.ram = *loc;
+  if (durable_) durable_->ram_placed(t);
+  t.dirty = true;
+  ts(t.id).last_use = tick_++;
+  stats_.fetches_skipped++;
+  return Status::ok();
+}
+
+Result<bool> TierManager::prepare_lease(uint64_t session, std::span<Tensor* const> tensors,
+                                        LeaseMode mode) {
   // A grant follows at once when this returns false: the fetches and prefetches started below
   // (and the evictions they make) must not drop a tensor of this lease already found in RAM.
   leasing_.clear();
   for (Tensor* t : tensors) leasing_.insert(t->id);
-  auto r = prepare_lease_impl(session, tensors);
+  auto r = prepare_lease_impl(session, tensors, mode);
   leasing_.clear();
   return r;
 }
 
-Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors) {
+Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors,
+                                             LeaseMode mode) {
   double now = now_s();
   auto pit = plans_.find(session);
   bool wait = false;
   bool moved = false;
+  const bool place = may_place_for_overwrite(tensors, mode);
   for (Tensor* t : tensors) {
     if (pit != plans_.end() && pit->second.pool_id == t->pool_id) {
       Plan& pl = pit->second;
@@ -432,11 +464,15 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
       stats_.hits++;
       continue;
     }
+    Pool* p = catalog_.find_pool(t->pool_id);
+    if (!p) return fail(Code::kInternal, "tensor without a pool");
+    if (place && s.io == Io::kNone) {
+      if (Status st = place_for_overwrite(*p, *t); !st) return fail(std::move(st));
+      if (t->ram) continue;
+    }
     wait = true;
     if (s.io == Io::kFetch) continue;  // a prefetch is under way: a stall, not a miss
     stats_.misses++;
-    Pool* p = catalog_.find_pool(t->pool_id);
-    if (!p) return fail(Code::kInternal, "tensor without a pool");
     pin(std::span<const uint64_t>(&t->id, 1));
     if (Status st = start_fetch(*p, *t, true, std::nullopt); !st) return fail(std::move(st));
   }
@@ -451,24 +487,29 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
   return wait;
 }
 
-Status TierManager::lease_ready(std::span<Tensor* const> tensors, bool& ready) {
+Status TierManager::lease_ready(std::span<Tensor* const> tensors, bool& ready, LeaseMode mode) {
   leasing_.clear();
   for (Tensor* t : tensors) leasing_.insert(t->id);
-  Status st = lease_ready_impl(tensors, ready);
+  Status st = lease_ready_impl(tensors, ready, mode);
   leasing_.clear();
   return st;
 }
 
-Status TierManager::lease_ready_impl(std::span<Tensor* const> tensors, bool& ready) {
+Status TierManager::lease_ready_impl(std::span<Tensor* const> tensors, bool& ready, LeaseMode mode) {
   ready = true;
+  const bool place = may_place_for_overwrite(tensors, mode);
   for (Tensor* t : tensors) {
     if (t->ram) continue;
-    ready = false;
     TState& s = ts(t->id);
-    if (s.io == Io::kFetch) continue;
-    if (s.error) return *s.error;
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return Status(Code::kNotFound, "tensor '" + t->name + "' was deleted");
+    if (place && s.io == Io::kNone) {
+      TIER_RETURN_IF_ERROR(place_for_overwrite(*p, *t));
+      if (t->ram) continue;
+    }
+    ready = false;
+    if (s.io == Io::kFetch) continue;
+    if (s.error) return *s.error;
     TIER_RETURN_IF_ERROR(start_fetch(*p, *t, true, std::nullopt));
   }
   return Status::ok();
@@ -482,7 +523,7 @@ void TierManager::on_granted(std::span<Tensor* const> tensors, LeaseMode mode) {
   for (Tensor* t : tensors) {
     TState& s = ts(t->id);
     s.last_use = tick_++;
-    if (mode == LeaseMode::kWrite) {
+    if (is_write(mode)) {
       s.write_gen++;
       t->dirty = true;
     }
@@ -568,14 +609,15 @@ Status TierManager::evict(Pool& pool, std::span<Tensor* const> tensors, size_t& 
   return first;
 }
 
-Status TierManager::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget) {
+Status TierManager::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget,
+                             std::vector<uint8_t> overwrite) {
   if (ids.empty()) {
     plans_.erase(session);
     return Status::ok();
   }
   Plan pl;
   pl.pool_id = pool.id;
-  pl.index = policy::PlanIndex(std::move(ids));
+  pl.index = policy::PlanIndex(std::move(ids), std::move(overwrite));
   pl.budget = budget != 0 ? budget : static_cast<uint64_t>(static_cast<double>(ram_.capacity()) * marks_.low * kDefaultPlanBudget);
   plans_[session] = std::move(pl);
   next_prefetch_ = 0;

@@ -51,6 +51,7 @@ struct TierStats {
   uint64_t fetches = 0;     // completed fetches (demand and prefetch)
   uint64_t prefetches = 0;  // fetches started ahead of a lease (Prefetch requests and plans)
   uint64_t fetch_errors = 0, writeback_errors = 0;
+  uint64_t fetches_skipped = 0;  // overwrite leases on tensors only on NVMe: RAM, no read-back
 };
 
 class TierManager {
@@ -74,11 +75,15 @@ class TierManager {
 
   // Before granting a lease on `tensors` to `session`: counts hits and misses, advances the
   // session's plan cursor, starts fetches for tensors only on NVMe. Returns true when the grant
-  // must wait for I/O (defer the reply; retry with lease_ready()).
-  [[nodiscard]] Result<bool> prepare_lease(uint64_t session, std::span<Tensor* const> tensors);
+  // must wait for I/O (defer the reply; retry with lease_ready()). For kOverwrite a tensor only
+  // on NVMe is given RAM at once and not read (its bytes are dead); one being fetched is waited.
+  [[nodiscard]] Result<bool> prepare_lease(uint64_t session, std::span<Tensor* const> tensors,
+                                           LeaseMode mode = LeaseMode::kRead);
   // For a waiting lease: ok with ready = true when every tensor is in RAM; restarts fetches of
-  // tensors that left RAM again; an error when a fetch failed (kCorruption, kIo, ...).
-  [[nodiscard]] Status lease_ready(std::span<Tensor* const> tensors, bool& ready);
+  // tensors that left RAM again (kOverwrite: places them without a read); an error when a fetch
+  // failed (kCorruption, kIo, ...).
+  [[nodiscard]] Status lease_ready(std::span<Tensor* const> tensors, bool& ready,
+                                   LeaseMode mode = LeaseMode::kRead);
   // A waiting lease was answered after `waited` (stall time).
   void lease_waited(Clock::duration waited);
   // A lease on `tensors` was granted: LRU stamps; a write lease makes the RAM copy dirty.
@@ -96,7 +101,9 @@ class TierManager {
   // skipped and counted in `skipped`.
   [[nodiscard]] Status evict(Pool& pool, std::span<Tensor* const> tensors, size_t& skipped);
   // Registers (replaces; empty ids: removes) the session's plan over tensors of `pool`.
-  [[nodiscard]] Status set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget);
+  // `overwrite`: empty, or one flag per use (1: the use overwrites the tensor, see PlanIndex).
+  [[nodiscard]] Status set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget,
+                                std::vector<uint8_t> overwrite = {});
   void session_closed(uint64_t session);
 
   // NVMe entries, RAM dirty bytes and the tiering counters of a status reply.
@@ -144,8 +151,14 @@ class TierManager {
   [[nodiscard]] bool evictable(const Tensor& t) const;
   [[nodiscard]] Status start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance);
   [[nodiscard]] Status start_spill(Pool& pool, Tensor& t, bool drop_after);
-  [[nodiscard]] Result<bool> prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors);
-  [[nodiscard]] Status lease_ready_impl(std::span<Tensor* const> tensors, bool& ready);
+  [[nodiscard]] Result<bool> prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors,
+                                                LeaseMode mode);
+  [[nodiscard]] Status lease_ready_impl(std::span<Tensor* const> tensors, bool& ready, LeaseMode mode);
+  // Gives `t` (only on NVMe, no I/O in flight) a RAM extent without reading its bytes, for an
+  // overwrite lease: the copy is journaled as placed and dirty (the NVMe copy is stale once the
+  // write lease is granted).
+  [[nodiscard]] Status place_for_overwrite(Pool& pool, Tensor& t);
+  [[nodiscard]] bool may_place_for_overwrite(std::span<Tensor* const> tensors, LeaseMode mode);
   void fetch_done(uint64_t id, Status st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
   void wait_idle(uint64_t id);

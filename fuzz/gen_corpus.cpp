@@ -55,10 +55,11 @@ void wire_corpus() {
   put(t, "tensor_open", req(MsgType::kTensorOpen, TensorRefReq{"job-a", "layer.0.w"}));
   put(t, "tensor_list", req(MsgType::kTensorList, TensorListReq{"job-a", 5, 100}));
   put(t, "lease", req(MsgType::kLease, LeaseReq{2, 100, {1, 2, 3}}));
+  put(t, "lease_overwrite", req(MsgType::kLease, LeaseReq{3, 0, {1, 2}}));
   put(t, "release", req(MsgType::kRelease, ReleaseReq{{7, 8}}));
   put(t, "map_arena", req(MsgType::kMapArena, MapArenaReq{3}));
   put(t, "prefetch", req(MsgType::kPrefetch, TensorIdsReq{"job-a", {1, 2}}));
-  put(t, "plan_set", req(MsgType::kPlanSet, PlanSetReq{"job-a", {1, 2, 1, 3}, 1 << 20}));
+  put(t, "plan_set", req(MsgType::kPlanSet, PlanSetReq{"job-a", {1, 2, 1, 3}, 1 << 20, {0, 1, 0, 0}}));
   put(t, "snapshot", req(MsgType::kSnapshot, PoolNameReq{"job-a"}));
   put(t, "rep_error", rep(MsgType::kPoolOpen, Status(Code::kNotFound, "no pool named 'x'"), Empty{}));
   put(t, "rep_pool", rep(MsgType::kPoolOpen, Status::ok(),
@@ -212,7 +213,7 @@ void request_corpus() {
   put(t, "nvme", seq(0, {hello, pool, tensor,
                          req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
                          req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),
-                         req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0}, 6),
+                         req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0, {}}, 6),
                          req(MsgType::kSnapshot, PoolNameReq{"p"}, 7)}));
 }
 

@@ -55,7 +55,7 @@ int lease_getbuffer(PyObject* self, Py_buffer* view, int flags) {
     view->obj = nullptr;
     return -1;
   }
-  const int readonly = l->mode == tier::LeaseMode::kWrite ? 0 : 1;
+  const int readonly = tier::is_write(l->mode) ? 0 : 1;
   if (PyBuffer_FillInfo(view, self, l->data, static_cast<Py_ssize_t>(l->nbytes), readonly, flags) != 0)
     return -1;
   ++l->exports;
@@ -121,9 +121,9 @@ seen, and after release they read memory that is still mapped (no crash) but no 
   cls.def_property_readonly("id", [](const PyLease& l) { return l.lease_id; })
       .def_property_readonly("tensor_id", [](const PyLease& l) { return l.tensor_id; })
       .def_property_readonly("mode", [](const PyLease& l) {
-        return l.mode == tier::LeaseMode::kWrite ? "w" : "r";
+        return l.mode == tier::LeaseMode::kRead ? "r" : l.mode == tier::LeaseMode::kWrite ? "w" : "o";
       })
-      .def_property_readonly("writable", [](const PyLease& l) { return l.mode == tier::LeaseMode::kWrite; })
+      .def_property_readonly("writable", [](const PyLease& l) { return tier::is_write(l.mode); })
       .def_property_readonly("nbytes", [](const PyLease& l) { return l.nbytes; })
       .def_property_readonly("address", [](const PyLease& l) { return reinterpret_cast<uintptr_t>(l.data); },
                              "address of the first byte in this process (for checks and DMA)")
@@ -176,7 +176,7 @@ seen, and after release they read memory that is still mapped (no crash) but no 
          "torch.frombuffer(self, dtype=...) shaped like the tensor (dtype defaults to the tensor's)")
       .def("__repr__", [](const PyLease& l) {
         return "<tierd.Lease id=" + std::to_string(l.lease_id) + " tensor=" + std::to_string(l.tensor_id) +
-               " mode=" + (l.mode == tier::LeaseMode::kWrite ? "w" : "r") + " nbytes=" +
+               " mode=" + (l.mode == tier::LeaseMode::kRead ? "r" : l.mode == tier::LeaseMode::kWrite ? "w" : "o") + " nbytes=" +
                std::to_string(l.nbytes) + (l.released ? " released" : "") + ">";
       });
   // pybind11 installed its own buffer slots; replace them with ours, which count exports.

@@ -59,7 +59,8 @@ std::vector<uint64_t> tensor_ids_of(py::handle seq) {
 tier::LeaseMode mode_of(const std::string& m) {
   if (m == "r" || m == "read") return tier::LeaseMode::kRead;
   if (m == "w" || m == "write") return tier::LeaseMode::kWrite;
-  throw py::value_error("lease mode must be 'r' or 'w', not '" + m + "'");
+  if (m == "o" || m == "overwrite") return tier::LeaseMode::kOverwrite;
+  throw py::value_error("lease mode must be 'r', 'w' or 'o', not '" + m + "'");
 }
 
 tier::LeaseWait wait_of(py::object timeout) {

@@ -24,11 +24,11 @@ std::string shard_tensor_name(int rank, const ShardRef& ref) {
   return fmt::format("r{}.l{}.{}.{}", rank, ref.layer, shard_kind_name(ref.kind), ref.buffer);
 }
 
-Result<std::vector<Pinned>> ShardStore::acquire_many(std::span<const ShardRef> refs, bool write) {
+Result<std::vector<Pinned>> ShardStore::acquire_many(std::span<const ShardRef> refs, Access access) {
   std::vector<Pinned> out;
   out.reserve(refs.size());
   for (const auto& r : refs) {
-    auto p = acquire(r, write);
+    auto p = acquire(r, access);
     if (!p) return fail(p.error());
     out.push_back(std::move(*p));
   }
@@ -71,7 +71,7 @@ class ResidentStore final : public ShardStore {
     return {};
   }
 
-  Result<Pinned> acquire(const ShardRef& ref, bool) override {
+  Result<Pinned> acquire(const ShardRef& ref, Access) override {
     const size_t i = index(ref);
     if (ref.layer < 0 || static_cast<size_t>(ref.layer) >= layout_.shard_floats.size() ||
         i >= slots_.size() || !slots_[i])

@@ -31,6 +31,16 @@ struct ShardRef {
   int buffer = 0;  // 0 or 1 for param/m/v when double buffered; 0 for grad
 };
 
+// How a pin uses the shard. kOverwrite: every float is written and none read first (a tierd
+// overwrite lease: a shard spilled to NVMe is not read back for it).
+enum class Access : uint8_t { kRead, kWrite, kOverwrite };
+
+// One use of a shard in a step's plan.
+struct ShardUse {
+  ShardRef ref;
+  bool overwrite = false;  // the use pins it with Access::kOverwrite
+};
+
 // A shard's bytes, pinned while `pin` is alive (a tierd lease, or nothing for resident).
 struct Pinned {
   float* data = nullptr;
@@ -62,10 +72,10 @@ class ShardStore {
   virtual const char* name() const = 0;
   // Creates (or, when they exist, opens) every tensor of this rank and the marker.
   [[nodiscard]] virtual Status open(const StoreLayout& layout) = 0;
-  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, bool write) = 0;
+  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, Access access) = 0;
   // Pins many at once (one round trip for tierd). Same order as refs.
   [[nodiscard]] virtual Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs,
-                                                                 bool write);
+                                                                 Access access);
   // Releases every pin in `pins` (one daemon round trip for tierd); they become empty. A pin
   // shared by several entries is released once.
   virtual void release_many(std::vector<Pinned>& pins) {
@@ -74,7 +84,7 @@ class ShardStore {
   // Hints that these shards are needed soon. Best effort; errors are ignored.
   virtual void prefetch(std::span<const ShardRef> refs) { (void)refs; }
   // Registers the ordered shard uses of one step. Best effort.
-  virtual void set_plan(std::span<const ShardRef> refs) { (void)refs; }
+  virtual void set_plan(std::span<const ShardUse> uses) { (void)uses; }
   [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
   // Publishes the marker (rank 0 only, after every rank finished the step).
   [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;

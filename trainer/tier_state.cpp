@@ -17,6 +17,15 @@ namespace {
 constexpr int kLeaseTimeoutMs = 60'000;
 constexpr const char* kMarkerName = "commit";
 
+LeaseMode lease_mode(Access a) {
+  switch (a) {
+    case Access::kRead: return LeaseMode::kRead;
+    case Access::kWrite: return LeaseMode::kWrite;
+    case Access::kOverwrite: return LeaseMode::kOverwrite;
+  }
+  return LeaseMode::kWrite;
+}
+
 class TierStore final : public ShardStore {
  public:
   TierStore(std::unique_ptr<Client> c, TierStoreOptions o) : client_(std::move(c)), opts_(std::move(o)) {}
@@ -56,17 +65,16 @@ class TierStore final : public ShardStore {
     return {};
   }
 
-  Result<Pinned> acquire(const ShardRef& ref, bool write) override {
+  Result<Pinned> acquire(const ShardRef& ref, Access access) override {
     const uint64_t id = lookup(ref);
     if (id == 0)
       return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, ref)));
-    auto l = client_->lease(id, write ? LeaseMode::kWrite : LeaseMode::kRead,
-                            LeaseWait{kLeaseTimeoutMs});
+    auto l = client_->lease(id, lease_mode(access), LeaseWait{kLeaseTimeoutMs});
     if (!l) return fail(l.error());
     return pin(std::move(*l), ref);
   }
 
-  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, bool write) override {
+  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, Access access) override {
     std::vector<uint64_t> ids;
     ids.reserve(refs.size());
     for (const auto& r : refs) {
@@ -75,8 +83,7 @@ class TierStore final : public ShardStore {
         return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, r)));
       ids.push_back(id);
     }
-    auto ls = client_->lease_batch(ids, write ? LeaseMode::kWrite : LeaseMode::kRead,
-                                   LeaseWait{kLeaseTimeoutMs});
+    auto ls = client_->lease_batch(ids, lease_mode(access), LeaseWait{kLeaseTimeoutMs});
     if (!ls) return fail(ls.error());
     std::vector<Pinned> out;
     out.reserve(refs.size());
@@ -110,12 +117,12 @@ class TierStore final : public ShardStore {
     if (!ids.empty()) (void)client_->prefetch(opts_.pool, ids);
   }
 
-  void set_plan(std::span<const ShardRef> refs) override {
-    std::vector<uint64_t> ids;
-    for (const auto& r : refs)
-      if (uint64_t id = lookup(r)) ids.push_back(id);
+  void set_plan(std::span<const ShardUse> uses) override {
+    std::vector<PlanUse> plan;
+    for (const auto& u : uses)
+      if (uint64_t id = lookup(u.ref)) plan.push_back({id, u.overwrite});
     // kUnsupported (a daemon without planning) and other failures only cost the hint.
-    (void)client_->set_plan(opts_.pool, ids);
+    (void)client_->set_plan(opts_.pool, plan);
   }
 
   Result<CommitMarker> read_marker() override {

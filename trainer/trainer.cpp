@@ -162,13 +162,13 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         auto pv = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, b},
                                                            {l, ShardKind::kM, b},
                                                            {l, ShardKind::kV, b}},
-                                     true);
+                                     Access::kOverwrite);
         if (!pv) return fail(pv.error());
         std::memcpy((*pv)[0].data, full.data() + rank * shard[l], shard[l] * sizeof(float));
         std::memset((*pv)[1].data, 0, shard[l] * sizeof(float));
         std::memset((*pv)[2].data, 0, shard[l] * sizeof(float));
       }
-      auto g = store.acquire({l, ShardKind::kGrad, 0}, true);
+      auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kOverwrite);
       if (!g) return fail(g.error());
       std::memset(g->data, 0, shard[l] * sizeof(float));
     }
@@ -214,19 +214,26 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   std::vector<Pinned> gather_pins(static_cast<size_t>(K) + 1), rs_pins(NL);
   std::vector<double> grad_sumsq(NL, 0.0);
 
-  // The step's plan for tierd: param shards in gather order, grads in backward order, then the
-  // optimizer's shards. Registered for both buffers' parity (it repeats every two steps).
+  // The step's plan for tierd: param shards in gather order, grads in backward order (written
+  // whole by the reduce-scatter: overwrites), then per layer the optimizer's inputs and, double
+  // buffered, the other buffer it writes whole (overwrites). Registered for both buffers'
+  // parity (it repeats every two steps).
   {
-    std::vector<ShardRef> plan;
+    std::vector<ShardUse> plan;
+    const bool two = opts.buffers == 2;
     for (int b = 0; b < opts.buffers; ++b) {
       for (const Use& u : step_uses(L, true)) {
-        plan.push_back({u.layer, ShardKind::kParam, b});
+        plan.push_back({{u.layer, ShardKind::kParam, b}, false});
         if (u.kind == UseKind::kBlockBwd || u.kind == UseKind::kEmbedBwd)
-          plan.push_back({u.layer, ShardKind::kGrad, 0});
+          plan.push_back({{u.layer, ShardKind::kGrad, 0}, true});
       }
-      for (int l = 0; l < NL; ++l)
-        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
-          plan.push_back({l, k, b});
+      for (int l = 0; l < NL; ++l) {
+        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) plan.push_back({{l, k, b}, false});
+        plan.push_back({{l, ShardKind::kGrad, 0}, false});
+        if (two)
+          for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
+            plan.push_back({{l, k, 1 - b}, true});
+      }
     }
     store.set_plan(plan);
   }
@@ -251,7 +258,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       Comm::Op op;
       op.start = [&, ref, slot, layer, hint](Comm::Request& req) -> Status {
         if (!hint.empty()) store.prefetch(hint);
-        auto p = store.acquire(ref, false);
+        auto p = store.acquire(ref, Access::kRead);
         if (!p) return p.error();
         gather_pins[slot] = std::move(*p);
         return comm.start_allgather(gather_pins[slot].data, buf.slots_host[slot], shard[layer], req);
@@ -265,7 +272,8 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       }
       Comm::Op op;
       op.start = [&, layer, full_host](Comm::Request& req) -> Status {
-        auto p = store.acquire({layer, ShardKind::kGrad, 0}, true);
+        // The reduce-scatter writes every float of the shard: nothing to read back.
+        auto p = store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
         if (!p) return p.error();
         rs_pins[layer] = std::move(*p);
         return comm.start_reduce_scatter(full_host, rs_pins[layer].data, shard[layer], req);
@@ -394,12 +402,14 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
                                                           {l, ShardKind::kM, cur},
                                                           {l, ShardKind::kV, cur},
                                                           {l, ShardKind::kGrad, 0}},
-                                    false);
+                                    Access::kRead);
         if (!a) return fail(a.error());
+        // Buffer nxt is written whole (the update, then the padding below): its old bytes are
+        // dead, so a copy spilled to NVMe is not read back for it.
         auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, nxt},
                                                           {l, ShardKind::kM, nxt},
                                                           {l, ShardKind::kV, nxt}},
-                                    true);
+                                    Access::kOverwrite);
         if (!b) return fail(b.error());
         p.first = std::move(*a);
         p.second = std::move(*b);
@@ -407,9 +417,9 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, 0},
                                                           {l, ShardKind::kM, 0},
                                                           {l, ShardKind::kV, 0}},
-                                    true);
+                                    Access::kWrite);
         if (!b) return fail(b.error());
-        auto g = store.acquire({l, ShardKind::kGrad, 0}, false);
+        auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kRead);
         if (!g) return fail(g.error());
         p.second = std::move(*b);
         p.first = {p.second[0], p.second[1], p.second[2], std::move(*g)};
@@ -449,6 +459,12 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
           adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
                        outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
         }
+      }
+      // The padding past the layer's last parameter (on the last ranks) is in no range: an
+      // overwrite pin must still write it, so it is carried over (zeros since init).
+      if (opts.buffers == 2 && std::max(lo, layer_n[l]) < hi) {
+        const size_t o = std::max(lo, layer_n[l]) - lo, n = hi - lo - o;
+        for (int k = 0; k < 3; ++k) std::memcpy(outp[k].data + o, in[k].data + o, n * sizeof(float));
       }
       std::vector<Pinned> all = std::move(pins->first);
       for (auto& q : pins->second) all.push_back(std::move(q));

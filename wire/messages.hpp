@@ -23,7 +23,7 @@ namespace tier::wire {
 
 // --- protocol constants (part of the wire format) ---
 inline constexpr uint32_t kMagic = 0x52454954;  // "TIER" read as little-endian bytes
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: LeaseMode kOverwrite, PlanSetReq.overwrite
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr uint16_t kReplyBit = 0x8000;
 inline constexpr uint32_t kMaxBatch = 4096;  // tensors in one lease/release/prefetch request
@@ -255,7 +255,8 @@ struct PlanSetReq {
   std::string pool;
   std::vector<uint64_t> tensor_ids;  // one step's uses in order; repeats every step
   uint64_t budget = 0;               // bytes of the plan to keep resident ahead; 0 = daemon default
-  template <class V> void visit(V& v) { v(pool); v(tensor_ids); v(budget); }
+  std::vector<uint8_t> overwrite;    // empty, or per use: 1 = the use overwrites (nothing to fetch)
+  template <class V> void visit(V& v) { v(pool); v(tensor_ids); v(budget); v(overwrite); }
 };
 struct SnapshotRep {
   uint64_t snapshot_id = 0;

@@ -319,7 +319,7 @@ Result<Transfer> Stager::copy_to_device(std::span<const std::byte> src, void* ds
 
 Result<Transfer> Stager::copy_to_host(const void* src, const Lease& dst, StreamHandle stream) {
   if (!dst.valid()) return fail(Code::kInvalidArgument, "copy_to_host: lease is not held");
-  if (dst.mode() != LeaseMode::kWrite)
+  if (!is_write(dst.mode()))
     return fail(Code::kInvalidArgument, "copy_to_host: target needs a write lease");
   return copy_to_host(src, dst.bytes(), stream);
 }

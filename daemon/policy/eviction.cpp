@@ -7,7 +7,8 @@ namespace tier::policy {
 Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, const PlanIndex* plan,
                          uint64_t cursor) {
   Candidate c{id, bytes, last_use, std::nullopt};
-  if (plan != nullptr) c.next_use = plan->next_use(id, cursor);
+  // A tensor whose next use overwrites it is never read again as it is: like one in no plan.
+  if (plan != nullptr) c.next_use = plan->next_read(id, cursor);
   return c;
 }
 

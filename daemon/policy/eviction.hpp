@@ -1,7 +1,7 @@
 // Eviction choice: which resident, unleased tensors to drop (or write back) to free bytes.
 //
 // Order of victims:
-//  1. tensors in no plan, least recently used first (plain LRU);
+//  1. tensors in no plan (or whose next plan use overwrites them), least recently used first;
 //  2. then planned tensors, the one whose next use is farthest away first (Belady's rule on
 //     the known cyclic schedule), ties broken by LRU.
 // Unplanned tensors go first because a planned tensor is known to be needed again within one

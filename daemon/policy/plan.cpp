@@ -4,7 +4,9 @@
 
 namespace tier::policy {
 
-PlanIndex::PlanIndex(std::vector<uint64_t> order) : order_(std::move(order)) {
+PlanIndex::PlanIndex(std::vector<uint64_t> order, std::vector<uint8_t> overwrite)
+    : order_(std::move(order)), overwrite_(std::move(overwrite)) {
+  if (overwrite_.size() != order_.size()) overwrite_.clear();  // callers validate; never misindex
   for (uint32_t i = 0; i < order_.size(); ++i) positions_[order_[i]].push_back(i);
 }
 
@@ -16,6 +18,12 @@ std::optional<uint64_t> PlanIndex::next_use(uint64_t id, uint64_t cursor) const 
   auto p = std::lower_bound(pos.begin(), pos.end(), c);
   if (p != pos.end()) return *p - c;
   return pos.front() + order_.size() - c;  // wraps into the next step
+}
+
+std::optional<uint64_t> PlanIndex::next_read(uint64_t id, uint64_t cursor) const {
+  auto d = next_use(id, cursor);
+  if (d && overwrites(cursor + *d)) return std::nullopt;
+  return d;
 }
 
 }  // namespace tier::policy

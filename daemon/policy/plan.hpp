@@ -3,7 +3,10 @@
 //
 // Positions: the cursor is the index in [0, length) of the next expected use; the daemon
 // advances it as the plan's leases arrive. A tensor may appear several times in one step
-// (forward and backward). Immutable after construction; safe to share between threads.
+// (forward and backward). A use may be marked "overwrite": the client writes every byte of the
+// tensor there without reading it, so its bytes are dead between the previous use and that one
+// (no prefetch for it, and the cheapest of victims). Immutable after construction; safe to share
+// between threads.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +19,8 @@ namespace tier::policy {
 class PlanIndex {
  public:
   PlanIndex() = default;
-  explicit PlanIndex(std::vector<uint64_t> order);
+  // `overwrite` is empty (no use overwrites) or has one flag per use of `order`.
+  explicit PlanIndex(std::vector<uint64_t> order, std::vector<uint8_t> overwrite = {});
 
   size_t length() const noexcept { return order_.size(); }
   bool empty() const noexcept { return order_.empty(); }
@@ -25,10 +29,18 @@ class PlanIndex {
   // Uses between `cursor` and the next use of `id`, counting cyclically: 0 when `id` is the use
   // at `cursor`, length()-1 at most; nullopt when the plan does not use `id`.
   std::optional<uint64_t> next_use(uint64_t id, uint64_t cursor) const;
+  // Whether the use at `pos` (cyclic) overwrites its tensor.
+  bool overwrites(uint64_t pos) const {
+    return !overwrite_.empty() && overwrite_[pos % overwrite_.size()] != 0;
+  }
+  // next_use(), but nullopt also when that next use overwrites the tensor: its present bytes
+  // are never read again.
+  std::optional<uint64_t> next_read(uint64_t id, uint64_t cursor) const;
   const std::vector<uint64_t>& order() const noexcept { return order_; }
 
  private:
   std::vector<uint64_t> order_;
+  std::vector<uint8_t> overwrite_;  // empty or order_.size() flags
   std::unordered_map<uint64_t, std::vector<uint32_t>> positions_;  // ascending positions
 };
 

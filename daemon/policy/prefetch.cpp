@@ -23,7 +23,8 @@ PrefetchPlan plan_prefetch(const PrefetchInput& in) {
     }
     uint64_t b = in.bytes_of ? in.bytes_of(id) : 0;
     if (out.window_bytes + b > in.budget_bytes) break;
-    bool present = in.present && in.present(id);
+    // A use that overwrites the tensor needs RAM there, not its bytes: counted, never fetched.
+    bool present = in.plan->overwrites(in.cursor + k) || (in.present && in.present(id));
     if (!present && in.ahead_bytes != 0 && missing + b > in.ahead_bytes) break;
     seen.insert(id);
     out.window_bytes += b;

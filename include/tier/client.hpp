@@ -147,6 +147,10 @@ class Client {
   // plan resident and evicts by farthest next use. Replaces any earlier plan of this client.
   [[nodiscard]] Status set_plan(std::string_view pool, std::span<const uint64_t> tensor_ids,
                                 uint64_t budget = 0);
+  // The same, with uses marked as overwrites (the use writes every byte under a kOverwrite
+  // lease): the daemon never fetches a tensor for such a use and drops its RAM copy first.
+  [[nodiscard]] Status set_plan(std::string_view pool, std::span<const PlanUse> uses,
+                                uint64_t budget = 0);
   // A consistent, durable copy of the pool; returns once it is durable.
   [[nodiscard]] Result<SnapshotInfo> snapshot(std::string_view pool);
 

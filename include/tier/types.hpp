@@ -20,7 +20,19 @@ inline constexpr uint8_t kMaxDType = 8;
 [[nodiscard]] std::optional<DType> dtype_from_name(std::string_view s) noexcept;
 [[nodiscard]] size_t dtype_size(DType d) noexcept;  // 1 for kBytes
 
-enum class LeaseMode : uint8_t { kRead = 1, kWrite = 2 };
+// kRead: shared. kWrite: exclusive, the bytes at grant are the tensor's. kOverwrite: exclusive,
+// and the holder promises to write every byte before releasing: the bytes at grant are
+// unspecified (stale bytes of the same pool, or zeros), so a tensor that is only on NVMe gets
+// RAM without being read back. A holder that breaks the promise leaves those bytes in the tensor.
+enum class LeaseMode : uint8_t { kRead = 1, kWrite = 2, kOverwrite = 3 };
+inline constexpr uint8_t kMaxLeaseMode = 3;
+[[nodiscard]] constexpr bool is_write(LeaseMode m) noexcept { return m != LeaseMode::kRead; }
+
+// One use of a tensor in a plan (Client::set_plan).
+struct PlanUse {
+  uint64_t tensor_id = 0;
+  bool overwrite = false;  // the use writes every byte under a kOverwrite lease, reads none
+};
 
 // Where a new tensor's RAM copy goes.
 struct Placement {

@@ -197,7 +197,16 @@ TEST_CASE("handler: request validation") {
   CHECK(err(tc({"p", "t", 4096, 1, {}, 0, -1, false})) == Code::kAlreadyExists);
   CHECK(err(tc({"p", "t", 8192, 1, {}, 0, -1, true})) == Code::kAlreadyExists);  // size differs
   CHECK(tc({"p", "t", 4096, 1, {}, 0, -1, true})->id == t->id);
-  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{3, 0, {t->id}})) == Code::kInvalidArgument);
+  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{4, 0, {t->id}})) == Code::kInvalidArgument);
+  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{0, 0, {t->id}})) == Code::kInvalidArgument);
+  {
+    // Overwrite (3) on a RAM tensor is an exclusive write lease; a read then waits or fails.
+    auto w = h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{3, 0, {t->id}});
+    REQUIRE(w);
+    REQUIRE(w->grants.size() == 1);
+    CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, {t->id}})) == Code::kBusy);
+    REQUIRE(h.call<Empty>(*s, MsgType::kRelease, ReleaseReq{{w->grants[0].lease_id}}));
+  }
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, {}})) == Code::kInvalidArgument);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(kMaxBatch + 1, t->id)})) == Code::kInvalidArgument);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(1638, t->id)})) == Code::kInvalidArgument);

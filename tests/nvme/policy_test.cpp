@@ -211,6 +211,44 @@ TEST_CASE("prefetch: the window stops at the residency budget and skips repeats"
   CHECK(p.items[1].distance == 2);
 }
 
+TEST_CASE("plan overwrites: nothing is fetched for them and their tensors are victims first") {
+  // Uses: 1 read, 2 overwritten, 3 read, 2 read, 4 overwritten.
+  PlanIndex plan({1, 2, 3, 2, 4}, {0, 1, 0, 0, 1});
+  CHECK(plan.overwrites(1));
+  CHECK_FALSE(plan.overwrites(3));
+  CHECK(plan.overwrites(1 + 5));  // cyclic
+  CHECK(plan.next_use(2, 0) == 1u);
+  CHECK_FALSE(plan.next_read(2, 0).has_value());  // overwritten before it is read
+  CHECK(plan.next_read(2, 2) == 1u);              // after the overwrite, the read at 3 counts
+  CHECK_FALSE(plan.next_read(4, 0).has_value());
+  CHECK(plan.next_read(1, 2) == 3u);
+
+  PrefetchInput in;
+  in.plan = &plan;
+  in.cursor = 0;
+  in.present = [](uint64_t) { return false; };
+  in.bytes_of = [](uint64_t) { return uint64_t{100}; };
+  in.budget_bytes = 10000;
+  in.bandwidth = 1e6;
+  in.seconds_per_use = 1;
+  auto p = plan_prefetch(in);
+  std::vector<uint64_t> fetched;
+  for (const auto& it : p.items) fetched.push_back(it.id);
+  CHECK(fetched == std::vector<uint64_t>{1, 3});  // 2 and 4 are overwritten before any read
+  CHECK(p.window_bytes == 400);                   // but their RAM is counted in the window
+
+  // Belady sees "overwritten next" as never read again: such a tensor goes before one read soon.
+  std::vector<Candidate> cands{make_candidate(3, 100, 5, &plan, 0), make_candidate(2, 100, 9, &plan, 0)};
+  CHECK(eviction_order(cands).front() == 2);
+  // Without flags the same order keeps 2 (used at distance 1) over 3 (distance 2).
+  PlanIndex plain({1, 2, 3, 2, 4});
+  std::vector<Candidate> plain_cands{make_candidate(3, 100, 5, &plain, 0), make_candidate(2, 100, 9, &plain, 0)};
+  CHECK(eviction_order(plain_cands).front() == 3);
+  // Flags of the wrong length are ignored rather than misread.
+  PlanIndex bad({1, 2}, {1});
+  CHECK_FALSE(bad.overwrites(0));
+}
+
 TEST_CASE("watermarks: evict only above high, then down to low") {
   Watermarks w{0.9, 0.7};
   CHECK(bytes_to_evict(900, 1000, w) == 0);

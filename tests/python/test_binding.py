@@ -195,6 +195,20 @@ class Leases(unittest.TestCase):
             self.assertEqual(l2.tensor_id, self.t.id)
         other.close()
 
+    def test_overwrite_lease_is_writable_and_exclusive(self):
+        other = tierd.connect(daemon.socket)
+        with self.c.lease(self.t, "o") as l:
+            self.assertEqual(l.mode, "o")
+            self.assertTrue(l.writable)
+            np.frombuffer(l, dtype=np.float32)[:] = 7.0
+            with self.assertRaises(tierd.Busy):
+                other.lease(self.t, "r", timeout=0)
+        with self.c.lease(self.t, "r") as l:
+            np.testing.assert_array_equal(np.frombuffer(l, dtype=np.float32), np.full(1024, 7.0, np.float32))
+        with self.assertRaises(ValueError):
+            self.c.lease(self.t, "x")
+        other.close()
+
     def test_lease_outlives_closed_client(self):
         c = tierd.connect(daemon.socket)
         l = c.lease(self.t, "w")

@@ -201,6 +201,75 @@ TEST_CASE("evict then lease brings a tensor back bit-exact; prefetch then lease 
   REQUIRE(l->release().is_ok());
 }
 
+// Reads one counter from the Prometheus text (metric lines are "name value").
+uint64_t metric_value(Client& c, const std::string& name) {
+  auto m = c.metrics();
+  REQUIRE(m);
+  size_t at = m->find("\n" + name + " ");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(m->substr(at + name.size() + 2));
+}
+
+TEST_CASE("an overwrite lease on a tensor only on NVMe gets RAM without reading it back") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  auto a = c->create_tensor("p", desc("a", 4u << 20));
+  auto b = c->create_tensor("p", desc("b", (3u << 20) + 17));
+  REQUIRE(a);
+  REQUIRE(b);
+  write_tensor(*c, a->id, 1);
+  write_tensor(*c, b->id, 2);
+  uint64_t bid = b->id;
+  REQUIRE(c->evict("p", {&bid, 1}).is_ok());
+  REQUIRE(tiers_of(*c, "p", "b") == kTierNvme);
+  NodeStatus s0 = status_of(*c);
+
+  SECTION("alone: granted at once, no read, and the new bytes survive a later eviction") {
+    auto l = c->lease(bid, LeaseMode::kOverwrite);  // fail-fast: no wait for I/O either
+    REQUIRE(l);
+    CHECK(l->mode() == LeaseMode::kOverwrite);
+    CHECK(l->bytes().size() == b->size);
+    NodeStatus s1 = status_of(*c);
+    CHECK(s1.bytes_read == s0.bytes_read);
+    CHECK(s1.misses == s0.misses);
+    CHECK(metric_value(*c, "tierd_fetches_skipped_total") == 1);
+    // Exclusive like a write lease.
+    CHECK(c->lease(bid, LeaseMode::kRead).error().code() == Code::kBusy);
+    fill(l->bytes(), 99);
+    uint64_t h = fnv(l->bytes());
+    REQUIRE(l->release().is_ok());
+    CHECK(read_hash(*c, bid) == h);
+    REQUIRE(c->evict("p", {&bid, 1}).is_ok());
+    CHECK(tiers_of(*c, "p", "b") == kTierNvme);
+    CHECK(read_hash(*c, bid) == h);  // written back, then fetched: the overwrite, not seed 2
+    CHECK(status_of(*c).bytes_read > s0.bytes_read);
+  }
+
+  SECTION("with a conflicting lease in the batch it places nothing until it can be granted") {
+    auto held = c->lease(a->id, LeaseMode::kRead);
+    REQUIRE(held);
+    std::vector<uint64_t> both{bid, a->id};
+    auto busy = c->lease_batch(both, LeaseMode::kOverwrite);
+    REQUIRE_FALSE(busy);
+    CHECK(busy.error().code() == Code::kBusy);
+    // b was read back like a write lease's tensor (never left unleased with unspecified bytes).
+    CHECK(metric_value(*c, "tierd_fetches_skipped_total") == 0);
+    CHECK(read_hash(*c, bid) == fnv([&] {
+            std::vector<std::byte> v(b->size);
+            fill(v, 2);
+            return v;
+          }()));
+    REQUIRE(held->release().is_ok());
+    REQUIRE(c->evict("p", {&bid, 1}).is_ok());
+    auto ok = c->lease_batch(both, LeaseMode::kOverwrite);
+    REQUIRE(ok);
+    CHECK(metric_value(*c, "tierd_fetches_skipped_total") == 1);
+    REQUIRE(c->release_batch(*ok).is_ok());
+  }
+}
+
 TEST_CASE("a flipped byte on NVMe is kCorruption to the client and the daemon keeps serving") {
   TempDir nvme;
   TestDaemon d(nvme_opts(nvme.path, "64M"));

@@ -109,7 +109,7 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
   }
   v.push_back(code(r.call<Empty>(MsgType::kPrefetch, TensorIdsReq{pool, {tid}})));               // 12
   v.push_back(code(r.call<Empty>(MsgType::kEvict, TensorIdsReq{pool, {tid}})));                  // 13
-  v.push_back(code(r.call<Empty>(MsgType::kPlanSet, PlanSetReq{pool, {tid}, 0})));               // 14
+  v.push_back(code(r.call<Empty>(MsgType::kPlanSet, PlanSetReq{pool, {tid}, 0, {}})));               // 14
   v.push_back(code(r.call<SnapshotRep>(MsgType::kSnapshot, PoolNameReq{pool})));                 // 15
   v.push_back(code(r.call<StatusRep>(MsgType::kStatus, Empty{})));                               // 16
   v.push_back(code(r.call<TopoRep>(MsgType::kTopo, Empty{})));                                   // 17
