@@ -157,6 +157,44 @@ void TierManager::drop_ram(Pool& pool, Tensor& t) {
   stats_.evictions++;
 }
 
+void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
+  if (tensors.empty()) return;
+  if (tensors.size() == 1) {
+    if (Pool* p = catalog_.find_pool(tensors[0]->pool_id)) drop_ram(*p, *tensors[0]);
+    return;
+  }
+  std::vector<std::pair<Pool*, RamLocation>> gone;
+  gone.reserve(tensors.size());
+  for (Tensor* t : tensors) {
+    Pool* p = catalog_.find_pool(t->pool_id);
+    if (!p || !t->ram) continue;
+    gone.emplace_back(p, *t->ram);
+    t->ram.reset();
+    if (durable_) durable_->ram_dropped(*t);
+  }
+  stats_.evictions += gone.size();
+  // Write-ahead, as in drop_ram(): every drop is durable before any page is punched; on a
+  // failed commit none is (the extents stay allocated, nothing journaled is overwritten).
+  if (durable_) {
+    if (Status st = durable_->commit(); !st.is_ok()) {
+      log_error("journal commit before dropping {} tensors from RAM failed: {}", gone.size(), st.to_string());
+      return;
+    }
+  }
+  for (auto& [p, loc] : gone) release_ram(*p, loc);
+}
+
+void TierManager::flush_drops() {
+  if (pending_drops_.empty()) return;
+  std::vector<Tensor*> drop;
+  for (uint64_t id : pending_drops_) {
+    Tensor* t = catalog_.find_tensor(id);
+    if (t && t->ram && !t->dirty && evictable(*t)) drop.push_back(t);
+  }
+  pending_drops_.clear();
+  drop_ram_many(drop);
+}
+
 // --- I/O ---
 
 Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance) {
@@ -276,7 +314,7 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   }
   stats_.writebacks++;
   if (s.write_gen == s.spill_gen) t->dirty = false;  // no write lease since it started
-  if (s.drop_after && !t->dirty && evictable(*t)) drop_ram(*p, *t);
+  if (s.drop_after && !t->dirty && evictable(*t)) pending_drops_.push_back(t->id);  // flush_drops()
 }
 
 void TierManager::wait_idle(uint64_t id) {
@@ -284,6 +322,7 @@ void TierManager::wait_idle(uint64_t id) {
     auto it = ts_.find(id);
     if (it == ts_.end() || it->second.io == Io::kNone || engine_->pending() == 0) return;
     engine_->wait();
+    flush_drops();
   }
 }
 
@@ -321,6 +360,7 @@ std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> p
 uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint64_t need,
                                  uint64_t& started, Status& last_error) {
   uint64_t freed = 0;
+  std::vector<Tensor*> clean;  // dropped together below: one journal commit
   for (uint64_t id : policy::eviction_order(cands)) {
     if (freed + started >= need) break;
     Tensor* t = catalog_.find_tensor(id);
@@ -332,7 +372,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
     }
     uint64_t len = t->ram->length;
     if (!needs_writeback(*t)) {
-      drop_ram(*p, *t);
+      clean.push_back(t);
       freed += len;
     } else if (Status st = start_spill(*p, *t, true); st) {
       started += len;
@@ -342,6 +382,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
       ts(id).spill_error = st;
     }
   }
+  drop_ram_many(clean);
   return freed;
 }
 
@@ -378,6 +419,7 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     if (freed > 0) continue;
     if (engine_->pending() > 0) {
       engine_->wait();  // a write-back (ours or an earlier one) completes and drops its tensor
+      flush_drops();
       continue;
     }
     std::string why = loc.error().message() + "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
@@ -576,7 +618,7 @@ Status TierManager::prefetch(Pool& pool, std::span<Tensor* const> tensors) {
 
 Status TierManager::evict(Pool& pool, std::span<Tensor* const> tensors, size_t& skipped) {
   skipped = 0;
-  std::vector<Tensor*> spilling;
+  std::vector<Tensor*> spilling, clean;
   for (Tensor* t : tensors) {
     wait_idle(t->id);
     if (!t->ram) continue;
@@ -585,12 +627,17 @@ Status TierManager::evict(Pool& pool, std::span<Tensor* const> tensors, size_t& 
       continue;
     }
     if (!needs_writeback(*t)) {
-      drop_ram(pool, *t);
+      clean.push_back(t);
       continue;
     }
-    TIER_RETURN_IF_ERROR(start_spill(pool, *t, false));
+    if (Status st = start_spill(pool, *t, false); !st) {
+      drop_ram_many(clean);
+      return st;
+    }
     spilling.push_back(t);
   }
+  drop_ram_many(clean);
+  clean.clear();
   Status first;
   for (Tensor* t : spilling) {
     wait_idle(t->id);
@@ -604,8 +651,9 @@ Status TierManager::evict(Pool& pool, std::span<Tensor* const> tensors, size_t& 
       ++skipped;
       continue;
     }
-    drop_ram(pool, *t);
+    clean.push_back(t);
   }
+  drop_ram_many(clean);
   return first;
 }
 
@@ -684,6 +732,7 @@ bool TierManager::poll() {
   uint64_t x;
   while (::read(timer_fd_, &x, sizeof x) == sizeof x) {}
   engine_->poll();
+  flush_drops();
   if (progress_ || now_s() >= next_prefetch_) {
     maintain();
     if (!plans_.empty()) schedule_prefetch();

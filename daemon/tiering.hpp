@@ -147,6 +147,12 @@ class TierManager {
   void release_ram(Pool& pool, const RamLocation& loc);
   // Drops a clean, unleased RAM copy (frees its extent and returns its pages to the OS).
   void drop_ram(Pool& pool, Tensor& t);
+  // drop_ram() for many tensors with one journal commit (one fdatasync) for all of them.
+  void drop_ram_many(std::span<Tensor* const> tensors);
+  // Drops the tensors whose write-back completed (spill_done queues them) and that are still
+  // clean and unleased: one commit per batch of completions. Called after every engine poll or
+  // wait, before anything looks at RAM usage again.
+  void flush_drops();
   [[nodiscard]] bool needs_writeback(const Tensor& t) const { return t.dirty || !t.nvme; }
   [[nodiscard]] bool evictable(const Tensor& t) const;
   [[nodiscard]] Status start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance);
@@ -188,6 +194,7 @@ class TierManager {
   std::unordered_set<uint64_t> leasing_;
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
+  std::vector<uint64_t> pending_drops_;  // written back, to drop at flush_drops()
   Status last_spill_error_;  // the last failed write-back (named in allocation errors)
   bool progress_ = false;
   double next_prefetch_ = 0;  // when schedule_prefetch() is due again (0: now)
