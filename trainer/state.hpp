@@ -88,9 +88,12 @@ class ShardStore {
   [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
   // Publishes the marker (rank 0 only, after every rank finished the step).
   [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;
-  // Bytes the node has moved between RAM and NVMe so far (tierd's counters; node-wide), or -1
-  // when the store has no NVMe tier.
-  virtual int64_t nvme_io_bytes() { return -1; }
+  // Bytes the node has read from and written to NVMe so far (tierd's counters; node-wide), or
+  // -1 each when the store has no NVMe tier.
+  struct NvmeIo {
+    int64_t read = -1, written = -1;
+  };
+  virtual NvmeIo nvme_io() { return {}; }
   // Bytes this rank keeps in the store.
   virtual uint64_t bytes() const = 0;
 };

@@ -155,10 +155,10 @@ class TierStore final : public ShardStore {
 
   uint64_t bytes() const override { return bytes_; }
 
-  int64_t nvme_io_bytes() override {
+  NvmeIo nvme_io() override {
     auto st = client_->status();
-    if (!st) return -1;
-    return static_cast<int64_t>(st->bytes_read + st->bytes_written);
+    if (!st) return {};
+    return {static_cast<int64_t>(st->bytes_read), static_cast<int64_t>(st->bytes_written)};
   }
 
  private:

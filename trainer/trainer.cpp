@@ -368,7 +368,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
 
   RunSummary sum;
   sum.first_step = start;
-  int64_t nvme_io_prev = rank == 0 ? store.nvme_io_bytes() : -1;
+  ShardStore::NvmeIo nvme_io_prev = rank == 0 ? store.nvme_io() : ShardStore::NvmeIo{};
   int64_t n = 0;
   for (int64_t step = start; step <= opts.steps; ++step) {
     const auto t0 = Clock::now();
@@ -494,11 +494,14 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     ss.tflops = flops_step / R / (ss.ms / 1000.0) / 1e12;
     // NVMe traffic of this node since the last step (tierd's node-wide counters; one status
     // round trip on rank 0, after the step's time was taken). 0 for resident state.
-    double nvme_gbps = 0;
+    double nvme_gbps = 0, nvme_read_mib = 0, nvme_written_mib = 0;
     if (rank == 0) {
-      const int64_t io = store.nvme_io_bytes();
-      if (io >= 0 && nvme_io_prev >= 0)
-        nvme_gbps = static_cast<double>(io - nvme_io_prev) / (ss.ms / 1e3) / 1e9;
+      const ShardStore::NvmeIo io = store.nvme_io();
+      if (io.read >= 0 && nvme_io_prev.read >= 0) {
+        nvme_read_mib = static_cast<double>(io.read - nvme_io_prev.read) / (1 << 20);
+        nvme_written_mib = static_cast<double>(io.written - nvme_io_prev.written) / (1 << 20);
+        nvme_gbps = (nvme_read_mib + nvme_written_mib) * (1 << 20) / (ss.ms / 1e3) / 1e9;
+      }
       nvme_io_prev = io;
     }
     const bool last = step == opts.steps;
@@ -511,8 +514,10 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     if (rank == 0 && out != nullptr) {
       std::string line = fmt::format(
           "{{\"step\":{},\"loss\":{:.9g},\"ms\":{:.3f},\"tokens_per_s\":{:.1f},\"tflops\":{:.6f},"
-          "\"stall_ms\":{:.3f},\"h2d_gbps\":0,\"nvme_gbps\":{:.3f},\"opt_ms\":{:.3f}",
-          ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, nvme_gbps, ss.opt_ms);
+          "\"stall_ms\":{:.3f},\"h2d_gbps\":0,\"nvme_gbps\":{:.3f},\"nvme_read_mib\":{:.1f},"
+          "\"nvme_written_mib\":{:.1f},\"opt_ms\":{:.3f}",
+          ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, nvme_gbps, nvme_read_mib,
+          nvme_written_mib, ss.opt_ms);
       if (ss.val_loss >= 0) line += fmt::format(",\"val_loss\":{:.9g}", ss.val_loss);
       line += "}\n";
       std::fputs(line.c_str(), out);
