@@ -1,5 +1,7 @@
 #include "daemon/durability.hpp"
 
+#include "daemon/access.hpp"
+
 #include <dirent.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -105,6 +107,10 @@ Status Durability::rebuild() {
     auto p = cat.create_pool(pi.meta.name, pi.meta.owner_uid, pi.meta.ram_quota, pi.meta.nvme_quota);
     if (!p) return Status(Code::kCorruption, "journal: pool '" + pi.meta.name + "': " + p.error().message());
     Pool& pool = **p;
+    if (pi.meta.flags & journal::kPoolGroupRead) {
+      pool.group = static_cast<gid_t>(pi.meta.group);
+      pool.group_read = true;
+    }
     r.pools++;
     std::vector<uint64_t> gone_arenas;
     for (const auto& [aid, a] : pi.arenas) {
@@ -251,8 +257,17 @@ Status Durability::commit() {
 
 // --- records ---
 
+PoolCreated pool_record(const Pool& p) {
+  PoolCreated r{p.id, p.name, static_cast<uint32_t>(p.owner_uid), 0, 0, p.ram_quota, p.nvme_quota};
+  if (p.group_read && p.group != kNoGroup) {
+    r.group = static_cast<uint32_t>(p.group);
+    r.flags |= kPoolGroupRead;
+  }
+  return r;
+}
+
 void Durability::pool_created(const Pool& p) {
-  append(PoolCreated{p.id, p.name, static_cast<uint32_t>(p.owner_uid), 0, 0, p.ram_quota, p.nvme_quota});
+  append(pool_record(p));
 }
 
 void Durability::pool_dropped(const Pool& p) {

@@ -54,6 +54,9 @@ struct DaemonState;
 struct Pool;
 struct Tensor;
 
+// The journal record of a pool as it is now (name, owner, quotas, group read access).
+[[nodiscard]] journal::PoolCreated pool_record(const Pool& p);
+
 struct RecoveryReport {
   bool fresh = true;                 // no journal records: a first start
   uint64_t records = 0;              // replayed

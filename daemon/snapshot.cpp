@@ -87,8 +87,7 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   job->session_id = session_id;
   job->request_id = request_id;
   job->dir = snapshot_root() + "/" + pool.name + "/" + std::to_string(job->snapshot_id);
-  job->pool = PoolCreated{pool.id, pool.name, static_cast<uint32_t>(pool.owner_uid), 0, 0,
-                          pool.ram_quota, pool.nvme_quota};
+  job->pool = pool_record(pool);
   job->efd = efd_;
   uint64_t total = 0;
   for (const auto& [id, t] : pool.tensors)

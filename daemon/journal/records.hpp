@@ -44,17 +44,20 @@ enum class RecordType : uint16_t {
 inline constexpr uint16_t kMaxRecordType = 15;
 [[nodiscard]] std::string_view record_type_name(RecordType t) noexcept;
 
+// PoolCreated::flags (on-disk layout: bits never change meaning).
+inline constexpr uint32_t kPoolGroupRead = 1u << 0;  // members of `group` may read the pool
+
 struct PoolCreated {
   static constexpr RecordType kType = RecordType::kPoolCreated;
   uint64_t pool_id = 0;
   std::string name;
   uint32_t owner_uid = 0;
-  uint32_t owner_gid = 0;
-  uint32_t flags = 0;  // the catalog's pool flags (e.g. group read access)
+  uint32_t group = 0;  // the group that may read the pool when kPoolGroupRead is set
+  uint32_t flags = 0;  // kPool* bits
   uint64_t ram_quota = 0;
   uint64_t nvme_quota = 0;
   template <class V> void visit(V& v) {
-    v(pool_id); v(name); v(owner_uid); v(owner_gid); v(flags); v(ram_quota); v(nvme_quota);
+    v(pool_id); v(name); v(owner_uid); v(group); v(flags); v(ram_quota); v(nvme_quota);
   }
   bool operator==(const PoolCreated&) const = default;
 };

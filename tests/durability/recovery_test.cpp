@@ -393,3 +393,23 @@ TEST_CASE("a client that lives through a daemon restart reconnects, keeps its le
   CHECK(l2->release().code() == Code::kUnavailable);
   CHECK(c->status().has_value());  // the connection itself is back
 }
+
+TEST_CASE("a pool's group read access survives kill -9 and restart") {
+  TestDaemon d;
+  {
+    auto c = connect_to(d, 10000);
+    REQUIRE(c->create_pool("shared", {.ram_quota = 4 << 20, .group = 4242, .group_read = true}).has_value());
+    REQUIRE(c->create_pool("private", {.ram_quota = 4 << 20}).has_value());
+  }
+  d.kill9();
+  d.start();
+  auto c = connect_to(d, 10000);
+  auto shared = c->open_pool("shared");
+  REQUIRE(shared.has_value());
+  CHECK(shared->group_read);
+  CHECK(shared->group == 4242u);
+  auto priv = c->open_pool("private");
+  REQUIRE(priv.has_value());
+  CHECK_FALSE(priv->group_read);
+  CHECK(priv->group == UINT32_MAX);
+}
