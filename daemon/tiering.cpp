@@ -126,11 +126,13 @@ bool TierManager::evictable(const Tensor& t) const {
   return it == ts_.end() || it->second.io == Io::kNone;
 }
 
-void TierManager::release_ram(Pool& pool, const RamLocation& loc) {
+void TierManager::release_ram(Pool& pool, const RamLocation& loc, bool punch) {
   // Give the pages back: the arena is sparse shared memory and freeing the extent alone would
   // keep them resident. (Clients map the same object; nobody holds a lease on these bytes.)
   // On hugetlbfs only whole huge pages can be punched; a refusal just keeps the pages.
-  if (Arena* a = ram_.arena(loc.arena_id)) {
+  // Not when the extent is about to be reused in the same arena (keep_pages): the pages would
+  // be faulted back in and zeroed by the kernel only to be overwritten.
+  if (Arena* a = punch ? ram_.arena(loc.arena_id) : nullptr) {
     if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                     static_cast<off_t>(loc.offset), static_cast<off_t>(loc.length)) != 0)
       log_debug("punching {} bytes at {} of {}: {}", loc.length, loc.offset, a->path(), std::strerror(errno));
@@ -153,8 +155,14 @@ void TierManager::drop_ram(Pool& pool, Tensor& t) {
       return;
     }
   }
-  release_ram(pool, loc);
+  release_ram(pool, loc, !take_keep_pages(t.id));
   stats_.evictions++;
+}
+
+bool TierManager::take_keep_pages(uint64_t id) {
+  auto it = ts_.find(id);
+  if (it == ts_.end()) return false;
+  return std::exchange(it->second.keep_pages, false);
 }
 
 void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
@@ -163,12 +171,17 @@ void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
     if (Pool* p = catalog_.find_pool(tensors[0]->pool_id)) drop_ram(*p, *tensors[0]);
     return;
   }
-  std::vector<std::pair<Pool*, RamLocation>> gone;
+  struct Gone {
+    Pool* pool;
+    RamLocation loc;
+    bool punch;
+  };
+  std::vector<Gone> gone;
   gone.reserve(tensors.size());
   for (Tensor* t : tensors) {
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p || !t->ram) continue;
-    gone.emplace_back(p, *t->ram);
+    gone.push_back({p, *t->ram, !take_keep_pages(t->id)});
     t->ram.reset();
     if (durable_) durable_->ram_dropped(*t);
   }
@@ -181,7 +194,7 @@ void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
       return;
     }
   }
-  for (auto& [p, loc] : gone) release_ram(*p, loc);
+  for (const Gone& g : gone) release_ram(*g.pool, g.loc, g.punch);
 }
 
 void TierManager::flush_drops() {
@@ -215,7 +228,7 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
       });
       uint64_t started = 0;
       Status err;
-      if (evict_some(cands, t.size, started, err) > 0) loc = ram_.allocate(pool, t.node, t.size);
+      if (evict_some(cands, t.size, started, err, pool.id, t.node) > 0) loc = ram_.allocate(pool, t.node, t.size);
     }
   }
   if (!loc) return loc.error();
@@ -358,7 +371,8 @@ std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> p
 }
 
 uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint64_t need,
-                                 uint64_t& started, Status& last_error) {
+                                 uint64_t& started, Status& last_error,
+                                 std::optional<uint64_t> for_pool, int32_t for_node) {
   uint64_t freed = 0;
   std::vector<Tensor*> clean;  // dropped together below: one journal commit
   for (uint64_t id : policy::eviction_order(cands)) {
@@ -371,6 +385,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
       continue;
     }
     uint64_t len = t->ram->length;
+    ts(id).keep_pages = for_pool && *for_pool == t->pool_id && for_node == t->ram->node;
     if (!needs_writeback(*t)) {
       clean.push_back(t);
       freed += len;
@@ -415,7 +430,7 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     }
     auto cands = candidates(in_pool, on_node, std::nullopt);
     uint64_t started = 0;
-    uint64_t freed = evict_some(cands, need, started, last_error);
+    uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node);
     if (freed > 0) continue;
     if (engine_->pending() > 0) {
       engine_->wait();  // a write-back (ours or an earlier one) completes and drops its tensor

@@ -130,6 +130,9 @@ class TierManager {
     std::optional<Status> error;  // the last fetch's failure, until the next fetch starts
     double spill_failed_at = -1e9;  // when its last write-back failed: not retried for a while
     Status spill_error;             // and why
+    // Evicted to make room in its own pool's arena on its own node: the extent is reused at
+    // once, so its pages stay (punching them would only have the reuse fault in zeroed pages).
+    bool keep_pages = false;
   };
   struct Plan {
     uint64_t pool_id = 0;
@@ -144,11 +147,13 @@ class TierManager {
   TState& ts(uint64_t id);
   std::byte* ram_ptr(const RamLocation& loc);
   // Frees a RAM extent and punches its pages out of the arena.
-  void release_ram(Pool& pool, const RamLocation& loc);
+  void release_ram(Pool& pool, const RamLocation& loc, bool punch = true);
   // Drops a clean, unleased RAM copy (frees its extent and returns its pages to the OS).
   void drop_ram(Pool& pool, Tensor& t);
   // drop_ram() for many tensors with one journal commit (one fdatasync) for all of them.
   void drop_ram_many(std::span<Tensor* const> tensors);
+  // Reads and clears TState::keep_pages.
+  bool take_keep_pages(uint64_t id);
   // Drops the tensors whose write-back completed (spill_done queues them) and that are still
   // clean and unleased: one commit per batch of completions. Called after every engine poll or
   // wait, before anything looks at RAM usage again.
@@ -174,9 +179,11 @@ class TierManager {
   std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,
                                             std::optional<uint64_t> protect);
   // Evicts in policy order until `need` bytes are freed or under way. Returns bytes freed now;
-  // `started` gets the bytes whose write-back started.
+  // `started` gets the bytes whose write-back started. `for_pool`/`for_node`: the allocation
+  // the room is for; victims in that pool's arena on that node keep their pages (keep_pages).
   uint64_t evict_some(std::span<const policy::Candidate> cands, uint64_t need, uint64_t& started,
-                      Status& last_error);
+                      Status& last_error, std::optional<uint64_t> for_pool = std::nullopt,
+                      int32_t for_node = -1);
   void maintain();
   void schedule_prefetch();
   [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
