@@ -68,6 +68,9 @@ struct Config {
   uint32_t max_connections_per_uid = 1024;
   // Lease requests one client may have waiting at once.
   uint32_t max_waiters_per_client = 64;
+  // Uses in one client's plan (PlanSet): bounds the daemon memory a plan takes (about 40 bytes a
+  // use) and the work of each scheduling pass over it.
+  uint32_t max_plan_uses = 4096;
   // "127.0.0.1:9464": serve Prometheus metrics over HTTP on this loopback address; "" = off.
   std::string metrics_listen;
   // Populate every arena page at creation (daemon/ram/prefault.hpp).

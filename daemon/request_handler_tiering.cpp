@@ -92,6 +92,11 @@ void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const st
                                                       ", which is not in pool '" + p.name + "'"),
                        out);
   }
+  if (req.tensor_ids.size() > state_.config.max_plan_uses)
+    return reply_err(h, Status(Code::kResourceExhausted,
+                               "plan of " + std::to_string(req.tensor_ids.size()) + " uses; the limit is " +
+                                   std::to_string(state_.config.max_plan_uses) + " (max_plan_uses)"),
+                     out);
   if (!req.overwrite.empty() && req.overwrite.size() != req.tensor_ids.size())
     return reply_err(h, Status(Code::kInvalidArgument,
                                "plan has " + std::to_string(req.tensor_ids.size()) + " uses but " +

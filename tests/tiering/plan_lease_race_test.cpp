@@ -1,6 +1,7 @@
-// The request handler with a real NVMe tier, driven synchronously (no sockets, no event loop):
-// I/O completes only when the test calls tier_poll(), so the interleavings of a lease, the
-// plan cursor it advances and the prefetches that starts are the same on every run.
+// Plans in the request handler with a real NVMe tier: their limits, and leases racing their
+// prefetches. Driven synchronously (no sockets, no event loop): I/O completes only when the
+// test calls tier_poll(), so the interleavings of a lease, the plan cursor it advances and the
+// prefetches that starts are the same on every run.
 //
 // The case it pins down: a lease whose tensors are all in RAM is granted right after the plan
 // cursor advances, and advancing it starts prefetches that evict clean tensors used farthest
@@ -31,7 +32,7 @@ struct Harness {
   std::vector<std::pair<uint64_t, std::vector<std::byte>>> deferred;
   std::unique_ptr<Session> s;
 
-  explicit Harness(uint64_t ram) {
+  explicit Harness(uint64_t ram, uint32_t max_plan_uses = 4096) {
     char tmpl[] = "/tmp/tierd-plan-race.XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -44,6 +45,7 @@ struct Harness {
     // (with the default watermarks it would mostly find free space and never race a lease).
     cfg.ram_high_watermark = 1.0;
     cfg.ram_low_watermark = 1.0;
+    cfg.max_plan_uses = max_plan_uses;
     auto st = make_state(cfg, ResolvedSizes{ram, ram, 2ull << 20});
     REQUIRE(st);
     state = std::move(*st);
@@ -176,4 +178,28 @@ TEST_CASE("leases under a plan's prefetches see their last committed bytes (dete
   // The scenario really ran: RAM was too small, the plan prefetched and evicted.
   CHECK(st.prefetches > 0);
   CHECK(st.evictions > 0);
+}
+
+TEST_CASE("a plan longer than max_plan_uses, or with mismatched overwrite flags, is refused") {
+  Harness h(16ull << 20, 8);
+  REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", 16ull << 20, 0, false}));
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto t = h.call<TensorInfoW>(MsgType::kTensorCreate,
+                                 TensorCreateReq{"p", "t" + std::to_string(i), 4096, 0, {}, 0, -1, false});
+    REQUIRE(t);
+    ids.push_back(t->id);
+  }
+  std::vector<uint64_t> eight{ids[0], ids[1], ids[2], ids[0], ids[1], ids[2], ids[0], ids[1]};
+  CHECK(h.call<Empty>(MsgType::kPlanSet, PlanSetReq{"p", eight, 0, {}}));
+  std::vector<uint64_t> nine = eight;
+  nine.push_back(ids[2]);
+  auto r = h.call<Empty>(MsgType::kPlanSet, PlanSetReq{"p", nine, 0, {}});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == Code::kResourceExhausted);
+  CHECK_THAT(r.error().message(), Catch::Contains("max_plan_uses"));
+  auto bad = h.call<Empty>(MsgType::kPlanSet, PlanSetReq{"p", {ids[0], ids[1]}, 0, {1}});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code() == Code::kInvalidArgument);
+  CHECK(h.call<Empty>(MsgType::kPlanSet, PlanSetReq{"p", {ids[0], ids[1]}, 0, {1, 0}}));
 }
