@@ -81,6 +81,7 @@ void RequestHandler::reply_ok(const Header& h, const T& body, Reply& out) {
 void RequestHandler::reply_err_raw(uint16_t type, uint32_t request_id, const Status& st,
                                    Reply& out) {
   state_.counters.errors++;
+  log_debug("request {} (type {}) answered {}", request_id, type, st.to_string());
   Status enc = encode_reply(type, request_id, st, Empty{}, out.bytes);
   (void)enc;  // an error reply is a status and a message capped at kMaxStringBytes: it fits
 }

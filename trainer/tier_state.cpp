@@ -39,6 +39,9 @@ class TierStore final : public ShardStore {
     if (auto p = client_->create_pool(opts_.pool, po, /*exist_ok=*/true); !p) return p.error();
     // Near the rank's GPU when the node has one (local rank i drives GPU i), else anywhere:
     // the daemon then uses the NUMA node of this process's CPU.
+    // A daemon without an NVMe tier keeps every shard in RAM: plans and prefetch hints would
+    // only be answered kUnsupported (and counted as errors in its status), so none are sent.
+    if (auto st = client_->status(); st && st->nvme.empty()) no_tiering_.store(true, std::memory_order_relaxed);
     placement_ = Placement::any();
     if (auto topo = client_->topology(); topo && layout.local_rank < static_cast<int>(topo->gpus.size()))
       placement_ = Placement::near_gpu(layout.local_rank);
@@ -111,18 +114,26 @@ class TierStore final : public ShardStore {
   }
 
   void prefetch(std::span<const ShardRef> refs) override {
+    // A daemon without an NVMe tier answers kUnsupported: every shard is in RAM already, so
+    // stop sending hints (each would count as an error in tierd's status). Other failures
+    // (no room right now) only cost that hint.
+    if (no_tiering_.load(std::memory_order_relaxed)) return;
     std::vector<uint64_t> ids;
     for (const auto& r : refs)
       if (uint64_t id = lookup(r)) ids.push_back(id);
-    if (!ids.empty()) (void)client_->prefetch(opts_.pool, ids);
+    if (ids.empty()) return;
+    if (Status st = client_->prefetch(opts_.pool, ids); st.code() == Code::kUnsupported)
+      no_tiering_.store(true, std::memory_order_relaxed);
   }
 
   void set_plan(std::span<const ShardUse> uses) override {
+    if (no_tiering_.load(std::memory_order_relaxed)) return;
     std::vector<PlanUse> plan;
     for (const auto& u : uses)
       if (uint64_t id = lookup(u.ref)) plan.push_back({id, u.overwrite});
-    // kUnsupported (a daemon without planning) and other failures only cost the hint.
-    (void)client_->set_plan(opts_.pool, plan);
+    // kUnsupported (a daemon without an NVMe tier) and other failures only cost the hint.
+    if (Status st = client_->set_plan(opts_.pool, plan); st.code() == Code::kUnsupported)
+      no_tiering_.store(true, std::memory_order_relaxed);
   }
 
   Result<CommitMarker> read_marker() override {
@@ -210,6 +221,7 @@ class TierStore final : public ShardStore {
   uint64_t marker_id_ = 0;
   uint64_t bytes_ = 0;
   Placement placement_;
+  std::atomic<bool> no_tiering_{false};  // the daemon answered kUnsupported: no hints
 };
 
 }  // namespace

@@ -17,4 +17,12 @@ TEST_CASE("tools/demo runs end to end and stops its tierd") {
   CHECK(r.out.find("tierd stopped cleanly") != std::string::npos);
   CHECK(r.out.find("NUMA nodes") != std::string::npos);
   CHECK(r.out.find("for 40 steps") != std::string::npos);
+  // The status after training: a daemon without an NVMe tier answered no request with an error
+  // (the trainer stops its prefetch hints after the first kUnsupported).
+  const size_t at = r.out.rfind("\n  errors ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  INFO(line);
+  CHECK(line.find_last_not_of(' ') == line.find_last_of('0'));
+  CHECK(line.substr(line.find_last_of(' ') + 1) == "0");
 }

@@ -250,7 +250,9 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
 
   auto pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
   if (!pi) return pi.error();
-  auto t = c.open_tensor(pool, name);
+  // In an empty pool the tensor is new: no lookup first (its kNotFound would count as an error
+  // answer in the daemon's status).
+  auto t = pi->tensor_count == 0 ? Result<TensorInfo>(fail(Code::kNotFound, "")) : c.open_tensor(pool, name);
   bool created = false;
   if (!t && t.error().code() == Code::kNotFound) {
     t = c.create_tensor(pool, TensorDesc{.name = name, .size = size, .shape = {}, .placement = {}}, /*exist_ok=*/true);
