@@ -4,10 +4,7 @@
 
 namespace tier::daemon {
 
-namespace {
-
-// Label values escape backslash, quote and newline (pool names cannot contain them, NVMe paths can).
-std::string esc(const std::string& s) {
+std::string label_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     if (c == '\\' || c == '"') o += '\\', o += c;
@@ -16,6 +13,10 @@ std::string esc(const std::string& s) {
   }
   return o;
 }
+
+namespace {
+
+std::string esc(const std::string& s) { return label_escape(s); }
 
 struct Out {
   std::string s;

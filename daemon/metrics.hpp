@@ -16,6 +16,9 @@
 
 namespace tier::daemon {
 
+// A Prometheus label value: backslash, quote and newline escaped (NVMe paths may hold them).
+[[nodiscard]] std::string label_escape(const std::string& s);
+
 // Cumulative histogram with fixed upper bounds in microseconds (and +Inf).
 class LatencyHistogram {
  public:

@@ -122,6 +122,10 @@ std::string RequestHandler::tier_metrics_text() const {
   metric("tierd_writebacks_total", "Write-backs to NVMe completed.", t.writebacks);
   metric("tierd_fetches_total", "Fetches from NVMe completed.", t.fetches);
   metric("tierd_fetch_errors_total", "Fetches that failed (I/O error or checksum mismatch).", t.fetch_errors);
+  o += "# HELP tierd_nvme_registered_buffers 1 when the arenas are io_uring fixed buffers for this directory (prefault = true).\n"
+       "# TYPE tierd_nvme_registered_buffers gauge\n";
+  for (const auto& d : state_.tiering->engine().stats().dirs)
+    o += fmt::format("tierd_nvme_registered_buffers{{path=\"{}\"}} {}\n", label_escape(d.path), d.registered_buffers ? 1 : 0);
   metric("tierd_fetches_skipped_total", "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
   metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);
   nvme::EngineStats es = state_.tiering->engine().stats();

@@ -80,6 +80,7 @@ Result<std::unique_ptr<TierManager>> TierManager::open(const Config& cfg, Catalo
   auto q = parse_size(cfg.nvme_pool_quota, es.capacity);
   if (!q) return fail(Code::kInvalidArgument, "nvme_pool_quota: " + q.error().message());
   m->default_nvme_quota_ = *q == 0 ? es.capacity : *q;
+  m->fixed_buffers_ = cfg.prefault;
   m->epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   m->timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (m->epfd_ < 0 || m->timer_fd_ < 0) return fail(Status::from_errno(errno, "NVMe tier: epoll/timerfd"));
@@ -132,12 +133,24 @@ void TierManager::release_ram(Pool& pool, const RamLocation& loc, bool punch) {
   // On hugetlbfs only whole huge pages can be punched; a refusal just keeps the pages.
   // Not when the extent is about to be reused in the same arena (keep_pages): the pages would
   // be faulted back in and zeroed by the kernel only to be overwritten.
-  if (Arena* a = punch ? ram_.arena(loc.arena_id) : nullptr) {
+  if (Arena* a = punch && !fixed_buffers_ ? ram_.arena(loc.arena_id) : nullptr) {
     if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                     static_cast<off_t>(loc.offset), static_cast<off_t>(loc.length)) != 0)
       log_debug("punching {} bytes at {} of {}: {}", loc.length, loc.offset, a->path(), std::strerror(errno));
   }
   ram_.release(pool, loc);
+}
+
+void TierManager::ensure_registration() {
+  if (!fixed_buffers_ || ram_.arena_generation() == registered_generation_) return;
+  // Registration replaces the whole set, which the kernel allows only with nothing in flight.
+  while (engine_->pending() > 0) engine_->wait();
+  std::vector<nvme::MemRegion> regions;
+  for (auto [base, size] : ram_.arena_spans()) regions.push_back({base, size});
+  bool ok = engine_->register_memory(regions);
+  registered_generation_ = ram_.arena_generation();
+  log_debug("NVMe tier: {} arena(s) {} as io_uring fixed buffers", regions.size(),
+            ok ? "registered" : "not all registered");
 }
 
 void TierManager::drop_ram(Pool& pool, Tensor& t) {
@@ -244,6 +257,11 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
     ram_.release(pool, *loc);
     return Status(Code::kInternal, "no arena for a fetch");
   }
+  ensure_registration();  // may drain I/O: completions run, so check again
+  if (t.ram || ts(t.id).io != Io::kNone) {
+    ram_.release(pool, *loc);
+    return Status::ok();
+  }
   s2.io = Io::kFetch;
   s2.pending = *loc;
   s2.error.reset();
@@ -276,6 +294,7 @@ void TierManager::fetch_done(uint64_t id, Status st) {
 }
 
 Status TierManager::start_spill(Pool& pool, Tensor& t, bool drop_after) {
+  ensure_registration();  // before looking at t: it may drain I/O
   TState& s = ts(t.id);
   if (s.io != Io::kNone || !t.ram) return Status(Code::kBusy, "tensor '" + t.name + "' has I/O in flight");
   uint64_t old = t.nvme ? nvme_bytes(*t.nvme) : 0;
@@ -748,6 +767,7 @@ bool TierManager::poll() {
   while (::read(timer_fd_, &x, sizeof x) == sizeof x) {}
   engine_->poll();
   flush_drops();
+  ensure_registration();  // promptly unpins the pages of arenas that were unmapped
   if (progress_ || now_s() >= next_prefetch_) {
     maintain();
     if (!plans_.empty()) schedule_prefetch();

@@ -148,6 +148,10 @@ class TierManager {
   std::byte* ram_ptr(const RamLocation& loc);
   // Frees a RAM extent and punches its pages out of the arena.
   void release_ram(Pool& pool, const RamLocation& loc, bool punch = true);
+  // Fixed-buffer mode: re-registers the arenas with io_uring when they changed (an arena was
+  // mapped or unmapped), after draining the I/O in flight. Called before any I/O is submitted,
+  // so no request can reach memory through a stale registration.
+  void ensure_registration();
   // Drops a clean, unleased RAM copy (frees its extent and returns its pages to the OS).
   void drop_ram(Pool& pool, Tensor& t);
   // drop_ram() for many tensors with one journal commit (one fdatasync) for all of them.
@@ -202,6 +206,11 @@ class TierManager {
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
   std::vector<uint64_t> pending_drops_;  // written back, to drop at flush_drops()
+  // Arenas are io_uring fixed buffers (prefault = true): their pages are pinned by the kernel, so
+  // they are never punched (a punched page would be replaced in the file while I/O kept using
+  // the pinned old one). Off for sparse arenas: pinning would populate them whole.
+  bool fixed_buffers_ = false;
+  uint64_t registered_generation_ = UINT64_MAX;
   Status last_spill_error_;  // the last failed write-back (named in allocation errors)
   bool progress_ = false;
   double next_prefetch_ = 0;  // when schedule_prefetch() is due again (0: now)

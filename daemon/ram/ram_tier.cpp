@@ -60,6 +60,7 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
     log_info("pool '{}': arena {} on node {} ({} sparse{})", pool.name, (*a)->path(), node,
              format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
     it = arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)}).first;
+    ++generation_;
   }
   auto off = it->second.alloc.allocate(need, align);
   if (!off)
@@ -101,6 +102,7 @@ Result<bool> RamTier::attach_arena(const Pool& pool, int32_t node, uint64_t size
   if (!a) return fail(a.error());
   uint64_t cap = (*a)->size();
   arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)});
+  ++generation_;
   return existed;
 }
 
@@ -130,7 +132,14 @@ void RamTier::drop_pool(uint64_t pool_id) {
   while (it != arenas_.end() && arena_pool(it->first) == pool_id) {
     if (Status st = it->second.arena->unlink(); !st) log_warn("{}", st.message());
     it = arenas_.erase(it);
+    ++generation_;
   }
+}
+
+std::vector<std::pair<std::byte*, uint64_t>> RamTier::arena_spans() const {
+  std::vector<std::pair<std::byte*, uint64_t>> out;
+  for (const auto& [id, e] : arenas_) out.emplace_back(e.arena->base(), e.arena->size());
+  return out;
 }
 
 void RamTier::unlink_all() {

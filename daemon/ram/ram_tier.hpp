@@ -64,6 +64,11 @@ class RamTier {
   uint64_t capacity() const noexcept { return opts_.capacity; }
   uint64_t used() const noexcept;
   size_t arena_count() const noexcept { return arenas_.size(); }
+  // Bumped whenever an arena is mapped or unmapped: memory registered elsewhere (io_uring fixed
+  // buffers) must be re-registered before it is used again.
+  uint64_t arena_generation() const noexcept { return generation_; }
+  // Every mapped arena as (base, size).
+  std::vector<std::pair<std::byte*, uint64_t>> arena_spans() const;
   const RamTierOptions& options() const noexcept { return opts_; }
 
  private:
@@ -76,6 +81,7 @@ class RamTier {
   RamTierOptions opts_;
   std::vector<NodeUsage> nodes_;
   std::map<uint64_t, Entry> arenas_;  // by arena id: pool-major, so a pool's arenas are adjacent
+  uint64_t generation_ = 0;
 };
 
 }  // namespace tier::daemon
