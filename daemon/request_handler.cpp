@@ -111,6 +111,13 @@ Result<Pool*> RequestHandler::pool_named(const std::string& name) {
   return p;
 }
 
+Result<Pool*> RequestHandler::pool_for(const Session& s, const std::string& name, PoolAccess a) {
+  auto p = pool_named(name);
+  if (!p) return p;
+  if (Status st = a == PoolAccess::kUse ? may_use(s, **p) : may_inspect(s, **p); !st) return fail(std::move(st));
+  return p;
+}
+
 // --- dispatch ---
 
 void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Reply& out) {
@@ -246,9 +253,8 @@ void RequestHandler::on_pool_create(Session& s, const Header& h,
 void RequestHandler::on_pool_open(Session& s, const Header& h, std::span<const std::byte> payload,
                                   Reply& out) {
   TIER_DECODE(PoolNameReq, req);
-  auto p = pool_named(req.name);
+  auto p = pool_for(s, req.name, PoolAccess::kInspect);
   if (!p) return reply_err(h, p.error(), out);
-  if (Status st = may_inspect(s, **p); !st) return reply_err(h, st, out);
   reply_ok(h, to_wire(pool_info(**p)), out);
 }
 
@@ -295,10 +301,9 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
 void RequestHandler::on_tensor_create(Session& s, const Header& h,
                                       std::span<const std::byte> payload, Reply& out) {
   TIER_DECODE(TensorCreateReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
-  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
   if (Status st = validate_tensor_name(req.name); !st) return reply_err(h, st, out);
   if (req.size == 0) return reply_err(h, Status(Code::kInvalidArgument, "tensor size must be > 0"), out);
   if (req.dtype > kMaxDType) return reply_err(h, Status(Code::kInvalidArgument, "unknown dtype"), out);
@@ -345,9 +350,8 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
 void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const std::byte> payload,
                                     Reply& out) {
   TIER_DECODE(TensorRefReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kInspect);
   if (!pr) return reply_err(h, pr.error(), out);
-  if (Status st = may_inspect(s, **pr); !st) return reply_err(h, st, out);
   Tensor* t = state_.catalog.find_tensor(**pr, req.name);
   if (!t)
     return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
@@ -357,9 +361,8 @@ void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const
 void RequestHandler::on_tensor_list(Session& s, const Header& h, std::span<const std::byte> payload,
                                     Reply& out) {
   TIER_DECODE(TensorListReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kInspect);
   if (!pr) return reply_err(h, pr.error(), out);
-  if (Status st = may_inspect(s, **pr); !st) return reply_err(h, st, out);
   const Pool& p = **pr;
   TensorListRep rep;
   size_t bytes = 0;
@@ -380,10 +383,9 @@ void RequestHandler::on_tensor_list(Session& s, const Header& h, std::span<const
 void RequestHandler::on_tensor_delete(Session& s, const Header& h,
                                       std::span<const std::byte> payload, Reply& out) {
   TIER_DECODE(TensorRefReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
-  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
   Tensor* t = state_.catalog.find_tensor(p, req.name);
   if (!t)
     return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);

@@ -124,6 +124,9 @@ class RequestHandler {
   [[nodiscard]] Status may_use(const Session& s, const Pool& p) const;
   [[nodiscard]] Status may_inspect(const Session& s, const Pool& p) const;
   [[nodiscard]] Result<Pool*> pool_named(const std::string& name);
+  // pool_named() and the check that the session may use (or inspect) it, in one place.
+  enum class PoolAccess { kUse, kInspect };
+  [[nodiscard]] Result<Pool*> pool_for(const Session& s, const std::string& name, PoolAccess a);
 
   // Resolves and authorizes tensor ids into scratch_tensors_.
   [[nodiscard]] Status resolve_for_lease(const Session& s, std::span<const uint64_t> ids, LeaseMode mode);

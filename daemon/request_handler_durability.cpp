@@ -10,9 +10,8 @@ void RequestHandler::on_snapshot(Session& s, const Header& h, std::span<const st
                                  Reply& out) {
   auto req = decode<PoolNameReq>(payload);
   if (!req) return reply_err(h, req.error(), out);
-  auto pr = pool_named(req->name);
+  auto pr = pool_for(s, req->name, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
-  if (Status st = may_use(s, **pr); !st) return reply_err(h, st, out);
   if (!state_.durable)
     return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
   if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id); !st) return reply_err(h, st, out);

@@ -40,10 +40,9 @@ void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const st
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
   TIER_DECODE_T(TensorIdsReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
-  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
   if (Status st = resolve_in_pool(p, req.tensor_ids); !st) return reply_err(h, st, out);
   if (Status st = state_.tiering->prefetch(p, scratch_tensors_); !st) return reply_err(h, st, out);
   reply_empty(h, out);
@@ -53,10 +52,9 @@ void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::
                               Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
   TIER_DECODE_T(TensorIdsReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
-  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
   bool whole_pool = req.tensor_ids.empty();
   if (whole_pool) {
     scratch_tensors_.clear();
@@ -81,10 +79,9 @@ void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const st
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
   TIER_DECODE_T(PlanSetReq, req);
-  auto pr = pool_named(req.pool);
+  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
-  if (Status st = may_use(s, p); !st) return reply_err(h, st, out);
   for (uint64_t id : req.tensor_ids) {
     Tensor* t = state_.catalog.find_tensor(id);
     if (!t || t->pool_id != p.id)
