@@ -94,42 +94,22 @@ Status Connection::send_buf() {
 
 Status Connection::receive_reply(wire::MsgType type, int* fd_out) {
   if (fd_out) *fd_out = -1;
-  iovec iov{recv_buf_.get(), wire::kMaxMessageBytes + 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  for (;;) {
-    n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-    if (n >= 0) break;
-    if (errno == EINTR) continue;
-    return link_error(errno, "receive");
-  }
-  int got_fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < nfds; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (got_fd < 0 && fd_out) got_fd = fd;
-      else ::close(fd);  // never leak an fd we did not ask for
-    }
+  int got_fd = -1, err = 0;
+  auto n = wire::recv_datagram_into(fd_, {recv_buf_.get(), wire::kMaxMessageBytes + 1},
+                                    fd_out ? &got_fd : nullptr, &err);
+  if (!n) {
+    if (err != 0) return link_error(err, "receive");
+    if (n.error().code() == Code::kUnavailable)
+      return mark_broken(Status(Code::kUnavailable, "tierd at " + path_ +
+                                                        " closed the connection (daemon stopped, "
+                                                        "restarted, or refused this client)"));
+    return mark_broken(Status(Code::kProtocol, "reply from tierd larger than 64 KiB or truncated"));
   }
   auto fail_with = [&](Status st) {
     if (got_fd >= 0) ::close(got_fd);
     return mark_broken(std::move(st));
   };
-  if (n == 0)
-    return fail_with(Status(Code::kUnavailable, "tierd at " + path_ +
-                                                    " closed the connection (daemon stopped, "
-                                                    "restarted, or refused this client)"));
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || static_cast<size_t>(n) > wire::kMaxMessageBytes)
-    return fail_with(Status(Code::kProtocol, "reply from tierd larger than 64 KiB or truncated"));
-  std::span<const std::byte> dgram(recv_buf_.get(), static_cast<size_t>(n));
+  std::span<const std::byte> dgram(recv_buf_.get(), *n);
   auto hdr = wire::parse_header(dgram);
   if (!hdr) return fail_with(Status(Code::kProtocol, "bad reply from tierd: " + hdr.error().message()));
   if (hdr->type != (static_cast<uint16_t>(type) | wire::kReplyBit) || hdr->request_id != last_id_)

@@ -38,10 +38,12 @@ Status send_datagram(int sock, std::span<const std::byte> bytes, int pass_fd) {
   }
 }
 
-Status recv_datagram(int sock, std::vector<std::byte>& buf, int* fd_out) {
+Result<size_t> recv_datagram_into(int sock, std::span<std::byte> buf, int* fd_out, int* errno_out) {
   if (fd_out) *fd_out = -1;
-  buf.resize(kMaxMessageBytes + 1);
-  iovec iov{buf.data(), buf.size()};
+  if (errno_out) *errno_out = 0;
+  if (buf.size() < kMaxMessageBytes + 1)
+    return fail(Code::kInvalidArgument, "receive buffer smaller than a datagram");
+  iovec iov{buf.data(), kMaxMessageBytes + 1};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -53,33 +55,39 @@ Status recv_datagram(int sock, std::vector<std::byte>& buf, int* fd_out) {
     n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
     if (n >= 0) break;
     if (errno == EINTR) continue;
-    buf.clear();
-    return Status::from_errno(errno, "receive on the tierd socket");
+    if (errno_out) *errno_out = errno;
+    return fail(Status::from_errno(errno, "receive on the tierd socket"));
   }
   int got_fd = -1;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < nfds; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (got_fd < 0 && fd_out) got_fd = fd;
-        else ::close(fd);  // only one fd is ever expected; never leak extras
-      }
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < nfds; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (got_fd < 0 && fd_out) got_fd = fd;
+      else ::close(fd);  // only one fd is ever expected; never leak extras
     }
   }
-  if (n == 0) {
+  auto failed = [&](Code code, const char* why) {
     if (got_fd >= 0) ::close(got_fd);
-    buf.clear();
-    return Status(Code::kUnavailable, "connection closed by peer");
-  }
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || static_cast<size_t>(n) > kMaxMessageBytes) {
-    if (got_fd >= 0) ::close(got_fd);
-    buf.clear();
-    return Status(Code::kProtocol, "datagram larger than 64 KiB or truncated");
-  }
-  buf.resize(static_cast<size_t>(n));
+    return fail(code, why);
+  };
+  if (n == 0) return failed(Code::kUnavailable, "connection closed by peer");
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || static_cast<size_t>(n) > kMaxMessageBytes)
+    return failed(Code::kProtocol, "datagram larger than 64 KiB or truncated");
   if (fd_out) *fd_out = got_fd;
+  return static_cast<size_t>(n);
+}
+
+Status recv_datagram(int sock, std::vector<std::byte>& buf, int* fd_out) {
+  buf.resize(kMaxMessageBytes + 1);
+  auto n = recv_datagram_into(sock, buf, fd_out);
+  if (!n) {
+    buf.clear();
+    return n.error();
+  }
+  buf.resize(*n);
   return Status::ok();
 }
 

@@ -19,4 +19,11 @@ namespace tier::wire {
 // when fd_out is null); MSG_CTRUNC or MSG_TRUNC is kProtocol. A closed peer is kUnavailable.
 [[nodiscard]] Status recv_datagram(int sock, std::vector<std::byte>& buf, int* fd_out = nullptr);
 
+// The same into caller-owned memory (no allocation: the client's hot path). `buf` must hold at
+// least kMaxMessageBytes + 1 bytes. Returns the datagram's length. When recvmsg itself fails,
+// *errno_out (if given) gets its errno so the caller can tell a dead peer from other errors;
+// it is 0 for the other failures. A received fd is closed on every failure.
+[[nodiscard]] Result<size_t> recv_datagram_into(int sock, std::span<std::byte> buf, int* fd_out,
+                                                int* errno_out = nullptr);
+
 }  // namespace tier::wire
