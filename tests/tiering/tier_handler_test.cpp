@@ -1,7 +1,7 @@
-// Plans in the request handler with a real NVMe tier: their limits, and leases racing their
-// prefetches. Driven synchronously (no sockets, no event loop): I/O completes only when the
-// test calls tier_poll(), so the interleavings of a lease, the plan cursor it advances and the
-// prefetches that starts are the same on every run.
+// The request handler with a real NVMe tier, driven synchronously (no sockets, no event loop):
+// I/O completes only when the test calls tier_poll(), so interleavings are the same on every
+// run. Plans (their limits, leases racing their prefetches) and leases that need write-backs
+// (the handler must defer them, never wait for the device inside a request).
 //
 // The case it pins down: a lease whose tensors are all in RAM is granted right after the plan
 // cursor advances, and advancing it starts prefetches that evict clean tensors used farthest
@@ -202,4 +202,50 @@ TEST_CASE("a plan longer than max_plan_uses, or with mismatched overwrite flags,
   REQUIRE_FALSE(bad);
   CHECK(bad.error().code() == Code::kInvalidArgument);
   CHECK(h.call<Empty>(MsgType::kPlanSet, PlanSetReq{"p", {ids[0], ids[1]}, 0, {1, 0}}));
+}
+
+TEST_CASE("a lease that needs a write-back first is deferred, not waited for inside the handler") {
+  const uint64_t kRam = 8ull << 20, kSize = 2ull << 20;
+  Harness h(kRam);
+  REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", kRam, 0, false}));
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {  // fills the RAM tier with dirty tensors
+    auto t = h.call<TensorInfoW>(MsgType::kTensorCreate,
+                                 TensorCreateReq{"p", "t" + std::to_string(i), kSize, 0, {}, 0, -1, false});
+    REQUIRE(t);
+    auto l = h.call<LeaseRep>(MsgType::kLease, LeaseReq{2, -1, {t->id}});
+    REQUIRE(l);
+    stamp(h.at(l->grants[0]), kSize, 100 + i);
+    REQUIRE(h.call<Empty>(MsgType::kRelease, ReleaseReq{{l->grants[0].lease_id}}));
+    ids.push_back(t->id);
+  }
+  REQUIRE(h.call<Empty>(MsgType::kEvict, TensorIdsReq{"p", {ids[0]}}));  // t0 only on NVMe now
+  auto t4 = h.call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{"p", "t4", kSize, 0, {}, 0, -1, false});
+  REQUIRE(t4);  // RAM full again, every resident copy dirty
+  const uint64_t writebacks = h.state->tiering->stats().writebacks;
+
+  // Lease t0: room needs a write-back. The handler starts it and defers the reply.
+  std::vector<std::byte> req;
+  REQUIRE(encode(static_cast<uint16_t>(MsgType::kLease), 9, LeaseReq{1, -1, {ids[0]}}, req));
+  Reply r;
+  h.handler->handle(*h.s, req, r);
+  REQUIRE(r.deferred);
+  CHECK(h.state->tiering->stats().writebacks == writebacks);  // not waited for in the handler
+  CHECK(h.state->tiering->engine().pending() > 0);
+  // Meanwhile the handler answers others at once (a status request here).
+  auto st = h.call<StatusRep>(MsgType::kStatus, Empty{});
+  CHECK(st);
+
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h.deferred.empty() && std::chrono::steady_clock::now() < until) {
+    h.handler->tier_poll();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  REQUIRE(h.deferred.size() == 1);
+  auto hdr = parse_header(h.deferred[0].second);
+  REQUIRE(hdr);
+  auto grant = decode_reply<LeaseRep>(payload_of(h.deferred[0].second));
+  REQUIRE(grant);
+  CHECK(stamped(h.at(grant->grants[0]), kSize, 100));
+  CHECK(h.state->tiering->stats().writebacks > writebacks);
 }
