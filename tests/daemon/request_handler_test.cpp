@@ -9,6 +9,7 @@
 
 #include "daemon/ram/arena.hpp"
 #include "daemon/request_handler.hpp"
+#include "support/handler_harness.hpp"
 
 using namespace tier;
 using namespace tier::daemon;
@@ -16,62 +17,14 @@ using namespace tier::wire;
 
 namespace {
 
-struct Harness {
-  std::string dir;
-  std::unique_ptr<DaemonState> state;
-  std::unique_ptr<RequestHandler> handler;
-  std::vector<std::pair<uint64_t, std::vector<std::byte>>> deferred;
-  uint64_t next_session = 1;
-
-  Harness() {
-    char tmpl[] = "/tmp/tierd-handler.XXXXXX";
-    dir = mkdtemp(tmpl);
+// The daemon's handler on a synthetic two-node topology with a 256 MiB RAM tier.
+struct Harness : tier::test::HandlerHarness {
+  Harness() : HandlerHarness(config(), ResolvedSizes{256ull << 20, 64ull << 20, 2ull << 20}) {}
+  static Config config() {
     Config cfg;
-    cfg.state_dir = dir;
     cfg.topology = "synthetic:pack:2 numa:1 core:1 pu:1";
     cfg.max_leases_per_client = 64;
-    ResolvedSizes sizes{256ull << 20, 64ull << 20, 2ull << 20};
-    auto st = make_state(cfg, sizes);
-    REQUIRE(st);
-    state = std::move(*st);
-    handler = std::make_unique<RequestHandler>(*state);
-    handler->set_deferred_sink([this](uint64_t sid, std::span<const std::byte> b) {
-      deferred.emplace_back(sid, std::vector<std::byte>(b.begin(), b.end()));
-    });
-  }
-  ~Harness() {
-    handler.reset();
-    std::string prefix = arena_prefix(dir);
-    state.reset();
-    remove_arenas(prefix);
-    std::filesystem::remove_all(dir);
-  }
-  std::unique_ptr<Session> session(uid_t uid = 0, bool hello = true) {
-    auto s = std::make_unique<Session>();
-    s->id = next_session++;
-    s->uid = uid;
-    s->gid = uid;
-    handler->session_opened(*s);
-    if (hello) REQUIRE(call<HelloRep>(*s, MsgType::kHello, HelloReq{kVersion, 1, -1, "test"}));
-    return s;
-  }
-  Reply raw(Session& s, std::span<const std::byte> bytes) {
-    Reply r;
-    handler->handle(s, bytes, r);
-    return r;
-  }
-  template <class Rep, class Req>
-  Result<Rep> call(Session& s, MsgType t, const Req& req, Reply* keep = nullptr) {
-    std::vector<std::byte> out;
-    if (Status st = encode(static_cast<uint16_t>(t), 99, req, out); !st) return fail(st);
-    Reply r = raw(s, out);
-    if (keep) *keep = r;
-    if (r.deferred) return fail(Code::kUnavailable, "deferred");
-    auto h = parse_header(r.bytes);
-    if (!h) return fail(h.error());
-    REQUIRE(h->type == (static_cast<uint16_t>(t) | kReplyBit));
-    REQUIRE(h->request_id == 99);
-    return decode_reply<Rep>(payload_of(r.bytes));
+    return cfg;
   }
 };
 

@@ -18,6 +18,7 @@
 
 #include "daemon/ram/arena.hpp"
 #include "daemon/request_handler.hpp"
+#include "support/handler_harness.hpp"
 
 using namespace tier;
 using namespace tier::daemon;
@@ -25,79 +26,44 @@ using namespace tier::wire;
 
 namespace {
 
-struct Harness {
-  std::string dir;
-  std::unique_ptr<DaemonState> state;
-  std::unique_ptr<RequestHandler> handler;
-  std::vector<std::pair<uint64_t, std::vector<std::byte>>> deferred;
+// A temporary NVMe directory, made before (and removed after) the handler that uses it.
+struct TempNvmeDir {
+  std::string path;
+  TempNvmeDir() {
+    char tmpl[] = "/tmp/tierd-nvme.XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempNvmeDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// One session on a handler with an NVMe tier and RAM watermarks at 1.0: no background
+// eviction, so the tier runs full and every prefetch must evict to find room (with the default
+// watermarks it would mostly find free space and never race a lease).
+struct Harness : TempNvmeDir, tier::test::HandlerHarness {
   std::unique_ptr<Session> s;
 
-  explicit Harness(uint64_t ram, uint32_t max_plan_uses = 4096) {
-    char tmpl[] = "/tmp/tierd-plan-race.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-    std::filesystem::create_directories(dir + "/nvme");
+  explicit Harness(uint64_t ram, uint32_t max_plan_uses = 4096)
+      : HandlerHarness(config(path, max_plan_uses), ResolvedSizes{ram, ram, 2ull << 20}) {
+    s = session(::getuid(), true);
+  }
+  ~Harness() { handler->session_closed(*s); }
+  template <class Rep, class Req>
+  Result<Rep> call(MsgType t, const Req& req) {
+    return call_waiting<Rep>(*s, t, req);
+  }
+
+  static Config config(const std::string& nvme, uint32_t max_plan_uses) {
     Config cfg;
-    cfg.state_dir = dir + "/state";
     cfg.topology = "synthetic:pack:1 numa:1 core:1 pu:1";
-    cfg.nvme.push_back(NvmeDir{dir + "/nvme", -1});
-    // No background eviction: the tier runs full, so every prefetch must evict to find room
-    // (with the default watermarks it would mostly find free space and never race a lease).
+    cfg.nvme.push_back(NvmeDir{nvme, -1});
     cfg.ram_high_watermark = 1.0;
     cfg.ram_low_watermark = 1.0;
     cfg.max_plan_uses = max_plan_uses;
-    auto st = make_state(cfg, ResolvedSizes{ram, ram, 2ull << 20});
-    REQUIRE(st);
-    state = std::move(*st);
-    REQUIRE(state->tiering);
-    handler = std::make_unique<RequestHandler>(*state);
-    handler->set_deferred_sink([this](uint64_t sid, std::span<const std::byte> b) {
-      deferred.emplace_back(sid, std::vector<std::byte>(b.begin(), b.end()));
-    });
-    s = std::make_unique<Session>();
-    s->id = 1;
-    s->uid = ::getuid();
-    s->gid = ::getgid();
-    handler->session_opened(*s);
-    REQUIRE(call<HelloRep>(MsgType::kHello, HelloReq{kVersion, 1, -1, "race"}));
-  }
-  ~Harness() {
-    handler->session_closed(*s);
-    handler.reset();
-    std::string prefix = arena_prefix(dir + "/state");
-    state.reset();
-    remove_arenas(prefix);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-
-  // Sends one request; a deferred reply is waited for by polling the NVMe tier (10 s at most).
-  template <class Rep, class Req>
-  Result<Rep> call(MsgType t, const Req& req) {
-    std::vector<std::byte> out;
-    if (Status st = encode(static_cast<uint16_t>(t), 7, req, out); !st) return fail(st);
-    Reply r;
-    handler->handle(*s, out, r);
-    std::vector<std::byte> bytes = r.bytes;
-    if (r.deferred) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (deferred.empty()) {
-        if (std::chrono::steady_clock::now() > until) return fail(Code::kTimeout, "no deferred reply");
-        handler->tier_poll();
-        if (deferred.empty()) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      bytes = std::move(deferred.front().second);
-      deferred.erase(deferred.begin());
-    }
-    auto h = parse_header(bytes);
-    if (!h) return fail(h.error());
-    return decode_reply<Rep>(payload_of(bytes));
-  }
-
-  std::byte* at(const LeaseGrant& g) {
-    Arena* a = state->ram->arena(g.arena_id);
-    REQUIRE(a != nullptr);
-    return a->base() + g.offset;
+    return cfg;
   }
 };
 
