@@ -15,6 +15,14 @@ struct DaemonOptions {
   std::vector<std::string> extra_args;  // appended to the command line
   std::vector<std::string> env;         // "NAME=value" added to the daemon's environment
   bool wait_ready = true;               // wait until the socket accepts connections
+
+  // A daemon started with `--config PATH`.
+  static DaemonOptions with_config(const std::string& path, bool wait_ready = true) {
+    DaemonOptions o;
+    o.extra_args = {"--config", path};
+    o.wait_ready = wait_ready;
+    return o;
+  }
 };
 
 class TestDaemon {

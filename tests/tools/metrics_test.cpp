@@ -25,13 +25,6 @@ using tier::test::TestDaemon;
 
 namespace {
 
-tier::test::DaemonOptions with_config(const std::string& cfg, bool wait_ready = true) {
-  tier::test::DaemonOptions o;
-  o.extra_args = {"--config", cfg};
-  o.wait_ready = wait_ready;
-  return o;
-}
-
 // Checks the text format line by line; returns the samples by series (name{labels}).
 std::map<std::string, double> parse_exposition(const std::string& text) {
   static const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.eE+-]+|\+Inf|NaN)$)");
@@ -88,7 +81,7 @@ TEST_CASE("metrics over the socket (paged) and over HTTP on 127.0.0.1 parse as P
   REQUIRE(::mkdtemp(tmpl));
   std::string cfg = std::string(tmpl) + "/m.toml";
   std::ofstream(cfg) << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
-  TestDaemon d(with_config(cfg));
+  TestDaemon d(tier::test::DaemonOptions::with_config(cfg));
   // Enough pools that the text is several 4 KiB pages.
   {
     auto c = tier::Client::connect(d.socket());

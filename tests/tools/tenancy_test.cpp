@@ -28,13 +28,6 @@ using tier::test::TestDaemon;
 
 namespace {
 
-tier::test::DaemonOptions with_config(const std::string& cfg, bool wait_ready = true) {
-  tier::test::DaemonOptions o;
-  o.extra_args = {"--config", cfg};
-  o.wait_ready = wait_ready;
-  return o;
-}
-
 struct Who {
   uid_t uid;
   gid_t gid;
@@ -162,7 +155,7 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
   // With an NVMe directory, so Prefetch/Evict/PlanSet/Snapshot reach their authorization.
   std::string nvme = std::string(tmpl) + "/nvme";
   std::filesystem::create_directories(nvme);
-  auto opts = with_config(cfg);
+  auto opts = tier::test::DaemonOptions::with_config(cfg);
   opts.extra_args.insert(opts.extra_args.end(), {"--nvme-dir", nvme});
   TestDaemon d(opts);
   REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);  // mkdtemp made it 0700: other uids must reach the socket
@@ -263,7 +256,7 @@ TEST_CASE("per-uid RAM quota, connections per uid and waiting leases per client"
   std::string cfg = std::string(tmpl) + "/limits.toml";
   std::ofstream(cfg) << "uid_ram_quota = \"64K\"\nmax_connections_per_uid = 3\nmax_waiters_per_client = 1\n"
                         "remove_arenas_on_exit = true\n";
-  TestDaemon d(with_config(cfg));
+  TestDaemon d(tier::test::DaemonOptions::with_config(cfg));
   REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);  // mkdtemp made it 0700: other uids must reach the socket
   const std::string sock = d.socket();
   auto v = as(kOwner, [&]() -> std::vector<int64_t> {
