@@ -1,4 +1,4 @@
-// tier-bench <ram|rpc|nvme|load|all>: every figure measured side by side with its baseline in
+// tier-bench <ram|rpc|nvme|load|catalog|all>: every figure measured side by side with its baseline in
 // one run, printed as one JSON object per line on stdout (see suites.hpp for the keys).
 // Exit status: 0 ok, 1 a suite failed (message on stderr), 2 usage.
 #include <CLI/CLI.hpp>
@@ -17,7 +17,10 @@ Suites:
         message sizes (us); lease_batch of 256 tensors per second (leases/s)
   nvme  spill and fetch vs raw io_uring O_DIRECT on --dir
   load  many clients at once (--clients, --seconds)
-  all   every suite in this order (nvme only when --dir is given)
+  catalog  --tensors N (default 1000000) tiny tensors created into one pool by --clients
+        clients, vs a 10k-tensor pool: create rate, lease and open latency vs a 1k-tensor pool,
+        paged list, drop, tierd RSS per tensor; --keep (with --socket) leaves the pools
+  all   every suite in this order (nvme only when --dir is given; not catalog)
 
 Without --socket, tier-bench starts a private tierd (the binary next to tier-bench) on a
 temporary socket and state directory, and stops it at the end.
@@ -34,14 +37,17 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   BenchOptions o;
   std::string suite;
-  app.add_option("SUITE", suite, "ram, rpc, nvme, load or all")
+  app.add_option("SUITE", suite, "ram, rpc, nvme, load, catalog or all")
       ->required()
-      ->check(CLI::IsMember({"ram", "rpc", "nvme", "load", "all"}));
+      ->check(CLI::IsMember({"ram", "rpc", "nvme", "load", "catalog", "all"}));
   app.add_flag("--json", o.json, "JSON lines only (no table on stderr)");
   app.add_option("--socket", o.socket, "use this running tierd instead of starting a private one");
   app.add_option("--dir", o.dir, "directory on the NVMe device under test (nvme suite)");
-  app.add_option("--clients", o.clients, "concurrent clients (load suite, default 64)")->check(CLI::PositiveNumber);
+  app.add_option("--clients", o.clients, "concurrent clients (load and catalog suites, default 64)")->check(CLI::PositiveNumber);
   app.add_option("--seconds", o.seconds, "duration (load suite, default 10)")->check(CLI::PositiveNumber);
+  app.add_option("--tensors", o.tensors, "tensors in the big pool (catalog suite, default 1000000)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--keep", o.keep, "leave the catalog suite's pools in the daemon (needs --socket)");
   app.add_flag("--quick", o.quick, "fewer sizes and repetitions (for tests; figures are noisier)");
   try {
     app.parse(argc, argv);
@@ -55,6 +61,7 @@ int main(int argc, char** argv) {
     if (suite == "rpc") return run_rpc(o);
     if (suite == "nvme") return run_nvme(o);
     if (suite == "load") return run_load(o);
+    if (suite == "catalog") return run_catalog(o);
     int rc = 0;
     rc |= run_ram(o);
     rc |= run_rpc(o);

@@ -17,6 +17,8 @@ struct BenchOptions {
   int clients = 64;           // --clients (load suite)
   double seconds = 10;        // --seconds (load suite)
   bool quick = false;         // --quick: fewer sizes and repetitions (used by tests)
+  uint64_t tensors = 1000000; // --tensors: tensors in the big pool (catalog suite)
+  bool keep = false;          // --keep: leave the catalog suite's pools in place (needs --socket)
 };
 
 // One result line. `bytes` is omitted when unset.
@@ -34,5 +36,6 @@ int run_ram(const BenchOptions& o);
 int run_rpc(const BenchOptions& o);
 int run_nvme(const BenchOptions& o);
 int run_load(const BenchOptions& o);
+int run_catalog(const BenchOptions& o);  // not part of "all": minutes at 1M tensors
 
 }  // namespace tier::bench
