@@ -69,39 +69,8 @@ constexpr uint64_t kExtentBytes = 4096;    // ExtentAllocator::kGranule: what ea
 constexpr uint64_t kSmallTensors = 1000;   // the lookup baseline pool
 constexpr uint64_t kBaseTensors = 10000;   // the create baseline pool (capped at N)
 
-// tierd's pid through SO_PEERCRED of a fresh connection (works for --socket too).
-pid_t daemon_pid(const std::string& path) {
-  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (s < 0) return -1;
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  pid_t pid = -1;
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    ucred c{};
-    socklen_t len = sizeof c;
-    if (::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0) pid = c.pid;
-  }
-  ::close(s);
-  return pid;
-}
-
-// A "Key:   N kB" field of /proc/<pid>/status in KiB; -1 when unreadable.
-double status_kib(pid_t pid, const char* key) {
-  if (pid <= 0) return -1;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line, k = std::string(key) + ":";
-  while (std::getline(f, line))
-    if (line.rfind(k, 0) == 0) return std::strtod(line.c_str() + k.size(), nullptr);
-  return -1;
-}
-
-double pct(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
-  return v[i];
-}
+// quantile() of a copy (callers keep their sample order).
+double pct_copy(std::vector<double> v, double q) { return quantile(v, q); }
 
 double ratio(double v, double b) { return b > 0 ? v / b : 0; }
 
@@ -214,12 +183,12 @@ int run_catalog(const BenchOptions& o) {
   }
   Client& one = *clients[0];
   pid_t dpid = daemon_pid(daemon.socket());
-  double rss0 = status_kib(dpid, "VmRSS"), anon0 = status_kib(dpid, "RssAnon");
+  double rss0 = proc_status_kib(dpid, "VmRSS"), anon0 = proc_status_kib(dpid, "RssAnon");
 
   std::string prefix = bench_pool_name("catalog");
   PoolRun small = create_pool_of(clients, prefix + ".small", kSmallTensors, kSmallTensors, false, err);
   PoolRun base = create_pool_of(clients, prefix + ".base", base_n, base_n, false, err);
-  double anon1 = status_kib(dpid, "RssAnon");
+  double anon1 = proc_status_kib(dpid, "RssAnon");
   // The other four base rounds, after the memory reading: their freed memory is reused by big.
   std::vector<double> create_base_s = {base.seconds}, drop_base_s;
   for (int r = 1; r <= 4; ++r) {
@@ -234,7 +203,7 @@ int run_catalog(const BenchOptions& o) {
   // A daemon that already refuses creates would refuse N more: report what failed instead.
   PoolRun big{prefix + ".big", {}, 0, 0};
   if (err.count() == 0) big = create_pool_of(clients, big.name, n, n - base_n, progress, err);
-  double rss2 = status_kib(dpid, "VmRSS"), anon2 = status_kib(dpid, "RssAnon");
+  double rss2 = proc_status_kib(dpid, "VmRSS"), anon2 = proc_status_kib(dpid, "RssAnon");
   if (err.count() > 0) {
     std::fprintf(stderr, "tier-bench catalog: %llu errors while creating; stopping\n",
                  static_cast<unsigned long long>(err.count()));
@@ -332,11 +301,11 @@ int run_catalog(const BenchOptions& o) {
   emit(o, {"catalog.create.tail", std::nullopt, create_tail, "tensors/s", create_base,
            ratio(create_tail, create_base)});
   for (auto [name, q] : {std::pair{"p50", 0.5}, {"p99", 0.99}}) {
-    double v = pct(lease_big, q), b = pct(lease_small, q);
+    double v = pct_copy(lease_big, q), b = pct_copy(lease_small, q);
     emit(o, {std::string("catalog.lease.") + name, std::nullopt, v, "us", b, ratio(v, b)});
   }
   for (auto [name, q] : {std::pair{"p50", 0.5}, {"p99", 0.99}}) {
-    double v = pct(open_big, q), b = pct(open_small, q);
+    double v = pct_copy(open_big, q), b = pct_copy(open_small, q);
     emit(o, {std::string("catalog.open.") + name, std::nullopt, v, "us", b, ratio(v, b)});
   }
   emit(o, {"catalog.list", std::nullopt, list_rate, "tensors/s", list_base, ratio(list_rate, list_base)});

@@ -205,4 +205,36 @@ void BenchDaemon::stop() {
 
 BenchDaemon::~BenchDaemon() { stop(); }
 
+pid_t daemon_pid(const std::string& socket_path) {
+  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, socket_path.c_str(), sizeof a.sun_path - 1);
+  pid_t pid = -1;
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    ucred c{};
+    socklen_t len = sizeof c;
+    if (::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0) pid = c.pid;
+  }
+  ::close(s);
+  return pid;
+}
+
+double proc_status_kib(pid_t pid, const char* key) {
+  if (pid <= 0) return -1;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line, k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::strtod(line.c_str() + k.size(), nullptr);
+  return -1;
+}
+
+double quantile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
+  return v[i];
+}
+
 }  // namespace tier::bench

@@ -76,4 +76,11 @@ void unpin_self(const std::vector<int>& cpus);
 // A pool name private to this process, so runs against a shared daemon do not collide.
 std::string bench_pool_name(const char* suite);
 
+// tierd's pid through SO_PEERCRED of a fresh connection to `socket_path`; -1 when unreachable.
+pid_t daemon_pid(const std::string& socket_path);
+// A "Key:   N kB" field of /proc/<pid>/status (e.g. "VmRSS") in KiB; -1 when unreadable.
+double proc_status_kib(pid_t pid, const char* key);
+// The q-quantile (0..1) of `v` by nth_element (reorders v).
+double quantile(std::vector<double>& v, double q);
+
 }  // namespace tier::bench

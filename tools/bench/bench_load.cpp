@@ -42,39 +42,6 @@ namespace tier::bench {
 
 namespace {
 
-// tierd's pid through SO_PEERCRED of a fresh connection (works for --socket too).
-pid_t daemon_pid(const std::string& path) {
-  int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
-  pid_t pid = -1;
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    ucred c{};
-    socklen_t len = sizeof c;
-    if (::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0) pid = c.pid;
-  }
-  ::close(s);
-  return pid;
-}
-
-// VmRSS in KiB from /proc/<pid>/status; -1 when unreadable.
-double rss_kib(pid_t pid) {
-  if (pid <= 0) return -1;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr);
-  return -1;
-}
-
-double pct(std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
-  return v[i];
-}
-
 struct ClientResult {
   uint64_t ops = 0, errors = 0;
   std::vector<double> lease_us;
@@ -239,7 +206,7 @@ int run_load(const BenchOptions& o) {
   BenchDaemon daemon;
   if (!daemon.start(o, "2G")) return 1;
   pid_t dpid = daemon_pid(daemon.socket());
-  double rss_before = rss_kib(dpid);
+  double rss_before = proc_status_kib(dpid, "VmRSS");
 
   std::vector<ClientResult> results(static_cast<size_t>(n));
   std::atomic<int> ready{0};
@@ -252,7 +219,7 @@ int run_load(const BenchOptions& o) {
                          std::ref(results[static_cast<size_t>(i)]));
   for (auto& t : threads) t.join();
   double elapsed = static_cast<double>(now_ns() - t0) / 1e9;
-  double rss_after = rss_kib(dpid);
+  double rss_after = proc_status_kib(dpid, "VmRSS");
 
   uint64_t ops = 0, errors = 0;
   std::vector<double> lat;
@@ -290,7 +257,7 @@ int run_load(const BenchOptions& o) {
   double ops_s = static_cast<double>(ops) / elapsed, raw_s = static_cast<double>(trips) / raw_seconds;
   emit(o, {"load.ops", std::nullopt, ops_s, "ops/s", raw_s, ratio(ops_s, raw_s)});
   for (auto [name, q] : {std::pair{"load.lease.p50", 0.5}, {"load.lease.p99", 0.99}, {"load.lease.p999", 0.999}}) {
-    double v = pct(lat, q), b = pct(raw_lat, q);
+    double v = quantile(lat, q), b = quantile(raw_lat, q);
     emit(o, {name, std::nullopt, v, "us", b, ratio(v, b)});
   }
   emit(o, {"load.errors", std::nullopt, static_cast<double>(errors), "errors",
