@@ -229,7 +229,7 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
   if (!t.nvme) return Status(Code::kInternal, "tensor '" + t.name + "' is neither in RAM nor on NVMe");
   Result<RamLocation> loc = fail(Code::kResourceExhausted, "");
   if (demand) {
-    loc = allocate(pool, t.node, t.size);
+    loc = allocate(pool, t.node, t.size, /*wait=*/false);  // kBusy: retried when I/O completes
   } else {
     // Ahead of use: only clean victims used later than this tensor (or in no plan), no waiting.
     loc = ram_.allocate(pool, t.node, t.size);
@@ -245,8 +245,8 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
     }
   }
   if (!loc) return loc.error();
-  // allocate() may have waited for I/O; nothing else can have fetched this tensor meanwhile
-  // (fetches start only here), but re-check for safety.
+  // Nothing else can have fetched this tensor meanwhile (fetches start only here, and
+  // allocate() did not wait), but re-check for safety.
   TState& s2 = ts(t.id);
   if (t.ram || s2.io != Io::kNone) {
     ram_.release(pool, *loc);
@@ -420,7 +420,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
   return freed;
 }
 
-Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size) {
+Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size, bool wait) {
   Status last_error;
   last_spill_error_ = Status::ok();
   for (;;) {
@@ -452,6 +452,7 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node);
     if (freed > 0) continue;
     if (engine_->pending() > 0) {
+      if (!wait) return fail(Code::kBusy, "RAM is being freed by write-backs");
       engine_->wait();  // a write-back (ours or an earlier one) completes and drops its tensor
       flush_drops();
       continue;
@@ -488,20 +489,36 @@ bool TierManager::may_place_for_overwrite(std::span<Tensor* const> tensors, Leas
   return true;
 }
 
-Status TierManager::place_for_overwrite(Pool& pool, Tensor& t) {
-  auto loc = allocate(pool, t.node, t.size);
-  if (!loc) return loc.error();
-  // allocate() may have waited for I/O; fetches start only from the event loop, so none of
-  // this tensor can have begun meanwhile, but a placement found here must not leak the extent.
-  if (t.ram || ts(t.id).io != Io::kNone) {
-    ram_.release(pool, *loc);
-    return Status::ok();
+Status TierManager::place_for_overwrite(std::span<Tensor* const> tensors) {
+  // All or none: a tensor placed while another waits for room would sit unleased with
+  // unspecified bytes. The extents found so far are not tensors yet, so no eviction below
+  // can take them; the lease's own tensors are in leasing_.
+  std::vector<std::pair<Tensor*, RamLocation>> got;
+  auto undo = [&] {
+    for (auto& [u, loc] : got)
+      if (Pool* up = catalog_.find_pool(u->pool_id)) ram_.release(*up, loc);
+  };
+  for (Tensor* t : tensors) {
+    if (t->ram || ts(t->id).io != Io::kNone) continue;
+    Pool* p = catalog_.find_pool(t->pool_id);
+    if (!p) {
+      undo();
+      return Status(Code::kInternal, "tensor without a pool");
+    }
+    auto loc = allocate(*p, t->node, t->size, /*wait=*/false);
+    if (!loc) {
+      undo();
+      return loc.error();  // kBusy: write-backs are freeing RAM; retried when they complete
+    }
+    got.emplace_back(t, *loc);
   }
-  t.ram = *loc;
-  if (durable_) durable_->ram_placed(t);
-  t.dirty = true;
-  ts(t.id).last_use = tick_++;
-  stats_.fetches_skipped++;
+  for (auto& [t, loc] : got) {
+    t->ram = loc;
+    if (durable_) durable_->ram_placed(*t);
+    t->dirty = true;
+    ts(t->id).last_use = tick_++;
+    stats_.fetches_skipped++;
+  }
   return Status::ok();
 }
 
@@ -523,6 +540,10 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
   bool wait = false;
   bool moved = false;
   const bool place = may_place_for_overwrite(tensors, mode);
+  if (place) {
+    // kBusy: no room without waiting for write-backs; the lease waits (below) and retries.
+    if (Status st = place_for_overwrite(tensors); !st && st.code() != Code::kBusy) return fail(std::move(st));
+  }
   for (Tensor* t : tensors) {
     if (pit != plans_.end() && pit->second.pool_id == t->pool_id) {
       Plan& pl = pit->second;
@@ -542,15 +563,14 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
     }
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return fail(Code::kInternal, "tensor without a pool");
-    if (place && s.io == Io::kNone) {
-      if (Status st = place_for_overwrite(*p, *t); !st) return fail(std::move(st));
-      if (t->ram) continue;
-    }
     wait = true;
+    if (place) continue;               // waits for room, never for a read
     if (s.io == Io::kFetch) continue;  // a prefetch is under way: a stall, not a miss
     stats_.misses++;
     pin(std::span<const uint64_t>(&t->id, 1));
-    if (Status st = start_fetch(*p, *t, true, std::nullopt); !st) return fail(std::move(st));
+    // kBusy: RAM is being freed by write-backs; lease_ready() starts the fetch when they end.
+    if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy)
+      return fail(std::move(st));
   }
   if (wait) {
     for (Tensor* t : tensors) pinned_.insert(t->id);
@@ -574,19 +594,19 @@ Status TierManager::lease_ready(std::span<Tensor* const> tensors, bool& ready, L
 Status TierManager::lease_ready_impl(std::span<Tensor* const> tensors, bool& ready, LeaseMode mode) {
   ready = true;
   const bool place = may_place_for_overwrite(tensors, mode);
+  if (place) {
+    if (Status st = place_for_overwrite(tensors); !st && st.code() != Code::kBusy) return st;
+  }
   for (Tensor* t : tensors) {
     if (t->ram) continue;
     TState& s = ts(t->id);
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return Status(Code::kNotFound, "tensor '" + t->name + "' was deleted");
-    if (place && s.io == Io::kNone) {
-      TIER_RETURN_IF_ERROR(place_for_overwrite(*p, *t));
-      if (t->ram) continue;
-    }
     ready = false;
+    if (place) continue;  // waiting for room for the overwrite
     if (s.io == Io::kFetch) continue;
     if (s.error) return *s.error;
-    TIER_RETURN_IF_ERROR(start_fetch(*p, *t, true, std::nullopt));
+    if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy) return st;
   }
   return Status::ok();
 }
@@ -644,7 +664,10 @@ void TierManager::forget(Pool& pool, Tensor& t) {
 Status TierManager::prefetch(Pool& pool, std::span<Tensor* const> tensors) {
   for (Tensor* t : tensors) {
     if (t->ram || ts(t->id).io == Io::kFetch) continue;
-    TIER_RETURN_IF_ERROR(start_fetch(pool, *t, true, std::nullopt));
+    // A hint: no room without waiting for write-backs (kBusy) skips this tensor.
+    Status st = start_fetch(pool, *t, true, std::nullopt);
+    if (!st && st.code() == Code::kBusy) continue;
+    TIER_RETURN_IF_ERROR(st);
     stats_.prefetches++;
   }
   return Status::ok();

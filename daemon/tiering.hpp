@@ -71,7 +71,9 @@ class TierManager {
 
   // RAM for a new tensor or a fetch: evicts (writing back, waiting for it when needed) until it
   // fits. kResourceExhausted when nothing more can be evicted (all leased or busy), naming why.
-  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
+  // `wait` = false: kBusy instead of waiting when only write-backs in flight can free the room
+  // (the caller retries when I/O completes; the event loop is not blocked).
+  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size, bool wait = true);
 
   // Before granting a lease on `tensors` to `session`: counts hits and misses, advances the
   // session's plan cursor, starts fetches for tensors only on NVMe. Returns true when the grant
@@ -169,10 +171,10 @@ class TierManager {
   [[nodiscard]] Result<bool> prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors,
                                                 LeaseMode mode);
   [[nodiscard]] Status lease_ready_impl(std::span<Tensor* const> tensors, bool& ready, LeaseMode mode);
-  // Gives `t` (only on NVMe, no I/O in flight) a RAM extent without reading its bytes, for an
-  // overwrite lease: the copy is journaled as placed and dirty (the NVMe copy is stale once the
-  // write lease is granted).
-  [[nodiscard]] Status place_for_overwrite(Pool& pool, Tensor& t);
+  // Gives every tensor of an overwrite lease that is only on NVMe (no I/O in flight) a RAM
+  // extent without reading its bytes, all or none: journaled as placed and dirty (the NVMe copy
+  // is stale once the write lease is granted). kBusy when the room needs write-backs to end.
+  [[nodiscard]] Status place_for_overwrite(std::span<Tensor* const> tensors);
   [[nodiscard]] bool may_place_for_overwrite(std::span<Tensor* const> tensors, LeaseMode mode);
   void fetch_done(uint64_t id, Status st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
