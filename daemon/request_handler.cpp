@@ -569,6 +569,7 @@ void RequestHandler::retry_waiters() {
     if (w.io && state_.tiering) state_.tiering->lease_waited(Clock::now() - w.since);
     if (!st) {
       state_.counters.errors++;
+      log_debug("waiting lease {} answered {}", w.request_id, st.to_string());
       (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
     }
     if (!w.io && s.waiting > 0) s.waiting--;
@@ -584,6 +585,7 @@ void RequestHandler::expire(Clock::time_point now) {
     if (auto it = sessions_.find(w.session_id); !w.io && it != sessions_.end() && it->second->waiting > 0)
       it->second->waiting--;
     Status st(Code::kTimeout, "lease not granted within the timeout: a conflicting lease is still held");
+    log_debug("waiting lease {} answered {}", w.request_id, st.to_string());
     (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
     if (sink_) sink_(w.session_id, deferred_buf_);
   });

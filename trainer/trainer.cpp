@@ -8,7 +8,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 
 namespace tier::train {
 
@@ -238,12 +240,46 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     store.set_plan(plan);
   }
 
-  // One pass over `uses` with params from buffer `cur`. Returns the summed loss of this rank.
+  // --fault-step/--fault-point: SIGKILL this rank at a point of a step (restart tests).
   int64_t cur_step = 0;
-  auto fault = [&](const char* point) {
-    if (opts.fault_step == cur_step && opts.fault_rank == rank && opts.fault_point == point)
+  auto fault_at = [&](const char* point, int64_t step) {
+    if (opts.fault_step == step && opts.fault_rank == rank && opts.fault_point == point)
       std::raise(SIGKILL);
   };
+  auto fault = [&](const char* point) { fault_at(point, cur_step); };
+
+  // The CPU optimizer of step s runs on its own thread while step s+1's pass starts. Layer l's
+  // shards of buffer nxt are gathered, and its gradient overwritten by the next reduce-scatter,
+  // only once the update of layer l is done: the passes wait on this progress (their wait
+  // counts as stall). Thread-safety: every field under `mu`.
+  struct OptProgress {
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = INT32_MAX;  // layers of the running update finished; all when none runs
+    bool failed = false;
+    void start() {
+      std::lock_guard g(mu);
+      done = 0;
+      failed = false;
+    }
+    void layer_done(int l) {
+      { std::lock_guard g(mu); done = l + 1; }
+      cv.notify_all();
+    }
+    void finish(bool ok) {
+      { std::lock_guard g(mu); done = INT32_MAX; failed = !ok; }
+      cv.notify_all();
+    }
+    // False when the update failed (the pass must stop: the shard will not be written).
+    bool wait_layer(int l) {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return failed || done > l; });
+      return !failed;
+    }
+  } progress;
+  const Status kOptFailed(Code::kInternal, "the previous step's optimizer failed (its error follows)");
+
+  // One pass over `uses` with params from buffer `cur`. Returns the summed loss of this rank.
 
   double stall_ms = 0;
   auto run_pass = [&](const std::vector<Use>& uses, int cur, bool grad) -> Result<double> {
@@ -257,6 +293,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       if (K > 0 && j + K < uses.size()) hint.push_back({uses[j + K].layer, ShardKind::kParam, cur});
       Comm::Op op;
       op.start = [&, ref, slot, layer, hint](Comm::Request& req) -> Status {
+        if (!progress.wait_layer(layer)) return kOptFailed;
         if (!hint.empty()) store.prefetch(hint);
         auto p = store.acquire(ref, Access::kRead);
         if (!p) return p.error();
@@ -272,6 +309,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       }
       Comm::Op op;
       op.start = [&, layer, full_host](Comm::Request& req) -> Status {
+        if (!progress.wait_layer(layer)) return kOptFailed;  // it still reads the old gradient
         // The reduce-scatter writes every float of the shard: nothing to read back.
         auto p = store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
         if (!p) return p.error();
@@ -366,32 +404,11 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     return sum / (static_cast<double>(val_total) * T);
   };
 
-  RunSummary sum;
-  sum.first_step = start;
-  ShardStore::NvmeIo nvme_io_prev = rank == 0 ? store.nvme_io() : ShardStore::NvmeIo{};
-  int64_t n = 0;
-  for (int64_t step = start; step <= opts.steps; ++step) {
-    const auto t0 = Clock::now();
-    cur_step = step;
-    stall_ms = 0;
-    const int cur = opts.buffers == 2 ? static_cast<int>((step - 1) % 2) : 0;
-    const int nxt = opts.buffers == 2 ? static_cast<int>(step % 2) : 0;
-    data.train_batch(opts.seed, step, rank * B, B, T, tok_h.data(), tgt_h.data());
-    be.upload_tokens(buf.tokens, tok_h.data(), tok_h.size());
-    be.upload_tokens(buf.targets, tgt_h.data(), tgt_h.size());
-    auto loss = run_pass(train_uses, cur, true);
-    if (!loss) return fail(loss.error());
-
-    // Global gradient norm and loss in one all-reduce.
+  // The AdamW update of `step`: reads param, m, v of buffer `cur` and the gradient, writes
+  // buffer `nxt`. Calls progress.layer_done(l) as each layer's pins are released. No MPI
+  // inside: safe on its own thread. Returns its duration in ms.
+  auto run_optimizer = [&](int64_t step, int cur, int nxt, AdamWStep st) -> Result<double> {
     const auto t_opt = Clock::now();
-    double red[2] = {0, *loss};
-    for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
-    if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
-    const double norm = std::sqrt(red[0]);
-    const float clip = opts.grad_clip > 0 && norm > opts.grad_clip
-                           ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
-    const float lr = lr_at(opts.adamw.lr, step, warmup, opts.steps);
-    const AdamWStep st = make_step(opts.adamw, lr, step, clip);
     // In: param, m, v of buffer cur and the grad. Out: param, m, v of buffer nxt (the same
     // tensors when single-buffered, pinned for writing).
     using Pins = std::pair<std::vector<Pinned>, std::vector<Pinned>>;
@@ -469,20 +486,92 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       std::vector<Pinned> all = std::move(pins->first);
       for (auto& q : pins->second) all.push_back(std::move(q));
       store.release_many(all);
-      if (l == 0) fault("optimizer");
+      progress.layer_done(l);
+      if (l == 0) fault_at("optimizer", step);
     }
-    const double opt_ms = ms_since(t_opt);
+    return ms_since(t_opt);
+  };
 
-    // Commit: every rank finished writing buffer nxt; then each node's marker says so. No rank
-    // writes buffer cur again before the next step's collectives, which need every marker
-    // writer to have passed this point: so a crash anywhere leaves a committed, intact buffer.
-    if (auto s = comm.barrier(); !s) return fail(s);
-    fault("precommit");
+  // Commit: every rank finished writing buffer step % buffers; then each node's marker says
+  // so. The next update, which overwrites the buffer the previous commit names, starts only
+  // after this: so a crash anywhere leaves a committed, intact buffer.
+  auto commit = [&](int64_t step) -> Status {
+    if (auto s = comm.barrier(); !s) return s;
+    fault_at("precommit", step);
     if (marker_writer) {
       CommitMarker mk{CommitMarker::kMagic, static_cast<uint64_t>(step), uint64_t(R), hash};
-      if (auto s = store.write_marker(mk); !s) return fail(s);
+      if (auto s = store.write_marker(mk); !s) return s;
     }
-    fault("postcommit");
+    fault_at("postcommit", step);
+    return {};
+  };
+  // The update running on its own thread (CPU optimizer only: a GPU optimizer shares the
+  // backend's device and stream with the passes, so it runs inline). Its future's destructor
+  // waits for it, so no early return leaves it running.
+  const bool overlap_optimizer = opts.optimizer == nullptr;
+  std::future<Result<double>> opt_job;
+  int64_t opt_job_step = 0;
+  // Waits for the running update and commits its step; adds its duration to `opt_ms`.
+  auto finish_optimizer = [&](double& opt_ms) -> Status {
+    if (!opt_job.valid()) return {};
+    Result<double> r = opt_job.get();
+    if (!r) return r.error();
+    opt_ms += *r;
+    return commit(opt_job_step);
+  };
+
+  RunSummary sum;
+  sum.first_step = start;
+  ShardStore::NvmeIo nvme_io_prev = rank == 0 ? store.nvme_io() : ShardStore::NvmeIo{};
+  int64_t n = 0;
+  for (int64_t step = start; step <= opts.steps; ++step) {
+    const auto t0 = Clock::now();
+    cur_step = step;
+    stall_ms = 0;
+    const int cur = opts.buffers == 2 ? static_cast<int>((step - 1) % 2) : 0;
+    const int nxt = opts.buffers == 2 ? static_cast<int>(step % 2) : 0;
+    data.train_batch(opts.seed, step, rank * B, B, T, tok_h.data(), tgt_h.data());
+    be.upload_tokens(buf.tokens, tok_h.data(), tok_h.size());
+    be.upload_tokens(buf.targets, tgt_h.data(), tgt_h.size());
+    auto loss = run_pass(train_uses, cur, true);
+    if (!loss) {
+      if (opt_job.valid())  // the pass may have stopped because the update failed: say why
+        if (Result<double> r = opt_job.get(); !r) return fail(r.error());
+      return fail(loss.error());
+    }
+    // The pass waited for every layer of the previous step's update: it is done; commit it
+    // before this step's update may overwrite the buffer the last commit names.
+    double opt_ms = 0;
+    if (auto s = finish_optimizer(opt_ms); !s) return fail(s);
+
+    // Global gradient norm and loss in one all-reduce.
+    double red[2] = {0, *loss};
+    for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
+    if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
+    const double norm = std::sqrt(red[0]);
+    const float clip = opts.grad_clip > 0 && norm > opts.grad_clip
+                           ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
+    const float lr = lr_at(opts.adamw.lr, step, warmup, opts.steps);
+    const AdamWStep st = make_step(opts.adamw, lr, step, clip);
+    if (overlap_optimizer) {
+      progress.start();
+      opt_job_step = step;
+      opt_job = std::async(std::launch::async, [&, step, cur, nxt, st] {
+        Result<double> r = run_optimizer(step, cur, nxt, st);
+        progress.finish(r.has_value());
+        return r;
+      });
+    } else {
+      auto r = run_optimizer(step, cur, nxt, st);
+      if (!r) return fail(r.error());
+      opt_ms += *r;
+      if (auto s = commit(step); !s) return fail(s);
+    }
+    // The last step and validation steps wait for their own update (validation reads it).
+    const bool last = step == opts.steps;
+    const bool validate = opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0));
+    if (last || validate)
+      if (auto s = finish_optimizer(opt_ms); !s) return fail(s);
 
     StepStats ss;
     ss.step = step;
@@ -504,8 +593,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       }
       nvme_io_prev = io;
     }
-    const bool last = step == opts.steps;
-    if (opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0))) {
+    if (validate) {
       auto v = validate_at(nxt);
       if (!v) return fail(v.error());
       ss.val_loss = *v;

@@ -47,8 +47,9 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
     INFO(b.stderr_text);
     REQUIRE(b.exit_code == 0);
     REQUIRE(!b.steps.empty());
-    // Resumes at the killed step, or after it when the kill came after its commit.
-    CHECK(b.steps.front() >= f.step);
+    // Resumes at the killed step, one before it (step s-1 commits only after step s's pass,
+    // which overlaps its optimizer), or after it when the kill came after its commit.
+    CHECK(b.steps.front() >= std::max(1, f.step - 1));
     CHECK(b.steps.front() <= f.step + 1);
     CHECK(b.steps.back() == 9);
     for (const TrainRun* r : {static_cast<const TrainRun*>(&a), &b})
