@@ -109,7 +109,7 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
   for (int round = 0; round < 3; ++round) {
     const std::string job = " --job rnd" + std::to_string(round);
     const std::string out = daemon.dir() + "/rnd" + std::to_string(round) + ".out";
-    const std::string cmd = "exec mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
+    const std::string cmd = "exec " + std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " +
                             tier::test::bin_path("tier-train") + " --threads 1 " + base + job +
                             " >" + out + " 2>/dev/null";
     const pid_t mpirun = fork();

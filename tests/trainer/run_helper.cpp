@@ -19,7 +19,7 @@ TrainRun run_trainer(int ranks, const std::string& args) {
   if (fd >= 0) close(fd);
   std::string cmd;
   if (ranks > 1)
-    cmd = "mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) +
+    cmd = std::string(kMpirun) + " -np " + std::to_string(ranks) +
           " -x OMP_NUM_THREADS=1 ";
   cmd += bin_path("tier-train") + " --threads 1 " + args + " 2>" + tmpl;
   TrainRun r;

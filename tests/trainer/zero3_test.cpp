@@ -63,7 +63,7 @@ TEST_CASE("2 simulated nodes x 2 ranks, one tierd each, match one process", "[tr
   REQUIRE(ref.exit_code == 0);
   const std::string bin = tier::test::bin_path("tier-train");
   const std::string args = " --threads 1 " + kTiny + " --state tier --job nodes";
-  const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 2 -x TIERD_SOCKET=" +
+  const std::string cmd = std::string(tier::test::kMpirun) + " -np 2 -x TIERD_SOCKET=" +
                           a.socket() + " " + bin + args + " : -np 2 -x TIERD_SOCKET=" +
                           b.socket() + " " + bin + args;
   // run_trainer wants tier-train's arguments; build the MPMD line by hand here.
