@@ -547,8 +547,9 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
   for (Tensor* t : tensors) {
     if (pit != plans_.end() && pit->second.pool_id == t->pool_id) {
       Plan& pl = pit->second;
-      if (auto d = pl.index.next_use(t->id, pl.cursor)) {
-        pl.cursor = (pl.cursor + *d + 1) % pl.index.length();
+      bool advanced = false;
+      pl.cursor = pl.index.advance_cursor(pl.cursor, t->id, tensors.size(), advanced);
+      if (advanced) {
         double gap = now - pl.last_advance;
         if (pl.last_advance > 0 && gap < 10.0)
           pl.seconds_per_use = pl.seconds_per_use == 0 ? gap : 0.8 * pl.seconds_per_use + 0.2 * gap;

@@ -29,6 +29,16 @@ class PlanIndex {
   // Uses between `cursor` and the next use of `id`, counting cyclically: 0 when `id` is the use
   // at `cursor`, length()-1 at most; nullopt when the plan does not use `id`.
   std::optional<uint64_t> next_use(uint64_t id, uint64_t cursor) const;
+  // Uses between the most recent use of `id` before `cursor` and `cursor`, counting cyclically:
+  // 1 when `id` is the use just before `cursor`; nullopt when the plan does not use `id`.
+  std::optional<uint64_t> since_use(uint64_t id, uint64_t cursor) const;
+  // Where the cursor goes when a lease of `batch` tensors names `id`: just past its next use,
+  // unless the lease repeats uses the cursor has just passed (a client retrying after a wait
+  // slice expired, or a batch asked again: `id` not at the cursor but used within the last
+  // `batch` uses), which leaves it where it is. Advancing for a repeat would push the cursor a
+  // whole step ahead, and eviction and prefetch would then treat the tensors needed now as
+  // the farthest. `advanced` says whether it moved.
+  uint64_t advance_cursor(uint64_t cursor, uint64_t id, size_t batch, bool& advanced) const;
   // Whether the use at `pos` (cyclic) overwrites its tensor.
   bool overwrites(uint64_t pos) const {
     return !overwrite_.empty() && overwrite_[pos % overwrite_.size()] != 0;

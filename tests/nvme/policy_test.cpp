@@ -249,6 +249,57 @@ TEST_CASE("plan overwrites: nothing is fetched for them and their tensors are vi
   CHECK_FALSE(bad.overwrites(0));
 }
 
+TEST_CASE("plan cursor: a lease advances it past its use; a repeated lease leaves it") {
+  // One step: 10 20 30 40 | 50 60 (ids); the second part is leased as one batch.
+  PlanIndex plan({10, 20, 30, 40, 50, 60});
+  bool moved = false;
+  uint64_t c = 0;
+  c = plan.advance_cursor(c, 10, 1, moved);
+  CHECK((c == 1 && moved));
+  c = plan.advance_cursor(c, 20, 1, moved);
+  CHECK((c == 2 && moved));
+  // The client's wait slice expired and it asks for 20 again: not the next step's use.
+  c = plan.advance_cursor(c, 20, 1, moved);
+  CHECK((c == 2 && !moved));
+  c = plan.advance_cursor(c, 30, 1, moved);
+  CHECK(c == 3);
+  // A tensor ahead of the cursor (uses skipped) still advances to just past it.
+  c = plan.advance_cursor(c, 50, 1, moved);
+  CHECK((c == 5 && moved));
+  c = plan.advance_cursor(c, 60, 1, moved);
+  CHECK(c == 0);  // wrapped: the next step starts
+  // A batch of 2 asked again after it was granted: every tensor of it is a repeat.
+  c = 4;
+  c = plan.advance_cursor(c, 50, 2, moved);
+  c = plan.advance_cursor(c, 60, 2, moved);
+  CHECK(c == 0);
+  c = plan.advance_cursor(c, 50, 2, moved);
+  CHECK((c == 0 && !moved));
+  c = plan.advance_cursor(c, 60, 2, moved);
+  CHECK((c == 0 && !moved));
+  // The next step's first use moves on as usual.
+  c = plan.advance_cursor(c, 10, 1, moved);
+  CHECK((c == 1 && moved));
+  // A tensor used twice per step (forward and backward): a repeated lease of its forward use
+  // must not move the cursor to its backward use, past everything in between.
+  PlanIndex fwd_bwd({10, 20, 30, 20, 40});
+  c = fwd_bwd.advance_cursor(1, 20, 1, moved);
+  CHECK(c == 2);
+  c = fwd_bwd.advance_cursor(c, 20, 1, moved);
+  CHECK((c == 2 && !moved));
+  c = fwd_bwd.advance_cursor(c, 30, 1, moved);
+  c = fwd_bwd.advance_cursor(c, 20, 1, moved);  // the backward use, at the cursor
+  CHECK((c == 4 && moved));
+  // A tensor used twice in a row is at the cursor the second time: that advances.
+  PlanIndex twice({1, 1, 2});
+  c = twice.advance_cursor(0, 1, 1, moved);
+  c = twice.advance_cursor(c, 1, 1, moved);
+  CHECK((c == 2 && moved));
+  CHECK(plan.since_use(20, 2) == 1u);
+  CHECK(plan.since_use(60, 1) == 2u);  // last used in the previous step
+  CHECK_FALSE(plan.since_use(99, 0).has_value());
+}
+
 TEST_CASE("watermarks: evict only above high, then down to low") {
   Watermarks w{0.9, 0.7};
   CHECK(bytes_to_evict(900, 1000, w) == 0);
