@@ -41,7 +41,7 @@ std::string render_metrics(const MetricsInput& in) {
   o.one("tierd_pools", "gauge", "Pools.", st.pools);
   o.one("tierd_leases", "gauge", "Leases held.", st.leases);
   o.one("tierd_requests_total", "counter", "Control requests served.", st.requests);
-  o.one("tierd_errors_total", "counter", "Requests answered with an error.", st.errors);
+  o.one("tierd_errors_total", "counter", "Requests answered with an error (leases that waited until their deadline count in tierd_lease_timeouts_total instead).", st.errors);
   o.one("tierd_leases_granted_total", "counter", "Tensor leases granted.", in.leases_granted);
   o.one("tierd_lease_waits_total", "counter", "Lease requests that waited for a conflicting lease.", in.lease_waits);
   o.one("tierd_lease_timeouts_total", "counter", "Lease waits that timed out.", in.lease_timeouts);
