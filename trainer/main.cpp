@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
   app.add_flag("--json", json, "--plan: one JSON object");
   app.add_flag("--bench-optimizer", bench_opt, "benchmark the AdamW step against a scalar loop");
+  bool overlap_optimizer = false;
+  app.add_flag("--overlap-optimizer", overlap_optimizer,
+               "run the CPU AdamW of a step beside the next step's pass (faster with the state "
+               "in RAM, slower with it on NVMe)");
   std::string fault_kill;
   app.add_option("--fault-kill", fault_kill,
                  "testing: STEP:POINT:RANK kills that rank (SIGKILL) at forward, backward, "
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<OffloadOptimizer> offload;
+  o.overlap_optimizer = overlap_optimizer;
   if (optimizer == "gpu") {
     std::string err = "this build has no GPU optimizer (needs CUDA and NCCL)";
 #if defined(TIER_TRAIN_HAVE_CUDA) && defined(TIER_HAVE_NCCL)

@@ -508,7 +508,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   // The update running on its own thread (CPU optimizer only: a GPU optimizer shares the
   // backend's device and stream with the passes, so it runs inline). Its future's destructor
   // waits for it, so no early return leaves it running.
-  const bool overlap_optimizer = opts.optimizer == nullptr;
+  const bool overlap_optimizer = opts.overlap_optimizer && opts.optimizer == nullptr;
   std::future<Result<double>> opt_job;
   int64_t opt_job_step = 0;
   // Waits for the running update and commits its step; adds its duration to `opt_ms`.

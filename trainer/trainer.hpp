@@ -56,6 +56,10 @@ struct TrainOptions {
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
   OffloadOptimizer* optimizer = nullptr;  // null: the CPU AdamW over the tier (adamw_update)
+  // The CPU AdamW of step s runs on its own thread beside step s+1's pass (docs/trainer.md).
+  // Off by default: with the state on NVMe the two threads' interleaved leases defeat tierd's
+  // plan (one cursor per client) and the step was slower (docs/benchmarks.md).
+  bool overlap_optimizer = false;
   // Fault injection for the warm-restart tests: rank `fault_rank` kills itself (SIGKILL) in
   // step `fault_step` at `fault_point`: "forward", "backward", "optimizer" (after the first
   // layer's update), "precommit" (after the barrier, before the marker) or "postcommit".

@@ -23,8 +23,10 @@ using tier::test::TrainRun;
 TEST_CASE("kill -9 of a rank at each point of a step and --resume give the uninterrupted losses", "[trainer][mpi][tier][restart]") {
   tier::test::TestDaemon daemon;
   REQUIRE(daemon.running());
+  // --overlap-optimizer: the overlapped update's commit order is the one under test here (the
+  // random-instant test below covers the default, serial one).
   const std::string base = "--model tiny --steps 9 --batch 4 --lr 3e-3 --seed 3 --val-every -1 "
-                           "--state tier --socket " + daemon.socket();
+                           "--overlap-optimizer --state tier --socket " + daemon.socket();
   const TrainRun ref = run_trainer(2, base + " --job ref");
   INFO(ref.stderr_text);
   REQUIRE(ref.exit_code == 0);
