@@ -179,7 +179,7 @@ class TierManager {
   void fetch_done(uint64_t id, Status st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
   void wait_idle(uint64_t id);
-  const Plan* plan_for_pool(uint64_t pool_id) const;
+  std::vector<const Plan*> plans_for_pool(uint64_t pool_id) const;
   // Eviction candidates among RAM-resident tensors; `pool`/`node` restrict them when set;
   // `protect` keeps planned tensors used within that many uses.
   std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,

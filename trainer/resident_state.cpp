@@ -24,11 +24,12 @@ std::string shard_tensor_name(int rank, const ShardRef& ref) {
   return fmt::format("r{}.l{}.{}.{}", rank, ref.layer, shard_kind_name(ref.kind), ref.buffer);
 }
 
-Result<std::vector<Pinned>> ShardStore::acquire_many(std::span<const ShardRef> refs, Access access) {
+Result<std::vector<Pinned>> ShardStore::acquire_many(std::span<const ShardRef> refs, Access access,
+                                                     Lane lane) {
   std::vector<Pinned> out;
   out.reserve(refs.size());
   for (const auto& r : refs) {
-    auto p = acquire(r, access);
+    auto p = acquire(r, access, lane);
     if (!p) return fail(p.error());
     out.push_back(std::move(*p));
   }
@@ -71,7 +72,7 @@ class ResidentStore final : public ShardStore {
     return {};
   }
 
-  Result<Pinned> acquire(const ShardRef& ref, Access) override {
+  Result<Pinned> acquire(const ShardRef& ref, Access, Lane) override {
     const size_t i = index(ref);
     if (ref.layer < 0 || static_cast<size_t>(ref.layer) >= layout_.shard_floats.size() ||
         i >= slots_.size() || !slots_[i])

@@ -35,6 +35,11 @@ struct ShardRef {
 // overwrite lease: a shard spilled to NVMe is not read back for it).
 enum class Access : uint8_t { kRead, kWrite, kOverwrite };
 
+// Which stream of work a call belongs to: the passes (gathers, reduce-scatters) or the
+// optimizer's thread (--overlap-optimizer). The tier store gives each its own tierd client,
+// so each has its own plan and plan cursor in the daemon.
+enum class Lane : uint8_t { kPass = 0, kOptimizer = 1 };
+
 // One use of a shard in a step's plan.
 struct ShardUse {
   ShardRef ref;
@@ -72,19 +77,26 @@ class ShardStore {
   virtual const char* name() const = 0;
   // Creates (or, when they exist, opens) every tensor of this rank and the marker.
   [[nodiscard]] virtual Status open(const StoreLayout& layout) = 0;
-  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, Access access) = 0;
+  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, Access access, Lane lane = Lane::kPass) = 0;
   // Pins many at once (one round trip for tierd). Same order as refs.
   [[nodiscard]] virtual Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs,
-                                                                 Access access);
+                                                                 Access access, Lane lane = Lane::kPass);
   // Releases every pin in `pins` (one daemon round trip for tierd); they become empty. A pin
   // shared by several entries is released once.
-  virtual void release_many(std::vector<Pinned>& pins) {
+  virtual void release_many(std::vector<Pinned>& pins, Lane lane = Lane::kPass) {
+    (void)lane;
     for (auto& p : pins) p.release();
   }
   // Hints that these shards are needed soon. Best effort; errors are ignored.
-  virtual void prefetch(std::span<const ShardRef> refs) { (void)refs; }
+  virtual void prefetch(std::span<const ShardRef> refs, Lane lane = Lane::kPass) {
+    (void)refs;
+    (void)lane;
+  }
   // Registers the ordered shard uses of one step. Best effort.
-  virtual void set_plan(std::span<const ShardUse> uses) { (void)uses; }
+  virtual void set_plan(std::span<const ShardUse> uses, Lane lane = Lane::kPass) {
+    (void)uses;
+    (void)lane;
+  }
   [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
   // Publishes the marker (rank 0 only, after every rank finished the step).
   [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;

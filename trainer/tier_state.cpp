@@ -28,7 +28,8 @@ LeaseMode lease_mode(Access a) {
 
 class TierStore final : public ShardStore {
  public:
-  TierStore(std::unique_ptr<Client> c, TierStoreOptions o) : client_(std::move(c)), opts_(std::move(o)) {}
+  TierStore(std::unique_ptr<Client> c, std::unique_ptr<Client> opt, TierStoreOptions o)
+      : client_(std::move(c)), opt_client_(std::move(opt)), opts_(std::move(o)) {}
   const char* name() const override { return "tier"; }
 
   Status open(const StoreLayout& layout) override {
@@ -68,16 +69,16 @@ class TierStore final : public ShardStore {
     return {};
   }
 
-  Result<Pinned> acquire(const ShardRef& ref, Access access) override {
+  Result<Pinned> acquire(const ShardRef& ref, Access access, Lane lane) override {
     const uint64_t id = lookup(ref);
     if (id == 0)
       return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, ref)));
-    auto l = client_->lease(id, lease_mode(access), LeaseWait{kLeaseTimeoutMs});
+    auto l = of(lane).lease(id, lease_mode(access), LeaseWait{kLeaseTimeoutMs});
     if (!l) return fail(l.error());
     return pin(std::move(*l), ref);
   }
 
-  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, Access access) override {
+  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, Access access, Lane lane) override {
     std::vector<uint64_t> ids;
     ids.reserve(refs.size());
     for (const auto& r : refs) {
@@ -86,7 +87,7 @@ class TierStore final : public ShardStore {
         return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, r)));
       ids.push_back(id);
     }
-    auto ls = client_->lease_batch(ids, lease_mode(access), LeaseWait{kLeaseTimeoutMs});
+    auto ls = of(lane).lease_batch(ids, lease_mode(access), LeaseWait{kLeaseTimeoutMs});
     if (!ls) return fail(ls.error());
     std::vector<Pinned> out;
     out.reserve(refs.size());
@@ -98,7 +99,7 @@ class TierStore final : public ShardStore {
     return out;
   }
 
-  void release_many(std::vector<Pinned>& pins) override {
+  void release_many(std::vector<Pinned>& pins, Lane lane) override {
     std::vector<Lease> leases;
     std::vector<void*> seen;
     for (auto& p : pins) {
@@ -110,10 +111,10 @@ class TierStore final : public ShardStore {
       }
     }
     for (auto& p : pins) p.release();
-    if (!leases.empty()) (void)client_->release_batch(leases);
+    if (!leases.empty()) (void)of(lane).release_batch(leases);  // the client that granted them
   }
 
-  void prefetch(std::span<const ShardRef> refs) override {
+  void prefetch(std::span<const ShardRef> refs, Lane lane) override {
     // A daemon without an NVMe tier answers kUnsupported: every shard is in RAM already, so
     // stop sending hints (each would count as an error in tierd's status). Other failures
     // (no room right now) only cost that hint.
@@ -122,17 +123,17 @@ class TierStore final : public ShardStore {
     for (const auto& r : refs)
       if (uint64_t id = lookup(r)) ids.push_back(id);
     if (ids.empty()) return;
-    if (Status st = client_->prefetch(opts_.pool, ids); st.code() == Code::kUnsupported)
+    if (Status st = of(lane).prefetch(opts_.pool, ids); st.code() == Code::kUnsupported)
       no_tiering_.store(true, std::memory_order_relaxed);
   }
 
-  void set_plan(std::span<const ShardUse> uses) override {
+  void set_plan(std::span<const ShardUse> uses, Lane lane) override {
     if (no_tiering_.load(std::memory_order_relaxed)) return;
     std::vector<PlanUse> plan;
     for (const auto& u : uses)
       if (uint64_t id = lookup(u.ref)) plan.push_back({id, u.overwrite});
     // kUnsupported (a daemon without an NVMe tier) and other failures only cost the hint.
-    if (Status st = client_->set_plan(opts_.pool, plan); st.code() == Code::kUnsupported)
+    if (Status st = of(lane).set_plan(opts_.pool, plan); st.code() == Code::kUnsupported)
       no_tiering_.store(true, std::memory_order_relaxed);
   }
 
@@ -173,6 +174,8 @@ class TierStore final : public ShardStore {
   }
 
  private:
+  Client& of(Lane lane) { return lane == Lane::kOptimizer && opt_client_ ? *opt_client_ : *client_; }
+
   static size_t index(const ShardRef& r) {
     return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
            static_cast<size_t>(r.buffer & 1);
@@ -215,6 +218,7 @@ class TierStore final : public ShardStore {
   }
 
   std::unique_ptr<Client> client_;
+  std::unique_ptr<Client> opt_client_;  // Lane::kOptimizer's connection (its own plan)
   TierStoreOptions opts_;
   StoreLayout layout_;
   std::vector<uint64_t> ids_;
@@ -232,7 +236,10 @@ Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o) {
   co.connect_timeout = std::chrono::milliseconds(5000);
   auto c = Client::connect(o.socket, co);
   if (!c) return fail(c.error());
-  return std::unique_ptr<ShardStore>(new TierStore(std::move(*c), o));
+  co.client_name = "tier-train optimizer";
+  auto opt = Client::connect(o.socket, co);
+  if (!opt) return fail(opt.error());
+  return std::unique_ptr<ShardStore>(new TierStore(std::move(*c), std::move(*opt), o));
 }
 
 }  // namespace tier::train

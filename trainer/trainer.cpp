@@ -219,9 +219,13 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   // The step's plan for tierd: param shards in gather order, grads in backward order (written
   // whole by the reduce-scatter: overwrites), then per layer the optimizer's inputs and, double
   // buffered, the other buffer it writes whole (overwrites). Registered for both buffers'
-  // parity (it repeats every two steps).
+  // parity (it repeats every two steps). With --overlap-optimizer the update runs on its own
+  // thread and lane (its own tierd client): the passes and the update are then two plans.
+  const bool overlap_optimizer = opts.overlap_optimizer && opts.optimizer == nullptr;
+  const Lane opt_lane = overlap_optimizer ? Lane::kOptimizer : Lane::kPass;
   {
-    std::vector<ShardUse> plan;
+    std::vector<ShardUse> plan, opt_plan;
+    std::vector<ShardUse>& opt_uses = overlap_optimizer ? opt_plan : plan;
     const bool two = opts.buffers == 2;
     for (int b = 0; b < opts.buffers; ++b) {
       for (const Use& u : step_uses(L, true)) {
@@ -230,14 +234,15 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
           plan.push_back({{u.layer, ShardKind::kGrad, 0}, true});
       }
       for (int l = 0; l < NL; ++l) {
-        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) plan.push_back({{l, k, b}, false});
-        plan.push_back({{l, ShardKind::kGrad, 0}, false});
+        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) opt_uses.push_back({{l, k, b}, false});
+        opt_uses.push_back({{l, ShardKind::kGrad, 0}, false});
         if (two)
           for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
-            plan.push_back({{l, k, 1 - b}, true});
+            opt_uses.push_back({{l, k, 1 - b}, true});
       }
     }
-    store.set_plan(plan);
+    store.set_plan(plan, Lane::kPass);
+    if (overlap_optimizer) store.set_plan(opt_plan, Lane::kOptimizer);
   }
 
   // --fault-step/--fault-point: SIGKILL this rank at a point of a step (restart tests).
@@ -412,21 +417,21 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     // In: param, m, v of buffer cur and the grad. Out: param, m, v of buffer nxt (the same
     // tensors when single-buffered, pinned for writing).
     using Pins = std::pair<std::vector<Pinned>, std::vector<Pinned>>;
-    auto pin_layer = [&store, &opts, cur, nxt](int l) -> Result<Pins> {
+    auto pin_layer = [&store, &opts, cur, nxt, opt_lane](int l) -> Result<Pins> {
       Pins p;
       if (opts.buffers == 2) {
         auto a = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
                                                           {l, ShardKind::kM, cur},
                                                           {l, ShardKind::kV, cur},
                                                           {l, ShardKind::kGrad, 0}},
-                                    Access::kRead);
+                                    Access::kRead, opt_lane);
         if (!a) return fail(a.error());
         // Buffer nxt is written whole (the update, then the padding below): its old bytes are
         // dead, so a copy spilled to NVMe is not read back for it.
         auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, nxt},
                                                           {l, ShardKind::kM, nxt},
                                                           {l, ShardKind::kV, nxt}},
-                                    Access::kOverwrite);
+                                    Access::kOverwrite, opt_lane);
         if (!b) return fail(b.error());
         p.first = std::move(*a);
         p.second = std::move(*b);
@@ -434,9 +439,9 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, 0},
                                                           {l, ShardKind::kM, 0},
                                                           {l, ShardKind::kV, 0}},
-                                    Access::kWrite);
+                                    Access::kWrite, opt_lane);
         if (!b) return fail(b.error());
-        auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kRead);
+        auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kRead, opt_lane);
         if (!g) return fail(g.error());
         p.second = std::move(*b);
         p.first = {p.second[0], p.second[1], p.second[2], std::move(*g)};
@@ -447,10 +452,11 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     // and the inputs of layer l+2 are hinted to tierd then, so a shard spilled to NVMe is
     // fetched a whole layer's update ahead of its lease (best effort; RAM-resident: no-op).
     const int cur_in = cur;
-    auto hint_layer = [&store, cur_in, NL](int l) {
+    auto hint_layer = [&store, cur_in, NL, opt_lane](int l) {
       if (l >= NL) return;
       store.prefetch(std::vector<ShardRef>{{l, ShardKind::kParam, cur_in}, {l, ShardKind::kM, cur_in},
-                                           {l, ShardKind::kV, cur_in}, {l, ShardKind::kGrad, 0}});
+                                           {l, ShardKind::kV, cur_in}, {l, ShardKind::kGrad, 0}},
+                     opt_lane);
     };
     hint_layer(1);
     std::future<Result<Pins>> next = std::async(std::launch::deferred, pin_layer, 0);
@@ -485,7 +491,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       }
       std::vector<Pinned> all = std::move(pins->first);
       for (auto& q : pins->second) all.push_back(std::move(q));
-      store.release_many(all);
+      store.release_many(all, opt_lane);
       progress.layer_done(l);
       if (l == 0) fault_at("optimizer", step);
     }
@@ -508,7 +514,6 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   // The update running on its own thread (CPU optimizer only: a GPU optimizer shares the
   // backend's device and stream with the passes, so it runs inline). Its future's destructor
   // waits for it, so no early return leaves it running.
-  const bool overlap_optimizer = opts.overlap_optimizer && opts.optimizer == nullptr;
   std::future<Result<double>> opt_job;
   int64_t opt_job_step = 0;
   // Waits for the running update and commits its step; adds its duration to `opt_ms`.
