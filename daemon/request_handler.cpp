@@ -285,10 +285,18 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
     return reply_err(h, Status(Code::kBusy, "pool '" + p.name + "' has " + std::to_string(p.leases) +
                                                 " leases held"),
                      out);
+  // A million-tensor pool must not stall the loop for long: extents are not freed one by one
+  // (their allocators go with the arenas), only the usage counts are taken off per node.
+  std::map<int32_t, std::pair<uint64_t, uint64_t>> usage;  // node -> (bytes, extents)
   for (auto& [id, t] : p.tensors) {
     if (state_.tiering) state_.tiering->forget(p, t);
-    if (t.ram) state_.ram->release(p, *t.ram);
+    if (t.ram) {
+      auto& u = usage[t.ram->node];
+      u.first += t.ram->length;
+      u.second++;
+    }
   }
+  for (const auto& [node, u] : usage) state_.ram->forget_usage(p, node, u.first, u.second);
   close_read_only_fds(p.id);
   state_.ram->drop_pool(p.id);
   log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, s.uid, p.tensors.size());

@@ -127,6 +127,14 @@ Arena* RamTier::arena(uint64_t id) noexcept {
   return it == arenas_.end() ? nullptr : it->second.arena.get();
 }
 
+void RamTier::forget_usage(Pool& pool, int32_t node, uint64_t bytes, uint64_t tensors) {
+  pool.ram_used -= std::min(pool.ram_used, bytes);
+  if (NodeUsage* nu = usage(node)) {
+    nu->used -= std::min(nu->used, bytes);
+    nu->tensors -= std::min(nu->tensors, tensors);
+  }
+}
+
 void RamTier::drop_pool(uint64_t pool_id) {
   auto it = arenas_.lower_bound(arena_id(pool_id, 0));
   while (it != arenas_.end() && arena_pool(it->first) == pool_id) {

@@ -57,6 +57,9 @@ class RamTier {
   [[nodiscard]] Arena* arena(uint64_t id) noexcept;
   // Unlinks and unmaps every arena of the pool (its tensors are gone).
   void drop_pool(uint64_t pool_id);
+  // Before drop_pool(): takes `bytes` in `tensors` extents of the pool on `node` off the usage
+  // counts without freeing them one by one (their allocator goes with the arena).
+  void forget_usage(Pool& pool, int32_t node, uint64_t bytes, uint64_t tensors);
   // Unlinks every arena (clean exit with remove_arenas_on_exit).
   void unlink_all();
 

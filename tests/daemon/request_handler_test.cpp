@@ -220,9 +220,13 @@ TEST_CASE("handler: authorization by uid") {
   admin->gid = 4242;
   CHECK(h.call<PoolListRep>(*admin, MsgType::kPoolList, Empty{})->pools.size() == 1);
   CHECK(h.call<LeaseRep>(*admin, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() == Code::kPermissionDenied);
+  CHECK(h.state->ram->used() > 0);
   CHECK(h.call<Empty>(*root, MsgType::kPoolDrop, PoolNameReq{"mine"}));
   CHECK(h.state->catalog.pool_count() == 0);
   CHECK(h.state->ram->arena_count() == 0);
+  // The drop takes the pool's extents off the node usage in bulk: nothing is left counted.
+  CHECK(h.state->ram->used() == 0);
+  for (const auto& n : h.state->ram->nodes()) CHECK((n.used == 0 && n.tensors == 0));
 }
 
 TEST_CASE("handler: lease waits are answered later through the sink") {
