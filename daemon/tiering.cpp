@@ -153,25 +153,6 @@ void TierManager::ensure_registration() {
             ok ? "registered" : "not all registered");
 }
 
-void TierManager::drop_ram(Pool& pool, Tensor& t) {
-  RamLocation loc = *t.ram;
-  t.ram.reset();
-  if (durable_) {
-    // Write-ahead: the journal must say the RAM copy is gone before its bytes are destroyed.
-    // Punching first left a window in which a kill -9 replayed a RAM placement over zeroed (or
-    // reused) pages. A failed commit is fatal for the daemon (it stops acknowledging); keep the
-    // pages and the extent then, so nothing the journal still points at is overwritten.
-    durable_->ram_dropped(t);
-    if (Status st = durable_->commit(); !st.is_ok()) {
-      log_error("journal commit before dropping tensor {} from RAM failed: {}", t.id, st.to_string());
-      stats_.evictions++;
-      return;
-    }
-  }
-  release_ram(pool, loc, !take_keep_pages(t.id));
-  stats_.evictions++;
-}
-
 bool TierManager::take_keep_pages(uint64_t id) {
   auto it = ts_.find(id);
   if (it == ts_.end()) return false;
@@ -180,10 +161,6 @@ bool TierManager::take_keep_pages(uint64_t id) {
 
 void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
   if (tensors.empty()) return;
-  if (tensors.size() == 1) {
-    if (Pool* p = catalog_.find_pool(tensors[0]->pool_id)) drop_ram(*p, *tensors[0]);
-    return;
-  }
   struct Gone {
     Pool* pool;
     RamLocation loc;
@@ -199,8 +176,10 @@ void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
     if (durable_) durable_->ram_dropped(*t);
   }
   stats_.evictions += gone.size();
-  // Write-ahead, as in drop_ram(): every drop is durable before any page is punched; on a
-  // failed commit none is (the extents stay allocated, nothing journaled is overwritten).
+  // Write-ahead: the journal must say the RAM copies are gone before their bytes are destroyed
+  // (punching first left a window in which a kill -9 replayed a RAM placement over zeroed or
+  // reused pages). A failed commit is fatal for the daemon (it stops acknowledging); the
+  // extents then stay allocated, so nothing the journal still points at is overwritten.
   if (durable_) {
     if (Status st = durable_->commit(); !st.is_ok()) {
       log_error("journal commit before dropping {} tensors from RAM failed: {}", gone.size(), st.to_string());
@@ -245,8 +224,9 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
     }
   }
   if (!loc) return loc.error();
-  // Nothing else can have fetched this tensor meanwhile (fetches start only here, and
-  // allocate() did not wait), but re-check for safety.
+  // ensure_registration() may drain I/O, whose completions run: only after it can nobody else
+  // have given this tensor RAM or started its I/O (fetches start only here).
+  ensure_registration();
   TState& s2 = ts(t.id);
   if (t.ram || s2.io != Io::kNone) {
     ram_.release(pool, *loc);
@@ -256,11 +236,6 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
   if (!dst) {
     ram_.release(pool, *loc);
     return Status(Code::kInternal, "no arena for a fetch");
-  }
-  ensure_registration();  // may drain I/O: completions run, so check again
-  if (t.ram || ts(t.id).io != Io::kNone) {
-    ram_.release(pool, *loc);
-    return Status::ok();
   }
   s2.io = Io::kFetch;
   s2.pending = *loc;

@@ -154,9 +154,8 @@ class TierManager {
   // mapped or unmapped), after draining the I/O in flight. Called before any I/O is submitted,
   // so no request can reach memory through a stale registration.
   void ensure_registration();
-  // Drops a clean, unleased RAM copy (frees its extent and returns its pages to the OS).
-  void drop_ram(Pool& pool, Tensor& t);
-  // drop_ram() for many tensors with one journal commit (one fdatasync) for all of them.
+  // Drops clean, unleased RAM copies: journals every drop and commits once (one fdatasync),
+  // then frees the extents and returns their pages to the OS (unless keep_pages).
   void drop_ram_many(std::span<Tensor* const> tensors);
   // Reads and clears TState::keep_pages.
   bool take_keep_pages(uint64_t id);
