@@ -55,6 +55,9 @@ struct Harness : TempNvmeDir, tier::test::HandlerHarness {
   Result<Rep> call(MsgType t, const Req& req) {
     return call_waiting<Rep>(*s, t, req);
   }
+  // Creates tensor `name` of `size` bytes in `pool` and stamps it with `seed` under a write
+  // lease; returns its id.
+  uint64_t create_stamped(const std::string& pool, const std::string& name, uint64_t size, uint64_t seed);
 
   static Config config(const std::string& nvme, uint32_t max_plan_uses) {
     Config cfg;
@@ -85,6 +88,17 @@ bool stamped(const std::byte* p, size_t n, uint64_t seed) {
   return true;
 }
 
+uint64_t Harness::create_stamped(const std::string& pool, const std::string& name, uint64_t size,
+                                 uint64_t seed) {
+  auto t = call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{pool, name, size, 0, {}, 0, -1, false});
+  REQUIRE(t);
+  auto l = call<LeaseRep>(MsgType::kLease, LeaseReq{2, -1, {t->id}});
+  REQUIRE(l);
+  stamp(at(l->grants[0]), size, seed);
+  REQUIRE(call<Empty>(MsgType::kRelease, ReleaseReq{{l->grants[0].lease_id}}));
+  return t->id;
+}
+
 }  // namespace
 
 TEST_CASE("leases under a plan's prefetches see their last committed bytes (deterministic)") {
@@ -99,15 +113,8 @@ TEST_CASE("leases under a plan's prefetches see their last committed bytes (dete
   std::vector<uint64_t> ids, sizes, want;
   for (int i = 0; i < kTensors; ++i) {
     const uint64_t size = kSize - 4096 * i;
-    auto t = h.call<TensorInfoW>(MsgType::kTensorCreate,
-                                 TensorCreateReq{"plan", "t" + std::to_string(i), size, 0, {}, 0, -1, false});
-    REQUIRE(t);
-    auto l = h.call<LeaseRep>(MsgType::kLease, LeaseReq{2, -1, {t->id}});
-    REQUIRE(l);
-    stamp(h.at(l->grants[0]), size, 700 + i);
+    ids.push_back(h.create_stamped("plan", "t" + std::to_string(i), size, 700 + i));
     want.push_back(700 + i);
-    REQUIRE(h.call<Empty>(MsgType::kRelease, ReleaseReq{{l->grants[0].lease_id}}));
-    ids.push_back(t->id);
     sizes.push_back(size);
   }
   // Everything written back and dropped: from here on every resident tensor is a clean copy,
@@ -175,16 +182,8 @@ TEST_CASE("a lease that needs a write-back first is deferred, not waited for ins
   Harness h(kRam);
   REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", kRam, 0, false}));
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 4; ++i) {  // fills the RAM tier with dirty tensors
-    auto t = h.call<TensorInfoW>(MsgType::kTensorCreate,
-                                 TensorCreateReq{"p", "t" + std::to_string(i), kSize, 0, {}, 0, -1, false});
-    REQUIRE(t);
-    auto l = h.call<LeaseRep>(MsgType::kLease, LeaseReq{2, -1, {t->id}});
-    REQUIRE(l);
-    stamp(h.at(l->grants[0]), kSize, 100 + i);
-    REQUIRE(h.call<Empty>(MsgType::kRelease, ReleaseReq{{l->grants[0].lease_id}}));
-    ids.push_back(t->id);
-  }
+  for (int i = 0; i < 4; ++i)  // fills the RAM tier with dirty tensors
+    ids.push_back(h.create_stamped("p", "t" + std::to_string(i), kSize, 100 + i));
   REQUIRE(h.call<Empty>(MsgType::kEvict, TensorIdsReq{"p", {ids[0]}}));  // t0 only on NVMe now
   auto t4 = h.call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{"p", "t4", kSize, 0, {}, 0, -1, false});
   REQUIRE(t4);  // RAM full again, every resident copy dirty

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "bench_lines.hpp"
 #include "run_binary.hpp"
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
@@ -20,19 +21,8 @@ namespace {
 // Every stdout line must be one JSON object with the common keys and no "bytes"; keyed by name.
 std::map<std::string, json> figures(const std::string& out) {
   std::map<std::string, json> by_name;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    json j = json::parse(line);  // throws, failing the test, on a non-JSON line
-    INFO(line);
-    REQUIRE(j.is_object());
-    CHECK(j["name"].is_string());
-    CHECK(j["value"].is_number());
-    CHECK(j["unit"].is_string());
-    CHECK(j["baseline"].is_number());
-    CHECK(j["ratio"].is_number());
-    CHECK_FALSE(j.contains("bytes"));
+  for (const json& j : tier::test::parse_bench_lines(out)) {
+    tier::test::check_bench_keys(j, false);
     CHECK(by_name.count(j["name"]) == 0);
     by_name[j["name"]] = j;
   }

@@ -7,48 +7,24 @@
 #include <set>
 #include <sstream>
 
+#include "bench_lines.hpp"
 #include "run_binary.hpp"
 #include "support/daemon_fixture.hpp"
 
 using tier::test::bin_path;
 using tier::test::run_binary;
 using nlohmann::json;
-
-namespace {
-
-std::vector<json> parse_lines(const std::string& out) {
-  std::vector<json> v;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    v.push_back(json::parse(line));  // throws, failing the test, on a non-JSON line
-  }
-  return v;
-}
-
-void check_keys(const json& j, bool sized) {
-  INFO(j.dump());
-  REQUIRE(j.is_object());
-  CHECK(j["name"].is_string());
-  CHECK(j["value"].is_number());
-  CHECK(j["unit"].is_string());
-  CHECK(j["baseline"].is_number());
-  CHECK(j["ratio"].is_number());
-  CHECK(j.contains("bytes") == sized);
-  if (sized) CHECK(j["bytes"].is_number_unsigned());
-}
-
-}  // namespace
+using tier::test::check_bench_keys;
+using tier::test::parse_bench_lines;
 
 TEST_CASE("tier-bench ram --quick --json prints the documented JSON lines") {
   auto r = run_binary(bin_path("tier-bench"), {"ram", "--quick", "--json"}, {}, 120);
   INFO(r.err);
   REQUIRE(r.rc == 0);
-  auto lines = parse_lines(r.out);
+  auto lines = parse_bench_lines(r.out);
   std::set<std::string> names;
   for (const auto& j : lines) {
-    check_keys(j, true);
+    check_bench_keys(j, true);
     CHECK(j["unit"] == "GB/s");
     names.insert(j["name"]);
   }
@@ -62,8 +38,8 @@ TEST_CASE("tier-bench rpc --quick --json prints the documented JSON lines") {
   INFO(r.err);
   REQUIRE(r.rc == 0);
   std::set<std::string> names;
-  for (const auto& j : parse_lines(r.out)) {
-    check_keys(j, false);
+  for (const auto& j : parse_bench_lines(r.out)) {
+    check_bench_keys(j, false);
     names.insert(j["name"]);
     std::string n = j["name"];
     CHECK(j["unit"] == (n.rfind("rpc.lease_batch", 0) == 0 ? "leases/s" : "us"));
@@ -78,9 +54,9 @@ TEST_CASE("tier-bench rpc works against a running tierd given by --socket") {
   auto r = run_binary(bin_path("tier-bench"), {"rpc", "--quick", "--json", "--socket", d.socket()}, {}, 120);
   INFO(r.err);
   REQUIRE(r.rc == 0);
-  auto lines = parse_lines(r.out);
+  auto lines = parse_bench_lines(r.out);
   REQUIRE(lines.size() == 3);  // no placement variants against a daemon it does not own
-  for (const auto& j : lines) check_keys(j, false);
+  for (const auto& j : lines) check_bench_keys(j, false);
 }
 
 TEST_CASE("tier-bench usage errors exit 2") {
@@ -96,8 +72,8 @@ TEST_CASE("tier-bench load --clients 8 --seconds 2 prints its figures with zero 
   INFO(r.err);
   REQUIRE(r.rc == 0);
   std::map<std::string, json> by_name;
-  for (const auto& j : parse_lines(r.out)) {
-    check_keys(j, false);
+  for (const auto& j : parse_bench_lines(r.out)) {
+    check_bench_keys(j, false);
     by_name[j["name"]] = j;
   }
   for (const char* n : {"load.ops", "load.lease.p50", "load.lease.p99", "load.lease.p999", "load.errors",
