@@ -335,10 +335,10 @@ void TierManager::wait_idle(uint64_t id) {
 
 // --- eviction ---
 
-std::vector<const TierManager::Plan*> TierManager::plans_for_pool(uint64_t pool_id) const {
-  std::vector<const Plan*> out;
+std::vector<policy::PlanAt> TierManager::plans_for_pool(uint64_t pool_id) const {
+  std::vector<policy::PlanAt> out;
   for (const auto& [sid, p] : plans_)
-    if (p.pool_id == pool_id) out.push_back(&p);
+    if (p.pool_id == pool_id) out.push_back({&p.index, p.cursor});
   return out;
 }
 
@@ -349,14 +349,10 @@ std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> p
   // Several clients (a trainer's pass and its optimizer thread, or several ranks on the node)
   // may each have a plan over the pool: a tensor's next use is the nearest in any of them.
   auto add_pool = [&](Pool& p) {
-    const std::vector<const Plan*> plans = plans_for_pool(p.id);
+    const std::vector<policy::PlanAt> plans = plans_for_pool(p.id);
     for (auto& [id, t] : p.tensors) {
       if (!evictable(t) || (node && t.ram->node != *node)) continue;
-      policy::Candidate c = policy::make_candidate(id, t.ram->length, ts(id).last_use, nullptr, 0);
-      for (const Plan* pl : plans) {
-        auto n = pl->index.next_read(id, pl->cursor);
-        if (n && (!c.next_use || *n < *c.next_use)) c.next_use = n;
-      }
+      policy::Candidate c = policy::make_candidate(id, t.ram->length, ts(id).last_use, plans);
       if (protect && c.next_use && *c.next_use <= *protect) continue;
       out.push_back(c);
     }

@@ -178,7 +178,8 @@ class TierManager {
   void fetch_done(uint64_t id, Status st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
   void wait_idle(uint64_t id);
-  std::vector<const Plan*> plans_for_pool(uint64_t pool_id) const;
+  // Every session's plan over the pool, with its cursor.
+  std::vector<policy::PlanAt> plans_for_pool(uint64_t pool_id) const;
   // Eviction candidates among RAM-resident tensors; `pool`/`node` restrict them when set;
   // `protect` keeps planned tensors used within that many uses.
   std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,

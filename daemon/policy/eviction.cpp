@@ -6,9 +6,17 @@ namespace tier::policy {
 
 Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, const PlanIndex* plan,
                          uint64_t cursor) {
+  const PlanAt one{plan, cursor};
+  return make_candidate(id, bytes, last_use, std::span<const PlanAt>(&one, plan != nullptr ? 1 : 0));
+}
+
+Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, std::span<const PlanAt> plans) {
   Candidate c{id, bytes, last_use, std::nullopt};
   // A tensor whose next use overwrites it is never read again as it is: like one in no plan.
-  if (plan != nullptr) c.next_use = plan->next_read(id, cursor);
+  for (const PlanAt& p : plans) {
+    auto n = p.plan->next_read(id, p.cursor);
+    if (n && (!c.next_use || *n < *c.next_use)) c.next_use = n;
+  }
   return c;
 }
 

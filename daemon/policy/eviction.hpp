@@ -34,6 +34,15 @@ struct Candidate {
 Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, const PlanIndex* plan,
                          uint64_t cursor);
 
+// A plan and where its cursor is.
+struct PlanAt {
+  const PlanIndex* plan = nullptr;
+  uint64_t cursor = 0;
+};
+// The same over several plans of one pool (clients, or a client's streams, each with its own):
+// the next use is the nearest read in any of them.
+Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, std::span<const PlanAt> plans);
+
 // Victims in eviction order, just enough that their bytes add up to at least `bytes_needed`
 // (all candidates when they do not suffice; none when bytes_needed is 0).
 std::vector<uint64_t> choose_victims(std::span<const Candidate> candidates, uint64_t bytes_needed);

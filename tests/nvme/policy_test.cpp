@@ -244,6 +244,12 @@ TEST_CASE("plan overwrites: nothing is fetched for them and their tensors are vi
   PlanIndex plain({1, 2, 3, 2, 4});
   std::vector<Candidate> plain_cands{make_candidate(3, 100, 5, &plain, 0), make_candidate(2, 100, 9, &plain, 0)};
   CHECK(eviction_order(plain_cands).front() == 3);
+  // Over several plans of a pool the nearest read counts: 3 is read next in `other`.
+  PlanIndex other({3, 1});
+  const PlanAt both[] = {{&plan, 0}, {&other, 0}};
+  CHECK(make_candidate(3, 100, 5, both).next_use == 0u);
+  CHECK_FALSE(make_candidate(4, 100, 5, both).next_use.has_value());  // overwritten in one, absent in the other
+  CHECK(make_candidate(1, 100, 5, both).next_use == 0u);
   // Flags of the wrong length are ignored rather than misread.
   PlanIndex bad({1, 2}, {1});
   CHECK_FALSE(bad.overwrites(0));
