@@ -172,6 +172,7 @@ int main(int argc, char** argv) {
     TierStoreOptions to;
     to.socket = socket;
     to.pool = job;
+    to.optimizer_lane = overlap_optimizer && optimizer == "cpu";  // the overlapped update's own client
     if (!ram_quota.empty()) {
       auto q = tier::parse_size(ram_quota);
       if (!q) die(&comm, q.error().message(), 2);

@@ -117,6 +117,9 @@ struct TierStoreOptions {
   std::string pool = "tier-train";
   uint64_t ram_quota = 0;   // 0: the daemon's default
   uint64_t nvme_quota = 0;  // 0: the daemon's default
+  // A second connection for Lane::kOptimizer (--overlap-optimizer); without it that lane uses
+  // the passes' connection.
+  bool optimizer_lane = false;
 };
 // Connects to tierd (kUnavailable when it cannot be reached).
 [[nodiscard]] Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o);

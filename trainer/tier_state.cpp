@@ -38,11 +38,11 @@ class TierStore final : public ShardStore {
     po.ram_quota = opts_.ram_quota;
     po.nvme_quota = opts_.nvme_quota;
     if (auto p = client_->create_pool(opts_.pool, po, /*exist_ok=*/true); !p) return p.error();
-    // Near the rank's GPU when the node has one (local rank i drives GPU i), else anywhere:
-    // the daemon then uses the NUMA node of this process's CPU.
     // A daemon without an NVMe tier keeps every shard in RAM: plans and prefetch hints would
     // only be answered kUnsupported (and counted as errors in its status), so none are sent.
     if (auto st = client_->status(); st && st->nvme.empty()) no_tiering_.store(true, std::memory_order_relaxed);
+    // Near the rank's GPU when the node has one (local rank i drives GPU i), else anywhere:
+    // the daemon then uses the NUMA node of this process's CPU.
     placement_ = Placement::any();
     if (auto topo = client_->topology(); topo && layout.local_rank < static_cast<int>(topo->gpus.size()))
       placement_ = Placement::near_gpu(layout.local_rank);
@@ -218,7 +218,7 @@ class TierStore final : public ShardStore {
   }
 
   std::unique_ptr<Client> client_;
-  std::unique_ptr<Client> opt_client_;  // Lane::kOptimizer's connection (its own plan)
+  std::unique_ptr<Client> opt_client_;  // Lane::kOptimizer's connection (its own plan), or null
   TierStoreOptions opts_;
   StoreLayout layout_;
   std::vector<uint64_t> ids_;
@@ -236,10 +236,14 @@ Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o) {
   co.connect_timeout = std::chrono::milliseconds(5000);
   auto c = Client::connect(o.socket, co);
   if (!c) return fail(c.error());
-  co.client_name = "tier-train optimizer";
-  auto opt = Client::connect(o.socket, co);
-  if (!opt) return fail(opt.error());
-  return std::unique_ptr<ShardStore>(new TierStore(std::move(*c), std::move(*opt), o));
+  std::unique_ptr<Client> opt;
+  if (o.optimizer_lane) {
+    co.client_name = "tier-train optimizer";
+    auto oc = Client::connect(o.socket, co);
+    if (!oc) return fail(oc.error());
+    opt = std::move(*oc);
+  }
+  return std::unique_ptr<ShardStore>(new TierStore(std::move(*c), std::move(opt), o));
 }
 
 }  // namespace tier::train
