@@ -11,6 +11,16 @@
 namespace tierpy {
 namespace {
 
+// The mode as Python spells it ("r", "w", "o"; see mode_of in module.cpp).
+const char* mode_name(tier::LeaseMode m) {
+  switch (m) {
+    case tier::LeaseMode::kRead: return "r";
+    case tier::LeaseMode::kWrite: return "w";
+    case tier::LeaseMode::kOverwrite: return "o";
+  }
+  return "?";
+}
+
 const char* numpy_name(tier::DType d) {
   switch (d) {
     case tier::DType::kBytes: return "uint8";
@@ -121,7 +131,7 @@ seen, and after release they read memory that is still mapped (no crash) but no 
   cls.def_property_readonly("id", [](const PyLease& l) { return l.lease_id; })
       .def_property_readonly("tensor_id", [](const PyLease& l) { return l.tensor_id; })
       .def_property_readonly("mode", [](const PyLease& l) {
-        return l.mode == tier::LeaseMode::kRead ? "r" : l.mode == tier::LeaseMode::kWrite ? "w" : "o";
+        return mode_name(l.mode);
       })
       .def_property_readonly("writable", [](const PyLease& l) { return tier::is_write(l.mode); })
       .def_property_readonly("nbytes", [](const PyLease& l) { return l.nbytes; })
@@ -176,7 +186,7 @@ seen, and after release they read memory that is still mapped (no crash) but no 
          "torch.frombuffer(self, dtype=...) shaped like the tensor (dtype defaults to the tensor's)")
       .def("__repr__", [](const PyLease& l) {
         return "<tierd.Lease id=" + std::to_string(l.lease_id) + " tensor=" + std::to_string(l.tensor_id) +
-               " mode=" + (l.mode == tier::LeaseMode::kRead ? "r" : l.mode == tier::LeaseMode::kWrite ? "w" : "o") + " nbytes=" +
+               " mode=" + std::string(mode_name(l.mode)) + " nbytes=" +
                std::to_string(l.nbytes) + (l.released ? " released" : "") + ">";
       });
   // pybind11 installed its own buffer slots; replace them with ours, which count exports.
