@@ -624,6 +624,19 @@ Status Client::prefetch(std::string_view pool, std::span<const uint64_t> tensor_
   });
 }
 
+Status Client::discard(std::string_view pool, std::span<const uint64_t> tensor_ids) {
+  return guarded<Status>([&]() -> Status {
+    wire::TensorIdsReq req{std::string(pool), {}};
+    std::lock_guard g(impl_->mu);
+    for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
+      size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
+      req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
+      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kDiscard, req, impl_->empty));
+    }
+    return Status::ok();
+  });
+}
+
 Status Client::evict(std::string_view pool, std::span<const uint64_t> tensor_ids) {
   return guarded<Status>([&]() -> Status {
     wire::TensorIdsReq req{std::string(pool), {}};

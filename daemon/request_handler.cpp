@@ -172,6 +172,7 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_plan_set,
       &RequestHandler::on_snapshot,
       &RequestHandler::on_metrics,
+      &RequestHandler::on_discard,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
 }

@@ -111,6 +111,7 @@ class RequestHandler {
   void on_prefetch(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_evict(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_plan_set(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_discard(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   // Resolves tensor ids of `pool` for Prefetch/Evict/PlanSet into scratch_tensors_.
   [[nodiscard]] Status resolve_in_pool(const Pool& pool, std::span<const uint64_t> ids);
   [[nodiscard]] std::string tier_metrics_text() const;

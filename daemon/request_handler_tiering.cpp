@@ -75,6 +75,20 @@ void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::
   retry_waiters();  // write-backs may have completed fetches of waiting leases meanwhile
 }
 
+void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std::byte> payload,
+                                Reply& out) {
+  TIER_DECODE_T(TensorIdsReq, req);
+  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (req.tensor_ids.empty())
+    return reply_err(h, Status(Code::kInvalidArgument, "discard names no tensors"), out);
+  if (Status st = resolve_in_pool(**pr, req.tensor_ids); !st) return reply_err(h, st, out);
+  // Without an NVMe tier the RAM copy is the only one and nothing is ever written back: the
+  // hint has nothing to save.
+  if (state_.tiering) state_.tiering->discard(scratch_tensors_);
+  reply_empty(h, out);
+}
+
 void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
@@ -123,6 +137,7 @@ std::string RequestHandler::tier_metrics_text() const {
        "# TYPE tierd_nvme_registered_buffers gauge\n";
   for (const auto& d : state_.tiering->engine().stats().dirs)
     o += fmt::format("tierd_nvme_registered_buffers{{path=\"{}\"}} {}\n", label_escape(d.path), d.registered_buffers ? 1 : 0);
+  metric("tierd_discarded_bytes_total", "RAM copies made clean by Discard requests (write-backs saved).", t.discarded_bytes);
   metric("tierd_fetches_skipped_total", "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
   metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);
   nvme::EngineStats es = state_.tiering->engine().stats();

@@ -202,7 +202,7 @@ void TierManager::flush_drops() {
 
 // --- I/O ---
 
-Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance) {
+Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<Ahead> ahead) {
   TState& s = ts(t.id);
   if (t.ram || s.io == Io::kFetch) return Status::ok();
   if (!t.nvme) return Status(Code::kInternal, "tensor '" + t.name + "' is neither in RAM nor on NVMe");
@@ -213,7 +213,7 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
     // Ahead of use: only clean victims used later than this tensor (or in no plan), no waiting.
     loc = ram_.allocate(pool, t.node, t.size);
     if (!loc && loc.error().code() == Code::kResourceExhausted) {
-      auto cands = candidates(std::nullopt, t.node, distance);
+      auto cands = candidates(std::nullopt, t.node, ahead);
       std::erase_if(cands, [&](const policy::Candidate& c) {
         const Tensor* v = catalog_.find_tensor(c.id);
         return !v || needs_writeback(*v) || (pool.ram_used + t.size > pool.ram_quota && v->pool_id != pool.id);
@@ -320,7 +320,8 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
     else durable_->nvme_copy_dropped(*t);
   }
   stats_.writebacks++;
-  if (s.write_gen == s.spill_gen) t->dirty = false;  // no write lease since it started
+  s.torn_copy = s.write_gen != s.spill_gen;
+  if (!s.torn_copy) t->dirty = false;  // no write lease since it started
   if (s.drop_after && !t->dirty && evictable(*t)) pending_drops_.push_back(t->id);  // flush_drops()
 }
 
@@ -338,22 +339,27 @@ void TierManager::wait_idle(uint64_t id) {
 std::vector<policy::PlanAt> TierManager::plans_for_pool(uint64_t pool_id) const {
   std::vector<policy::PlanAt> out;
   for (const auto& [sid, p] : plans_)
-    if (p.pool_id == pool_id) out.push_back({&p.index, p.cursor});
+    if (p.pool_id == pool_id) out.push_back({&p.index, p.cursor, p.seconds_per_use});
   return out;
 }
 
 std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> pool,
                                                        std::optional<int32_t> node,
-                                                       std::optional<uint64_t> protect) {
+                                                       std::optional<Ahead> protect) {
   std::vector<policy::Candidate> out;
   // Several clients (a trainer's pass and its optimizer thread, or several ranks on the node)
   // may each have a plan over the pool: a tensor's next use is the nearest in any of them.
   auto add_pool = [&](Pool& p) {
     const std::vector<policy::PlanAt> plans = plans_for_pool(p.id);
+    std::optional<uint64_t> limit;
+    if (protect)
+      limit = policy::distance_key({nullptr, 0, protect->seconds_per_use}, protect->uses,
+                                   policy::timed_distances(plans));
     for (auto& [id, t] : p.tensors) {
       if (!evictable(t) || (node && t.ram->node != *node)) continue;
       policy::Candidate c = policy::make_candidate(id, t.ram->length, ts(id).last_use, plans);
-      if (protect && c.next_use && *c.next_use <= *protect) continue;
+      c.dirty = needs_writeback(t);
+      if (limit && c.next_use && *c.next_use <= *limit) continue;
       out.push_back(c);
     }
   };
@@ -521,18 +527,13 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
     // kBusy: no room without waiting for write-backs; the lease waits (below) and retries.
     if (Status st = place_for_overwrite(tensors); !st && st.code() != Code::kBusy) return fail(std::move(st));
   }
+  uint64_t advanced_uses = 0;
   for (Tensor* t : tensors) {
     if (pit != plans_.end() && pit->second.pool_id == t->pool_id) {
       Plan& pl = pit->second;
       bool advanced = false;
       pl.cursor = pl.index.advance_cursor(pl.cursor, t->id, tensors.size(), advanced);
-      if (advanced) {
-        double gap = now - pl.last_advance;
-        if (pl.last_advance > 0 && gap < 10.0)
-          pl.seconds_per_use = pl.seconds_per_use == 0 ? gap : 0.8 * pl.seconds_per_use + 0.2 * gap;
-        pl.last_advance = now;
-        moved = true;
-      }
+      if (advanced) advanced_uses++;
     }
     TState& s = ts(t->id);
     if (t->ram) {
@@ -549,6 +550,19 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
     // kBusy: RAM is being freed by write-backs; lease_ready() starts the fetch when they end.
     if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy)
       return fail(std::move(st));
+  }
+  if (advanced_uses > 0) {
+    // One sample per lease: the time since the plan last advanced spread over the uses this
+    // lease covers (a batch's uses all arrive at once; sampled one by one, each after the
+    // first would read as a zero gap and drag the estimate towards 0).
+    Plan& pl = pit->second;
+    const double gap = now - pl.last_advance;
+    if (pl.last_advance > 0 && gap < 10.0) {
+      const double per_use = gap / static_cast<double>(advanced_uses);
+      pl.seconds_per_use = pl.seconds_per_use == 0 ? per_use : 0.8 * pl.seconds_per_use + 0.2 * per_use;
+    }
+    pl.last_advance = now;
+    moved = true;
   }
   if (wait) {
     for (Tensor* t : tensors) pinned_.insert(t->id);
@@ -621,6 +635,19 @@ Status TierManager::adopt_catalog() {
     }
   }
   return Status::ok();
+}
+
+void TierManager::discard(std::span<Tensor* const> tensors) {
+  for (Tensor* t : tensors) {
+    if (!t->ram || !t->dirty || !t->nvme || t->writer) continue;
+    TState& s = ts(t->id);
+    if (s.io != Io::kNone || s.torn_copy) continue;
+    // The write lease that made it dirty journaled the NVMe copy as dropped: record it again,
+    // so the journal and memory agree that it is the tensor's fallback.
+    if (durable_) durable_->nvme_copy_written(*t, *t->nvme);
+    t->dirty = false;
+    stats_.discarded_bytes += t->size;
+  }
 }
 
 void TierManager::forget(Pool& pool, Tensor& t) {
@@ -744,7 +771,7 @@ void TierManager::schedule_prefetch() {
       if (item.start_at > now) continue;
       Tensor* t = catalog_.find_tensor(item.id);
       if (!t || t->pool_id != pool->id) continue;
-      Status st = start_fetch(*pool, *t, false, item.distance);
+      Status st = start_fetch(*pool, *t, false, Ahead{item.distance, pl.seconds_per_use});
       if (st) {
         if (ts(t->id).io == Io::kFetch) stats_.prefetches++;
       } else {

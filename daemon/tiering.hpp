@@ -52,6 +52,7 @@ struct TierStats {
   uint64_t prefetches = 0;  // fetches started ahead of a lease (Prefetch requests and plans)
   uint64_t fetch_errors = 0, writeback_errors = 0;
   uint64_t fetches_skipped = 0;  // overwrite leases on tensors only on NVMe: RAM, no read-back
+  uint64_t discarded_bytes = 0;  // dirty RAM copies a Discard made clean (write-backs saved)
 };
 
 class TierManager {
@@ -94,6 +95,15 @@ class TierManager {
   void clear_pins() { pinned_.clear(); }
   void pin(std::span<const uint64_t> ids) { pinned_.insert(ids.begin(), ids.end()); }
 
+  // The client no longer needs the bytes of `tensors` (Discard): a dirty RAM copy whose tensor
+  // has an intact older NVMe copy becomes clean, so eviction drops it without a write-back and
+  // the tensor then reads as that older copy. Its contents are unspecified until its next write
+  // (the current bytes while the RAM copy stays, the older ones after). Left as they are: a
+  // tensor under a write lease (the write happens after the discard), with I/O in flight, or
+  // with no intact NVMe copy (nothing to fall back on). The older copy is journaled again, so a
+  // restart finds the same fallback. A hint: never an error.
+  void discard(std::span<Tensor* const> tensors);
+
   // Before `t` is erased: waits for its I/O and frees its NVMe copy. The caller frees its RAM.
   void forget(Pool& pool, Tensor& t);
 
@@ -135,6 +145,9 @@ class TierManager {
     // Evicted to make room in its own pool's arena on its own node: the extent is reused at
     // once, so its pages stay (punching them would only have the reuse fault in zeroed pages).
     bool keep_pages = false;
+    // Tensor::nvme was written while a write lease was granted: its bytes may be torn (and it
+    // is journaled as dropped). Such a copy is no fallback for discard().
+    bool torn_copy = false;
   };
   struct Plan {
     uint64_t pool_id = 0;
@@ -165,7 +178,13 @@ class TierManager {
   void flush_drops();
   [[nodiscard]] bool needs_writeback(const Tensor& t) const { return t.dirty || !t.nvme; }
   [[nodiscard]] bool evictable(const Tensor& t) const;
-  [[nodiscard]] Status start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<uint64_t> distance);
+  // A prefetch's use: `uses` ahead in a plan advancing every `seconds_per_use` (0: unknown).
+  struct Ahead {
+    uint64_t uses = 0;
+    double seconds_per_use = 0;
+  };
+  // demand = false: a prefetch for the use `ahead`; it evicts only clean tensors used later.
+  [[nodiscard]] Status start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<Ahead> ahead);
   [[nodiscard]] Status start_spill(Pool& pool, Tensor& t, bool drop_after);
   [[nodiscard]] Result<bool> prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors,
                                                 LeaseMode mode);
@@ -181,9 +200,9 @@ class TierManager {
   // Every session's plan over the pool, with its cursor.
   std::vector<policy::PlanAt> plans_for_pool(uint64_t pool_id) const;
   // Eviction candidates among RAM-resident tensors; `pool`/`node` restrict them when set;
-  // `protect` keeps planned tensors used within that many uses.
+  // `protect` keeps planned tensors used no later than that use (in each pool's distance unit).
   std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,
-                                            std::optional<uint64_t> protect);
+                                            std::optional<Ahead> protect);
   // Evicts in policy order until `need` bytes are freed or under way. Returns bytes freed now;
   // `started` gets the bytes whose write-back started. `for_pool`/`for_node`: the allocation
   // the room is for; victims in that pool's arena on that node keep their pages (keep_pages).

@@ -48,8 +48,9 @@ enum class MsgType : uint16_t {
   kPlanSet = 17,
   kSnapshot = 18,
   kMetrics = 19,
+  kDiscard = 20,  // added within version 2: an older daemon answers it as an unknown type
 };
-inline constexpr uint16_t kMaxMsgType = 19;
+inline constexpr uint16_t kMaxMsgType = 20;
 
 struct Header {
   uint32_t magic = kMagic;
@@ -246,7 +247,7 @@ struct TopoRep {
   template <class V> void visit(V& v) { v(source); v(nodes); v(gpus); v(nvme); }
 };
 
-struct TensorIdsReq {  // Prefetch, Evict (empty ids + pool = whole pool for Evict)
+struct TensorIdsReq {  // Prefetch, Evict, Discard (empty ids + pool = whole pool for Evict)
   std::string pool;
   std::vector<uint64_t> tensor_ids;
   template <class V> void visit(V& v) { v(pool); v(tensor_ids); }

@@ -1,6 +1,7 @@
 #include "policy/eviction.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tier::policy {
 
@@ -10,20 +11,41 @@ Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, const P
   return make_candidate(id, bytes, last_use, std::span<const PlanAt>(&one, plan != nullptr ? 1 : 0));
 }
 
+bool timed_distances(std::span<const PlanAt> plans) {
+  if (plans.size() < 2) return false;
+  for (const PlanAt& p : plans)
+    if (!(p.seconds_per_use > 0)) return false;
+  return true;
+}
+
+uint64_t distance_key(const PlanAt& p, uint64_t uses, bool timed) {
+  if (!timed) return uses;
+  // Rounded up so that a use at distance >= 1 never compares equal to "now" (0).
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(uses) * p.seconds_per_use * 1e6));
+}
+
 Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, std::span<const PlanAt> plans) {
   Candidate c{id, bytes, last_use, std::nullopt};
+  const bool timed = timed_distances(plans);
   // A tensor whose next use overwrites it is never read again as it is: like one in no plan.
   for (const PlanAt& p : plans) {
+    c.planned = c.planned || p.plan->contains(id);
     auto n = p.plan->next_read(id, p.cursor);
-    if (n && (!c.next_use || *n < *c.next_use)) c.next_use = n;
+    if (!n) continue;
+    uint64_t k = distance_key(p, *n, timed);
+    if (!c.next_use || k < *c.next_use) c.next_use = k;
   }
   return c;
 }
 
 namespace {
+// A plan overwrites it before anyone reads it, and its RAM copy is clean: no I/O now or later.
+bool free_to_drop(const Candidate& c) { return c.planned && !c.next_use && !c.dirty; }
+
 // Strict weak order: true when `a` should be evicted before `b`.
 bool evict_before(const Candidate& a, const Candidate& b) {
   if (a.next_use.has_value() != b.next_use.has_value()) return !a.next_use.has_value();
+  if (!a.next_use && free_to_drop(a) != free_to_drop(b)) return free_to_drop(a);
   if (a.next_use && *a.next_use != *b.next_use) return *a.next_use > *b.next_use;
   if (a.last_use != b.last_use) return a.last_use < b.last_use;
   return a.id < b.id;

@@ -139,6 +139,31 @@ TEST_CASE("eviction: tensors in no plan go first, least recently used first") {
   CHECK(eviction_order(lru) == std::vector<uint64_t>{6, 4, 5});
 }
 
+TEST_CASE("eviction: a clean tensor a plan overwrites next goes first; a dirty one keeps LRU order") {
+  // Uses: 1 read, 2 overwritten, 3 overwritten, 4 read. Cursor at 0.
+  PlanIndex plan({1, 2, 3, 4}, {0, 1, 1, 0});
+  auto cand = [&](uint64_t id, uint64_t last_use, bool dirty) {
+    Candidate c = make_candidate(id, 100, last_use, &plan, 0);
+    c.dirty = dirty;
+    return c;
+  };
+  std::vector<Candidate> c = {
+      cand(2, 5, true),    // overwritten next, dirty: a write-back of dead bytes
+      cand(3, 40, false),  // overwritten next, clean: free
+      cand(9, 10, false),  // in no plan, clean
+      cand(8, 1, true),    // in no plan, dirty, least recently used
+      cand(4, 2, false),   // read at 3
+  };
+  CHECK(c[1].planned);
+  CHECK_FALSE(c[2].planned);
+  CHECK(eviction_order(c) == std::vector<uint64_t>{3, 8, 2, 9, 4});
+  CHECK(choose_victims(c, 100) == std::vector<uint64_t>{3});
+  // Unplanned tensors keep plain LRU whatever their state: a hot clean tensor never goes
+  // before a cold dirty one just because it is cheaper to drop.
+  std::vector<Candidate> lru = {cand(9, 10, false), cand(8, 1, true)};
+  CHECK(eviction_order(lru) == std::vector<uint64_t>{8, 9});
+}
+
 TEST_CASE("prefetch: each fetch is timed to finish just before its use") {
   PlanIndex plan({1, 2, 3, 4, 5, 6});
   PrefetchInput in;
@@ -250,6 +275,24 @@ TEST_CASE("plan overwrites: nothing is fetched for them and their tensors are vi
   CHECK(make_candidate(3, 100, 5, both).next_use == 0u);
   CHECK_FALSE(make_candidate(4, 100, 5, both).next_use.has_value());  // overwritten in one, absent in the other
   CHECK(make_candidate(1, 100, 5, both).next_use == 0u);
+  // Plans advancing at different rates: compared in estimated time once every rate is known.
+  // `slow` reads 3 in 2 uses of 0.5 s (1 s away); `fast` reads 1 in 4 uses of 10 ms (40 ms).
+  PlanIndex slow({5, 6, 3}), fast({7, 8, 9, 6, 1});
+  const PlanAt unmeasured[] = {{&slow, 0, 0.5}, {&fast, 0, 0}};
+  CHECK_FALSE(timed_distances(unmeasured));
+  CHECK(make_candidate(3, 100, 5, unmeasured).next_use == 2u);  // uses
+  CHECK(make_candidate(1, 100, 5, unmeasured).next_use == 4u);
+  const PlanAt rated[] = {{&slow, 0, 0.5}, {&fast, 0, 0.01}};
+  REQUIRE(timed_distances(rated));
+  CHECK(make_candidate(3, 100, 5, rated).next_use == 1000000u);  // microseconds
+  CHECK(make_candidate(1, 100, 5, rated).next_use == 40000u);
+  CHECK(make_candidate(6, 100, 5, rated).next_use == 30000u);  // nearest over both: fast's
+  std::vector<Candidate> mixed{make_candidate(3, 100, 5, rated), make_candidate(1, 100, 5, rated)};
+  CHECK(eviction_order(mixed).front() == 3);  // counted in uses, 1 (4 uses) would have gone first
+  CHECK(distance_key(rated[1], 4, true) == 40000u);
+  CHECK(distance_key(rated[1], 4, false) == 4u);
+  const PlanAt one[] = {{&slow, 0, 0.5}};
+  CHECK_FALSE(timed_distances(one));  // a single plan keeps its uses
   // Flags of the wrong length are ignored rather than misread.
   PlanIndex bad({1, 2}, {1});
   CHECK_FALSE(bad.overwrites(0));

@@ -270,6 +270,63 @@ TEST_CASE("an overwrite lease on a tensor only on NVMe gets RAM without reading 
   }
 }
 
+TEST_CASE("discard lets a dirty tensor leave RAM without a write-back, back to its last written bytes") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  const uint64_t size = (4u << 20) + 100;
+  auto a = c->create_tensor("p", desc("a", size));
+  auto b = c->create_tensor("p", desc("b", size));
+  auto w = c->create_tensor("p", desc("w", size));
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(w);
+  uint64_t aid = a->id, bid = b->id, wid = w->id;
+  // a and w: one version written back to NVMe, then a newer one dirty in RAM. b: never written back.
+  const uint64_t a1 = write_tensor(*c, aid, 1);
+  const uint64_t w1 = write_tensor(*c, wid, 5);
+  std::vector<uint64_t> aw{aid, wid};
+  REQUIRE(c->evict("p", aw).is_ok());
+  const uint64_t a2 = write_tensor(*c, aid, 2);
+  const uint64_t b3 = write_tensor(*c, bid, 3);
+  REQUIRE(a2 != a1);
+  auto held = c->lease(wid, LeaseMode::kWrite);  // under a write lease: discard leaves it alone
+  REQUIRE(held);
+  fill(held->bytes(), 6);
+  const uint64_t w6 = fnv(held->bytes());
+  REQUIRE(w6 != w1);
+  const uint64_t wb0 = metric_value(*c, "tierd_writebacks_total");
+
+  std::vector<uint64_t> all{aid, bid, wid};
+  REQUIRE(c->discard("p", all).is_ok());
+  CHECK(metric_value(*c, "tierd_discarded_bytes_total") == size);  // a only
+  CHECK(read_hash(*c, aid) == a2);  // still in RAM: the current bytes
+  REQUIRE(held->release().is_ok());
+  REQUIRE(c->evict("p", all).is_ok());
+  CHECK(metric_value(*c, "tierd_writebacks_total") == wb0 + 2);  // b and w, not a
+  CHECK(tiers_of(*c, "p", "a") == kTierNvme);
+  CHECK(read_hash(*c, aid) == a1);  // the last written-back version
+  CHECK(read_hash(*c, bid) == b3);  // nothing to fall back on: kept and written back
+  CHECK(read_hash(*c, wid) == w6);  // the write after the discard is kept
+
+  SECTION("a restart finds the same fallback") {
+    REQUIRE(c->evict("p", {&aid, 1}).is_ok());
+    c.reset();
+    d.kill9();
+    d.start();
+    auto c2 = connect_to(d);
+    CHECK(read_hash(*c2, aid) == a1);
+    CHECK(read_hash(*c2, bid) == b3);
+  }
+  SECTION("errors: another pool's tensor, an empty list, an unknown pool") {
+    REQUIRE(c->create_pool("q"));
+    CHECK(c->discard("q", {&aid, 1}).code() == Code::kNotFound);
+    CHECK(c->discard("nope", {&aid, 1}).code() == Code::kNotFound);
+    CHECK(c->discard("p", {}).is_ok());  // nothing to send
+  }
+}
+
 TEST_CASE("prefaulted arenas are io_uring fixed buffers; content survives churn and pool re-creation") {
   TempDir nvme;
   TestDaemon d(nvme_opts(nvme.path, "24M", "prefault = true\n"));
@@ -446,6 +503,7 @@ TEST_CASE("without NVMe directories, Prefetch/Evict/PlanSet stay unsupported") {
   CHECK(c->evict("u", {&id, 1}).code() == Code::kUnsupported);
   CHECK(c->prefetch("u", {&id, 1}).code() == Code::kUnsupported);
   CHECK(c->set_plan("u", {&id, 1}).code() == Code::kUnsupported);
+  CHECK(c->discard("u", {&id, 1}).is_ok());  // a hint with nothing to save: RAM is the only copy
   CHECK(status_of(*c).nvme.empty());
 }
 
