@@ -92,6 +92,12 @@ class ShardStore {
     (void)refs;
     (void)lane;
   }
+  // The shards' bytes are dead until they are next written whole (a gradient after the update
+  // read it): tierd may then drop a RAM copy without writing it back. Best effort.
+  virtual void discard(std::span<const ShardRef> refs, Lane lane = Lane::kPass) {
+    (void)refs;
+    (void)lane;
+  }
   // Registers the ordered shard uses of one step. Best effort.
   virtual void set_plan(std::span<const ShardUse> uses, Lane lane = Lane::kPass) {
     (void)uses;

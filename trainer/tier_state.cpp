@@ -127,6 +127,14 @@ class TierStore final : public ShardStore {
       no_tiering_.store(true, std::memory_order_relaxed);
   }
 
+  void discard(std::span<const ShardRef> refs, Lane lane) override {
+    if (no_tiering_.load(std::memory_order_relaxed)) return;
+    std::vector<uint64_t> ids;
+    for (const auto& r : refs)
+      if (uint64_t id = lookup(r)) ids.push_back(id);
+    (void)of(lane).discard(opts_.pool, ids);  // a hint: a failure only costs a write-back
+  }
+
   void set_plan(std::span<const ShardUse> uses, Lane lane) override {
     if (no_tiering_.load(std::memory_order_relaxed)) return;
     std::vector<PlanUse> plan;

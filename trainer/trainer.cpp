@@ -492,6 +492,9 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       std::vector<Pinned> all = std::move(pins->first);
       for (auto& q : pins->second) all.push_back(std::move(q));
       store.release_many(all, opt_lane);
+      // The gradient is dead now: the next backward overwrites it before anything reads it,
+      // and a crash before this step commits redoes the backward. Spilling it would be wasted.
+      store.discard(std::vector<ShardRef>{{l, ShardKind::kGrad, 0}}, opt_lane);
       progress.layer_done(l);
       if (l == 0) fault_at("optimizer", step);
     }

@@ -2,7 +2,10 @@
 // the same seed, with the state resident or in tierd; and the loss falls on the demo text.
 #include <catch2/catch.hpp>
 
+#include <stdlib.h>
+
 #include <cmath>
+#include <filesystem>
 #include <set>
 
 #include "run_helper.hpp"
@@ -51,6 +54,50 @@ TEST_CASE("R = 1, 2 and 4 ranks with state in tierd match one resident process",
   require_same(ref, run_trainer(1, tier + " --job t1"), 1e-5);
   require_same(ref, run_trainer(2, tier + " --job t2"), 1e-5);
   require_same(ref, run_trainer(4, tier + " --job t4"), 1e-5);
+}
+
+TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resident process",
+          "[trainer][mpi][tier][nvme]") {
+  // 4 blocks of width 128: 0.83 M parameters, 23 MB of state per rank with double buffering,
+  // against a 14 MiB RAM quota (the update pins two layers of seven shards at once): every
+  // step spills and fetches a good part of it.
+  char tmpl[] = "/tmp/tier-train-nvme-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string nvme = tmpl;
+  tier::test::DaemonOptions o;
+  o.ram = "64M";
+  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
+  tier::test::TestDaemon daemon(o);
+  REQUIRE(daemon.running());
+  const std::string model = "--layers 4 --dim 128 --heads 4 --seq 16 --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1";
+  const TrainRun ref = run_trainer(1, model);
+  REQUIRE(ref.exit_code == 0);
+  const std::string tier = model + " --state tier --ram-quota 14M --nvme-quota 256M --socket " + daemon.socket();
+  require_same(ref, run_trainer(1, tier + " --job n1"), 1e-6);
+  require_same(ref, run_trainer(1, tier + " --job n1o --overlap-optimizer"), 1e-6);
+  require_same(ref, run_trainer(2, tier + " --job n2"), 1e-5);
+
+  auto c = tier::Client::connect(daemon.socket());
+  REQUIRE(c.has_value());
+  auto m = (*c)->metrics();
+  REQUIRE(m.has_value());
+  auto metric = [&](const std::string& name) {
+    const size_t at = m->find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(m->substr(at + name.size() + 2));
+  };
+  CHECK(metric("tierd_writebacks_total") > 0);
+  CHECK(metric("tierd_fetches_total") > 0);
+  CHECK(metric("tierd_fetches_skipped_total") > 0);  // overwrite leases: no read-back
+  CHECK(metric("tierd_discarded_bytes_total") > 0);   // dead gradients: no write-back
+  CHECK(metric("tierd_fetch_errors_total") == 0);
+  CHECK(metric("tierd_writeback_errors_total") == 0);
+  auto st = (*c)->status();
+  REQUIRE(st.has_value());
+  CHECK(st->errors == 0);
+  c->reset();
+  std::error_code ec;
+  std::filesystem::remove_all(nvme, ec);
 }
 
 TEST_CASE("2 simulated nodes x 2 ranks, one tierd each, match one process", "[trainer][mpi][tier]") {
