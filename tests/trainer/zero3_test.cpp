@@ -61,9 +61,19 @@ TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resi
   // 4 blocks of width 128: 0.83 M parameters, 23 MB of state per rank with double buffering,
   // against a 14 MiB RAM quota (the update pins two layers of seven shards at once): every
   // step spills and fetches a good part of it.
-  char tmpl[] = "/tmp/tier-train-nvme-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::string nvme = tmpl;
+  struct TempDir {  // removed however the test ends: NVMe files are preallocated by the GiB
+    std::string path;
+    TempDir() {
+      char t[] = "/tmp/tier-train-nvme-XXXXXX";
+      if (::mkdtemp(t) != nullptr) path = t;
+    }
+    ~TempDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } dir;
+  REQUIRE(!dir.path.empty());
+  const std::string nvme = dir.path;
   tier::test::DaemonOptions o;
   o.ram = "64M";
   o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
@@ -95,9 +105,6 @@ TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resi
   auto st = (*c)->status();
   REQUIRE(st.has_value());
   CHECK(st->errors == 0);
-  c->reset();
-  std::error_code ec;
-  std::filesystem::remove_all(nvme, ec);
 }
 
 TEST_CASE("2 simulated nodes x 2 ranks, one tierd each, match one process", "[trainer][mpi][tier]") {
