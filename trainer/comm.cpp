@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
@@ -192,6 +193,18 @@ Status allreduce(Comm& c, double* values, int n, MPI_Op mop) {
 
 Status Comm::allreduce_sum(double* values, int n) { return allreduce(*this, values, n, MPI_SUM); }
 Status Comm::allreduce_max(double* values, int n) { return allreduce(*this, values, n, MPI_MAX); }
+
+Status Comm::broadcast(void* data, size_t bytes, int root) {
+  if (size_ == 1) return {};
+  if (bytes > static_cast<size_t>(INT32_MAX))
+    return {Code::kInvalidArgument, "broadcast: more than 2^31 bytes at once"};
+  Op op;
+  op.start = [data, bytes, root](Request& r) {
+    return mpi_status(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &r.req),
+                      "MPI_Ibcast");
+  };
+  return submit(std::move(op)).wait();
+}
 
 Status Comm::barrier() {
   if (size_ == 1) return {};

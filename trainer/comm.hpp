@@ -71,6 +71,10 @@ class Comm {
   Status allreduce_sum(double* values, int n);
   Status allreduce_max(double* values, int n);
   Status barrier();
+  // `bytes` at `data` from rank `root` to every rank (MPI_Ibcast), queued like any op, so a
+  // caller on another thread (e.g. NCCL's bootstrap, trainer/cuda/pipeline_pass.cpp) never
+  // enters MPI itself. One rank: nothing to do.
+  Status broadcast(void* data, size_t bytes, int root = 0);
 
  private:
   Comm() = default;

@@ -24,6 +24,7 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
 }
 #ifdef TIER_HAVE_NCCL
 #include "trainer/cuda/gpu_optimizer.hpp"
+#include "trainer/cuda/pipeline_pass.hpp"
 #endif
 #endif
 
@@ -70,6 +71,13 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer,
                  "cpu (AdamW over the tier on this CPU) or gpu (fused AdamW on the GPU; --backend cuda)")
       ->capture_default_str();
+  std::string collectives = "auto";
+  app.add_option("--collectives", collectives,
+                 "how layers are gathered and gradients reduce-scattered: nccl (on the GPU: "
+                 "shards straight from the tier to the device, NCCL, the layer pipeline; needs "
+                 "--backend cuda and a build with NCCL), host (MPI on the host, staged uploads), "
+                 "auto (nccl with --backend cuda in a build with NCCL, else host)")
+      ->capture_default_str();
   app.add_option("--state", state, "resident (private memory) or tier (tierd)")->capture_default_str();
   app.add_option("--job", job, "tierd pool of this job")->capture_default_str();
   app.add_option("--socket", socket, "tierd socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
@@ -112,6 +120,22 @@ int main(int argc, char** argv) {
     o.fault_step = std::atoll(fault_kill.substr(0, a).c_str());
     o.fault_point = fault_kill.substr(a + 1, b - a - 1);
     o.fault_rank = std::atoi(fault_kill.substr(b + 1).c_str());
+  }
+
+#if defined(TIER_TRAIN_HAVE_CUDA) && defined(TIER_HAVE_NCCL)
+  constexpr bool have_nccl = true;
+#else
+  constexpr bool have_nccl = false;
+#endif
+  if (collectives == "auto") {
+    collectives = backend == "cuda" && have_nccl ? "nccl" : "host";
+  } else if (collectives == "nccl") {
+    if (backend != "cuda")
+      die(nullptr, fmt::format("--collectives nccl needs --backend cuda (not '{}'); use "
+                               "--collectives host or auto", backend), 2);
+    if (!have_nccl) die(nullptr, "--collectives nccl: this build has no NCCL (CUDA and NCCL are needed)", 2);
+  } else if (collectives != "host") {
+    die(nullptr, fmt::format("--collectives must be auto, nccl or host, not '{}'", collectives), 2);
   }
 
   if (do_plan) {
@@ -192,14 +216,26 @@ int main(int argc, char** argv) {
     die(&comm, fmt::format("--state must be resident or tier, not '{}'", state), 2);
   }
 
+  // Collective over the ranks (NCCL's bootstrap). Destroyed before the store and the backend.
+  std::unique_ptr<LayerStream> stream;
+  if (collectives == "nccl") {
+#if defined(TIER_TRAIN_HAVE_CUDA) && defined(TIER_HAVE_NCCL)
+    auto ls = cuda::make_pipeline_stream(*be, comm);
+    if (!ls) die(&comm, "--collectives nccl: " + ls.error().to_string());
+    stream = std::move(*ls);
+#endif
+    o.stream = stream.get();
+  }
+
   const int T = o.seq > 0 ? o.seq : m.seq;
   auto data = Dataset::load(data_path, T);
   if (!data) die(&comm, data.error().message());
 
   if (comm.rank() == 0)
-    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s, state %s, "
-                 "batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
-                 m.describe().c_str(), comm.size(), nthreads, be->name(), store->name(), o.batch,
+    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
+                 "state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
+                 m.describe().c_str(), comm.size(), nthreads, be->name(),
+                 stream ? stream->name() : "host (MPI)", store->name(), o.batch,
                  T, data->source().c_str(), data->train_bytes(), data->val_bytes());
   auto r = train(o, *data, comm, *be, *store, stdout);
   if (!r) die(&comm, r.error().to_string());
@@ -215,6 +251,7 @@ int main(int argc, char** argv) {
                  r->mean_tflops, r->mean_stall_ms, r->mean_opt_ms, store->name(),
                  tier::format_size(store->bytes()).c_str());
   }
+  stream.reset();
   store.reset();
   offload.reset();
   return 0;

@@ -49,6 +49,7 @@ class ResidentStore final : public ShardStore {
   Status open(const StoreLayout& layout) override {
     layout_ = layout;
     slots_.clear();
+    ranges_.clear();
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
       const size_t n = layout.shard_floats[l];
@@ -65,6 +66,7 @@ class ResidentStore final : public ShardStore {
             return {Code::kResourceExhausted, fmt::format("cannot allocate {} bytes", bytes)};
           std::memset(p, 0, bytes);
           slots_.emplace_back(p);
+          ranges_.emplace_back(reinterpret_cast<std::byte*>(p), bytes == 0 ? 4096 : bytes);
           bytes_ += n * sizeof(float);
         }
       }
@@ -90,6 +92,7 @@ class ResidentStore final : public ShardStore {
     return {};
   }
   uint64_t bytes() const override { return bytes_; }
+  std::vector<std::span<std::byte>> private_ranges() override { return ranges_; }
 
  private:
   static size_t index(const ShardRef& r) {
@@ -98,6 +101,7 @@ class ResidentStore final : public ShardStore {
   }
   StoreLayout layout_;
   std::vector<std::unique_ptr<float, FreeDeleter>> slots_;
+  std::vector<std::span<std::byte>> ranges_;  // one per allocated slot
   uint64_t bytes_ = 0;
   std::mutex mu_;
   CommitMarker marker_;

@@ -20,6 +20,10 @@
 
 #include "tier/status.hpp"
 
+namespace tier {
+class Client;
+}
+
 namespace tier::train {
 
 enum class ShardKind : uint8_t { kParam = 0, kM = 1, kV = 2, kGrad = 3 };
@@ -114,6 +118,13 @@ class ShardStore {
   virtual NvmeIo nvme_io() { return {}; }
   // Bytes this rank keeps in the store.
   virtual uint64_t bytes() const = 0;
+  // For a GPU stager (trainer/cuda/pipeline_pass.hpp), which must pin the memory that
+  // acquire() hands out. client(): the tierd client whose leases Lane::kPass returns (its
+  // arenas), or null. private_ranges(): the store's own memory holding every shard (resident),
+  // valid from open() until the store is destroyed; empty for tierd. Neither transfers
+  // ownership; a stager bound to either must be destroyed before the store.
+  virtual Client* client() { return nullptr; }
+  virtual std::vector<std::span<std::byte>> private_ranges() { return {}; }
 };
 
 std::unique_ptr<ShardStore> make_resident_store();

@@ -174,6 +174,7 @@ class TierStore final : public ShardStore {
   }
 
   uint64_t bytes() const override { return bytes_; }
+  Client* client() override { return client_.get(); }
 
   NvmeIo nvme_io() override {
     auto st = client_->status();

@@ -186,16 +186,21 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   Buffers buf;
   buf.be = &be;
   const bool host = be.host_accessible();
-  for (int i = 0; i <= K; ++i) {
-    buf.slots.push_back(buf.dev(max_pad));
-    buf.slots_host.push_back(host ? buf.slots.back() : buf.host(max_pad));
+  // A LayerStream keeps the parameter slots and gradient buffers on the device itself.
+  if (opts.stream == nullptr) {
+    for (int i = 0; i <= K; ++i) {
+      buf.slots.push_back(buf.dev(max_pad));
+      buf.slots_host.push_back(host ? buf.slots.back() : buf.host(max_pad));
+    }
+    buf.g0 = buf.dev(pad[0]);
+    const size_t pad_blk = NL > 1 ? pad[1] : 1;
+    buf.gblk[0] = buf.dev(pad_blk);
+    buf.gblk[1] = buf.dev(pad_blk);
+    buf.g_host = host ? std::vector<float*>{buf.g0, buf.gblk[0], buf.gblk[1]}
+                      : std::vector<float*>{buf.host(pad[0]), buf.host(pad_blk), buf.host(pad_blk)};
+  } else if (auto s = opts.stream->open(store, shard, K + 1); !s) {
+    return fail(s);
   }
-  buf.g0 = buf.dev(pad[0]);
-  const size_t pad_blk = NL > 1 ? pad[1] : 1;
-  buf.gblk[0] = buf.dev(pad_blk);
-  buf.gblk[1] = buf.dev(pad_blk);
-  buf.g_host = host ? std::vector<float*>{buf.g0, buf.gblk[0], buf.gblk[1]}
-                    : std::vector<float*>{buf.host(pad[0]), buf.host(pad_blk), buf.host(pad_blk)};
   for (int l = 0; l <= L; ++l) buf.xs.push_back(buf.dev(BTC));
   for (int l = 0; l < L; ++l) buf.acts.push_back(buf.dev(block_acts_floats(d)));
   buf.head = buf.dev(head_acts_floats(d));
@@ -284,10 +289,98 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   } progress;
   const Status kOptFailed(Code::kInternal, "the previous step's optimizer failed (its error follows)");
 
-  // One pass over `uses` with params from buffer `cur`. Returns the summed loss of this rank.
-
   double stall_ms = 0;
+
+  // The pass through opts.stream (--collectives nccl): the stream copies, gathers and
+  // reduce-scatters on the device; this thread pins the shards (waiting first, as the host
+  // path's comm thread does, for the overlapped update of the layer) and hands the pins over.
+  // Time spent pinning and in finish() counts as stall.
+  auto run_stream_pass = [&](const std::vector<Use>& uses, int cur, bool grad) -> Result<double> {
+    LayerStream& ls = *opts.stream;
+    const float loss_scale = 1.0f / (static_cast<float>(Bg) * static_cast<float>(T));
+    std::vector<float*> fetched(uses.size(), nullptr);
+    auto pin = [&](const ShardRef& ref, Access access) -> Result<Pinned> {
+      const auto t0 = Clock::now();
+      if (!progress.wait_layer(ref.layer)) return fail(kOptFailed);
+      auto p = store.acquire(ref, access);
+      stall_ms += ms_since(t0);
+      return p;
+    };
+    auto fetch = [&](size_t j) -> Status {
+      if (K > 0 && j + K < uses.size())
+        store.prefetch(std::vector<ShardRef>{{uses[j + K].layer, ShardKind::kParam, cur}});
+      auto p = pin({uses[j].layer, ShardKind::kParam, cur}, Access::kRead);
+      if (!p) return p.error();
+      auto dev = ls.fetch(uses[j].layer, std::move(*p));
+      if (!dev) return dev.error();
+      fetched[j] = *dev;
+      return {};
+    };
+    // The reduce-scatter writes every float of the shard: nothing to read back.
+    auto push = [&](int layer) -> Status {
+      auto p = pin({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
+      if (!p) return p.error();
+      return ls.push_grad(layer, std::move(*p), &grad_sumsq[layer]);
+    };
+    auto body = [&]() -> Result<double> {
+      for (size_t j = 0; j <= static_cast<size_t>(K) && j < uses.size(); ++j)
+        if (auto s = fetch(j); !s) return fail(s);
+      double loss = 0;
+      float* g0 = nullptr;  // layer 0's gradient: open from the head to the embedding's backward
+      for (size_t i = 0; i < uses.size(); ++i) {
+        const Use u = uses[i];
+        const float* P = fetched[i];
+        switch (u.kind) {
+          case UseKind::kEmbedFwd:
+            be.embed_forward(d, P, buf.tokens, buf.xs[0]);
+            break;
+          case UseKind::kBlockFwd:
+            be.block_forward(d, P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
+                             buf.xs[u.layer]);
+            break;
+          case UseKind::kHead:
+            if (grad) {
+              auto g = ls.grad_buffer(0);
+              if (!g) return fail(g.error());
+              g0 = *g;
+            }
+            loss += be.head_forward(d, P, buf.xs[L], buf.targets, carve_head_acts(buf.head, d),
+                                    grad ? buf.dx : nullptr, g0, loss_scale);
+            if (grad) fault("forward");
+            break;
+          case UseKind::kBlockBwd: {
+            auto g = ls.grad_buffer(u.layer);
+            if (!g) return fail(g.error());
+            be.block_backward(d, P, *g, buf.xs[u.layer - 1],
+                              carve_block_acts(buf.acts[u.layer - 1], d), buf.dx, buf.dx,
+                              buf.scratch);
+            if (auto s = push(u.layer); !s) return fail(s);
+            if (u.layer == L) fault("backward");
+            break;
+          }
+          case UseKind::kEmbedBwd:
+            be.embed_backward(d, g0, buf.tokens, buf.dx);
+            if (auto s = push(0); !s) return fail(s);
+            break;
+        }
+        if (auto s = ls.done_with_oldest(); !s) return fail(s);
+        if (i + K + 1 < uses.size())
+          if (auto s = fetch(i + K + 1); !s) return fail(s);
+      }
+      return loss;
+    };
+    Result<double> loss = body();
+    const auto t0 = Clock::now();
+    Status s = ls.finish();  // also after a failure: drops the pins
+    stall_ms += ms_since(t0);
+    if (!loss) return loss;
+    if (!s) return fail(s);
+    return loss;
+  };
+
+  // One pass over `uses` with params from buffer `cur`. Returns the summed loss of this rank.
   auto run_pass = [&](const std::vector<Use>& uses, int cur, bool grad) -> Result<double> {
+    if (opts.stream != nullptr) return run_stream_pass(uses, cur, grad);
     std::vector<Comm::Handle> gh(uses.size());
     std::vector<Comm::Handle> rsh(NL);
     auto issue_gather = [&](size_t j) {

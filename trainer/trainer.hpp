@@ -22,6 +22,7 @@
 #include "trainer/backend.hpp"
 #include "trainer/comm.hpp"
 #include "trainer/data.hpp"
+#include "trainer/layer_stream.hpp"
 #include "trainer/model.hpp"
 #include "trainer/optimizer.hpp"
 #include "trainer/state.hpp"
@@ -56,6 +57,10 @@ struct TrainOptions {
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
   OffloadOptimizer* optimizer = nullptr;  // null: the CPU AdamW over the tier (adamw_update)
+  // null: the host path (MPI on the comm thread, Backend::upload/download). Otherwise the
+  // passes fetch, gather and reduce-scatter through it (--collectives nccl); train() opens it
+  // on the store. Not owned; must outlive train().
+  LayerStream* stream = nullptr;
   // The CPU AdamW of step s runs on its own thread beside step s+1's pass (docs/trainer.md).
   // Off by default: with the state on NVMe the two threads' interleaved leases defeat tierd's
   // plan (one cursor per client) and the step was slower (docs/benchmarks.md).

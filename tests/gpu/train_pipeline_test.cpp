@@ -1,0 +1,196 @@
+// tier-train's passes through the NCCL layer pipeline (--collectives nccl: trainer/cuda/
+// pipeline_pass.hpp) against the CPU backend on the `tiny` model: a few steps of train() in
+// this process (1 rank; resident state and state in a tierd), and 2 ranks of the tier-train
+// binary under mpirun when the machine has two GPUs. Skips visibly without a device.
+#include <cuda_runtime_api.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../trainer/run_helper.hpp"  // kMpirun
+#include "gpu_support.hpp"
+#include "support/daemon_fixture.hpp"
+#include "trainer/comm.hpp"
+#include "trainer/cpu/cpu_backend.hpp"
+#include "trainer/cuda/cuda_backend.hpp"
+#include "trainer/cuda/pipeline_pass.hpp"
+#include "trainer/data.hpp"
+#include "trainer/model.hpp"
+#include "trainer/state.hpp"
+#include "trainer/trainer.hpp"
+
+using namespace tier::train;
+
+namespace {
+
+constexpr int kSteps = 5;
+
+TrainOptions tiny_options() {
+  TrainOptions o;
+  o.model = *preset("tiny");
+  o.steps = kSteps;
+  o.batch = 4;
+  o.seed = 7;
+  o.adamw.lr = 3e-3f;
+  o.val_every = -1;
+  return o;
+}
+
+// The "loss" of every JSON step line train() wrote to `f`.
+std::vector<double> losses_of(std::FILE* f) {
+  std::vector<double> out;
+  std::rewind(f);
+  char line[4096];
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (const char* p = std::strstr(line, "\"loss\":")) out.push_back(std::strtod(p + 7, nullptr));
+  return out;
+}
+
+// Per-step losses of train() with `be` (and `stream` when not null) over `store`.
+std::vector<double> run(TrainOptions o, Comm& comm, Backend& be, ShardStore& store,
+                        LayerStream* stream) {
+  auto data = Dataset::load("", o.model.seq);
+  REQUIRE(data.has_value());
+  o.stream = stream;
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  auto r = train(o, *data, comm, be, store, out);
+  INFO((r ? std::string("ok") : r.error().to_string()));
+  REQUIRE(r.has_value());
+  std::vector<double> l = losses_of(out);
+  std::fclose(out);
+  REQUIRE(l.size() == static_cast<size_t>(o.steps));
+  return l;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("step " << i + 1 << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::isfinite(got[i]));
+    CHECK(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]));
+  }
+}
+
+std::unique_ptr<Comm> one_rank() {
+  int argc = 0;
+  char** argv = nullptr;
+  auto c = Comm::create(&argc, &argv);
+  REQUIRE(c.has_value());
+  REQUIRE((*c)->size() == 1);
+  return std::move(*c);
+}
+
+}  // namespace
+
+TEST_CASE("the pipeline stream refuses a backend that is not CUDA (everywhere)", "[gpu][trainer]") {
+  auto comm = one_rank();
+  auto cpu = make_cpu_backend();
+  auto ls = cuda::make_pipeline_stream(*cpu, *comm);
+  REQUIRE_FALSE(ls.has_value());
+  CHECK(ls.error().code() == tier::Code::kInvalidArgument);
+  CHECK(ls.error().message().find("--backend cuda") != std::string::npos);
+}
+
+TEST_CASE("1 rank of tiny through the layer pipeline matches the CPU backend", "[gpu][trainer]") {
+  if (!tier::test::have_cuda_device()) return;
+  auto comm = one_rank();
+  const TrainOptions o = tiny_options();
+  std::vector<double> want;
+  {
+    auto cpu = make_cpu_backend();
+    auto store = make_resident_store();
+    want = run(o, *comm, *cpu, *store, nullptr);
+  }
+  REQUIRE(want.back() < want.front());
+
+  for (const bool exact : {true, false}) {
+    DYNAMIC_SECTION((exact ? "fp32 GEMMs" : "bf16 GEMMs")) {
+      std::string err;
+      auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = exact}, &err);
+      INFO(err);
+      REQUIRE(be != nullptr);
+      // The host path on the same backend: the pipeline changes only how bytes move.
+      std::vector<double> host;
+      {
+        auto store = make_resident_store();
+        host = run(o, *comm, *be, *store, nullptr);
+      }
+      for (const int prefetch : {1, 3}) {  // depth 2, and 4 (layer 0 twice in flight)
+        INFO("--prefetch " << prefetch);
+        TrainOptions op = o;
+        op.prefetch = prefetch;
+        auto store = make_resident_store();
+        auto ls = cuda::make_pipeline_stream(*be, *comm);
+        INFO((ls ? std::string("ok") : ls.error().to_string()));
+        REQUIRE(ls.has_value());
+        const std::vector<double> got = run(op, *comm, *be, *store, ls->get());
+        ls->reset();  // before the store: it registered the store's memory
+        check_close(got, want, exact ? 2e-3 : 3e-2);
+        check_close(got, host, 1e-5);
+      }
+      CHECK(cuda::backend_error(*be).empty());
+    }
+  }
+}
+
+TEST_CASE("1 rank of tiny through the layer pipeline with the state in tierd", "[gpu][trainer]") {
+  if (!tier::test::have_cuda_device()) return;
+  tier::test::TestDaemon daemon;
+  REQUIRE(daemon.running());
+  auto comm = one_rank();
+  TrainOptions o = tiny_options();
+  o.buffers = 2;
+  std::vector<double> want;
+  {
+    auto cpu = make_cpu_backend();
+    auto store = make_resident_store();
+    want = run(o, *comm, *cpu, *store, nullptr);
+  }
+  std::string err;
+  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
+  INFO(err);
+  REQUIRE(be != nullptr);
+  TierStoreOptions to;
+  to.socket = daemon.socket();
+  to.pool = "gpu-pipeline";
+  auto store = make_tier_store(to);
+  INFO((store ? std::string("ok") : store.error().to_string()));
+  REQUIRE(store.has_value());
+  auto ls = cuda::make_pipeline_stream(*be, *comm);
+  REQUIRE(ls.has_value());
+  const std::vector<double> got = run(o, *comm, *be, **store, ls->get());
+  ls->reset();  // before the store: its stager is bound to the store's client
+  check_close(got, want, 2e-3);
+}
+
+TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][trainer][mpi]") {
+  if (!tier::test::have_cuda_device()) return;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+    WARN("fewer than 2 CUDA devices: skipping the 2-rank NCCL run (NCCL needs one GPU per rank)");
+    return;
+  }
+  const std::string bin = tier::test::bin_path("tier-train");
+  const std::string args = " --threads 1 --model tiny --steps 5 --batch 4 --lr 3e-3 --seed 7 --val-every -1";
+  auto losses = [](const std::string& cmd) {
+    std::vector<double> out;
+    std::FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char line[4096];
+    while (std::fgets(line, sizeof line, p) != nullptr)
+      if (const char* q = std::strstr(line, "\"loss\":")) out.push_back(std::strtod(q + 7, nullptr));
+    CHECK(pclose(p) == 0);
+    return out;
+  };
+  const auto want = losses(bin + args + " --backend cpu");
+  REQUIRE(want.size() == 5);
+  const auto got = losses(std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin +
+                          args + " --backend cuda --collectives nccl");
+  check_close(got, want, 3e-2);
+}

@@ -1,0 +1,65 @@
+// How a pass moves layers when the device does it itself (tier-train --collectives nccl; the
+// implementation is trainer/cuda/pipeline_pass.hpp) instead of train()'s host path (MPI
+// gathers on the comm thread into host staging, Backend::upload / download, MPI
+// reduce-scatter). tier_train_core only calls this interface, so it stays free of CUDA.
+//
+// Per pass, train() calls, in the order of the pass's layer uses:
+//
+//   fetch(use 0 .. K)                         K = --prefetch; at most K + 1 fetches open
+//   for each use i:  <backend calls reading the fetched layer>
+//                    [grad_buffer(layer) ... <backward> ... push_grad(layer, grad shard)]
+//                    done_with_oldest(); fetch(use i + K + 1)
+//   finish()
+//
+// Pins: fetch() and push_grad() take the rank's shard (a Pinned from the ShardStore) and keep
+// it pinned until the copy from or to it has completed on the device: the pin is released by
+// a later call of this interface (at the latest finish()), never on another thread.
+//
+// Thread-safety: one thread (train()'s) calls everything.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "tier/status.hpp"
+#include "trainer/state.hpp"
+
+namespace tier::train {
+
+class LayerStream {
+ public:
+  virtual ~LayerStream() = default;
+  virtual const char* name() const = 0;
+
+  // Once per train(), after store.open(): sizes the device slots for these shards
+  // (floats per rank, per layer) with `depth` fetches open at once (K + 1), and registers the
+  // store's memory for DMA. The stream keeps a reference to `store` until it is destroyed.
+  [[nodiscard]] virtual Status open(ShardStore& store, std::span<const size_t> shard_floats,
+                                    int depth) = 0;
+
+  // Enqueues the copy of `shard` (this rank's parameter shard of `layer`, pinned) to the device
+  // and the all-gather of the layer; returns the device buffer that will hold the whole padded
+  // layer (ranks x shard floats). Backend calls issued after this returns see the layer. The
+  // buffer stays valid until done_with_oldest() released it.
+  [[nodiscard]] virtual Result<float*> fetch(int layer, Pinned shard) = 0;
+  // The backend calls that read the oldest open fetch have all been issued: its slot may be
+  // refilled by the next fetch (the device orders the refill after those calls).
+  [[nodiscard]] virtual Status done_with_oldest() = 0;
+
+  // A zeroed device buffer (ranks x shard floats) for `layer`'s whole gradient; valid until
+  // push_grad(layer). Layer 0's may stay open while other layers' are taken and pushed (the
+  // head writes it, the embedding's backward adds to it); at most one other is open at once.
+  [[nodiscard]] virtual Result<float*> grad_buffer(int layer) = 0;
+  // After the backward calls that write `layer`'s gradient were issued: reduce-scatters it (sum
+  // over ranks) and copies this rank's shard into `shard` (the grad shard, pinned for
+  // overwrite). Once that copy completed, *sumsq = sum_squares of the shard (set by a later
+  // call, at the latest finish(); `sumsq` must stay valid until then).
+  [[nodiscard]] virtual Status push_grad(int layer, Pinned shard, double* sumsq) = 0;
+
+  // End of a pass: waits for every copy, sets every pending *sumsq and releases every pin.
+  // After it the host shards hold the pass's gradients. Also the way to drop everything after
+  // a failed call.
+  [[nodiscard]] virtual Status finish() = 0;
+};
+
+}  // namespace tier::train
