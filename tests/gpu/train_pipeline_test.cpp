@@ -115,7 +115,7 @@ TEST_CASE("1 rank of tiny through the layer pipeline matches the CPU backend", "
       auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = exact}, &err);
       INFO(err);
       REQUIRE(be != nullptr);
-      // The host path on the same backend: the pipeline changes only how bytes move.
+      // The host path on the same backend: the pipeline changes only how the bytes move.
       std::vector<double> host;
       {
         auto store = make_resident_store();
@@ -132,7 +132,8 @@ TEST_CASE("1 rank of tiny through the layer pipeline matches the CPU backend", "
         const std::vector<double> got = run(op, *comm, *be, *store, ls->get());
         ls->reset();  // before the store: it registered the store's memory
         check_close(got, want, exact ? 2e-3 : 3e-2);
-        check_close(got, host, 1e-5);
+        // Not bit-identical: the backend's gradient kernels sum with atomics, in any order.
+        check_close(got, host, 1e-4);
       }
       CHECK(cuda::backend_error(*be).empty());
     }
