@@ -159,6 +159,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
     else if (key == "remove_arenas_on_exit") st = get_bool(key, v, c.remove_arenas_on_exit);
     else if (key == "ram_high_watermark") st = get_fraction(key, v, c.ram_high_watermark);
     else if (key == "ram_low_watermark") st = get_fraction(key, v, c.ram_low_watermark);
+    else if (key == "ram_dirty_background") st = get_fraction(key, v, c.ram_dirty_background);
     else if (key == "nvme_capacity") {
       if (v.is_string() && v.value<std::string>()->empty()) c.nvme_capacity.clear();
       else st = get_size(key, v, c.nvme_capacity);

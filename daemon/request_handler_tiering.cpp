@@ -137,6 +137,7 @@ std::string RequestHandler::tier_metrics_text() const {
        "# TYPE tierd_nvme_registered_buffers gauge\n";
   for (const auto& d : state_.tiering->engine().stats().dirs)
     o += fmt::format("tierd_nvme_registered_buffers{{path=\"{}\"}} {}\n", label_escape(d.path), d.registered_buffers ? 1 : 0);
+  metric("tierd_cleaned_bytes_total", "Bytes written back ahead of need while the NVMe device was idle (ram_dirty_background).", t.cleaned_bytes);
   metric("tierd_discarded_bytes_total", "RAM copies made clean by Discard requests (write-backs saved).", t.discarded_bytes);
   metric("tierd_fetches_skipped_total", "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
   metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);

@@ -76,6 +76,7 @@ Result<std::unique_ptr<TierManager>> TierManager::open(const Config& cfg, Catalo
   std::unique_ptr<TierManager> m(new TierManager(catalog, ram));
   m->engine_ = std::move(*eng);
   m->marks_ = policy::Watermarks{cfg.ram_high_watermark, cfg.ram_low_watermark}.normalized();
+  m->dirty_background_ = cfg.ram_dirty_background;
   nvme::EngineStats es = m->engine_->stats();
   auto q = parse_size(cfg.nvme_pool_quota, es.capacity);
   if (!q) return fail(Code::kInvalidArgument, "nvme_pool_quota: " + q.error().message());
@@ -458,6 +459,48 @@ void TierManager::maintain() {
   }
 }
 
+void TierManager::clean_ahead() {
+  if (dirty_background_ >= 1.0 || plans_.empty() || engine_->pending() != 0) return;
+  // Only tensors a plan reads later: their bytes are live and must reach NVMe before their RAM
+  // can be reused, and the plan says when they are needed. A tensor overwritten next (or in no
+  // plan) may never need the write, so it is left to eviction.
+  std::unordered_map<int32_t, uint64_t> dirty;  // per node: planned, live, dirty bytes in RAM
+  struct Best {
+    Tensor* t = nullptr;
+    Pool* pool = nullptr;
+    uint64_t next = 0;
+  };
+  std::unordered_map<int32_t, Best> best;  // per node: the farthest next read
+  std::unordered_set<uint64_t> seen;
+  const double now = now_s();
+  for (const auto& [sid, pl] : plans_) {
+    Pool* pool = catalog_.find_pool(pl.pool_id);
+    if (!pool) continue;
+    const std::vector<policy::PlanAt> plans = plans_for_pool(pool->id);
+    for (uint64_t id : pl.index.order()) {
+      if (!seen.insert(id).second) continue;
+      Tensor* t = catalog_.find_tensor(id);
+      if (!t || !t->ram || !needs_writeback(*t)) continue;
+      policy::Candidate c = policy::make_candidate(id, t->ram->length, 0, plans);
+      if (!c.next_use) continue;
+      dirty[t->ram->node] += t->ram->length;
+      if (!evictable(*t) || now - ts(id).spill_failed_at < kSpillRetryS) continue;
+      Best& b = best[t->ram->node];
+      if (!b.t || *c.next_use > b.next) b = {t, pool, *c.next_use};
+    }
+  }
+  for (const auto& n : ram_.nodes()) {
+    auto d = dirty.find(n.node);
+    auto b = best.find(n.node);
+    if (d == dirty.end() || b == best.end()) continue;
+    if (static_cast<double>(d->second) <= dirty_background_ * static_cast<double>(n.capacity)) continue;
+    if (start_spill(*b->second.pool, *b->second.t, /*drop_after=*/false)) {
+      stats_.cleaned_bytes += b->second.t->size;
+      return;  // one write in flight at a time
+    }
+  }
+}
+
 // --- leases ---
 
 bool TierManager::may_place_for_overwrite(std::span<Tensor* const> tensors, LeaseMode mode) {
@@ -800,6 +843,7 @@ bool TierManager::poll() {
     maintain();
     if (!plans_.empty()) schedule_prefetch();
   }
+  clean_ahead();  // after every request too: a release may have left new dirty bytes
   bool p = progress_;
   progress_ = false;
   return p;

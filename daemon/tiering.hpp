@@ -53,6 +53,7 @@ struct TierStats {
   uint64_t fetch_errors = 0, writeback_errors = 0;
   uint64_t fetches_skipped = 0;  // overwrite leases on tensors only on NVMe: RAM, no read-back
   uint64_t discarded_bytes = 0;  // dirty RAM copies a Discard made clean (write-backs saved)
+  uint64_t cleaned_bytes = 0;    // written back ahead of need while the device was idle
 };
 
 class TierManager {
@@ -210,6 +211,11 @@ class TierManager {
                       Status& last_error, std::optional<uint64_t> for_pool = std::nullopt,
                       int32_t for_node = -1);
   void maintain();
+  // Background write-back: when no I/O is in flight, writes back (without dropping) the dirty,
+  // idle RAM copy of a planned tensor whose next read is farthest, while a node's RAM tier holds
+  // more than dirty_background_ of such copies. One at a time, so a demand fetch queues behind
+  // at most one write. Called by poll(), i.e. after every request and I/O completion.
+  void clean_ahead();
   void schedule_prefetch();
   [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
 
@@ -226,6 +232,7 @@ class TierManager {
   std::unordered_set<uint64_t> leasing_;
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
+  double dirty_background_ = 1.0;         // Config::ram_dirty_background
   std::vector<uint64_t> pending_drops_;  // written back, to drop at flush_drops()
   // Arenas are io_uring fixed buffers (prefault = true): their pages are pinned by the kernel, so
   // they are never punched (a punched page would be replaced in the file while I/O kept using

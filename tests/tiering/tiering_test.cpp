@@ -327,6 +327,57 @@ TEST_CASE("discard lets a dirty tensor leave RAM without a write-back, back to i
   }
 }
 
+TEST_CASE("an idle device writes planned tensors back ahead of need and keeps them in RAM") {
+  TempDir nvme;
+  // 64 MiB of tensors in 128 MiB (below the watermarks); background write-back above 16 MiB.
+  TestDaemon d(nvme_opts(nvme.path, "128M", "ram_dirty_background = 0.125\n"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  REQUIRE(c->create_pool("q"));
+  std::vector<uint64_t> planned, other, hashes;
+  for (int i = 0; i < 8; ++i) {
+    auto a = c->create_tensor("p", desc("a" + std::to_string(i), 4u << 20));
+    auto b = c->create_tensor("q", desc("b" + std::to_string(i), 4u << 20));
+    REQUIRE(a);
+    REQUIRE(b);
+    planned.push_back(a->id);
+    other.push_back(b->id);
+  }
+  for (int i = 0; i < 8; ++i) {
+    hashes.push_back(write_tensor(*c, planned[i], 100 + i));
+    write_tensor(*c, other[i], 200 + i);  // q: no plan
+  }
+  // Nothing is written ahead without a plan.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  (void)status_of(*c);
+  CHECK(metric_value(*c, "tierd_cleaned_bytes_total") == 0);
+  // p: read in order by a plan (cursor at a0); the last two uses overwrite a6, a7.
+  std::vector<PlanUse> uses;
+  for (int i = 0; i < 8; ++i) uses.push_back({planned[i], i >= 6});
+  REQUIRE(c->set_plan("p", uses).is_ok());
+  // 32 MiB of planned tensors are dirty; six of them (24 MiB) are read later, above 16 MiB.
+  uint64_t cleaned = 0;
+  for (int i = 0; i < 500 && cleaned < (8u << 20); ++i) {
+    (void)status_of(*c);  // each request lets the daemon look again
+    cleaned = metric_value(*c, "tierd_cleaned_bytes_total");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // Down to 16 MiB of live dirty bytes: two of the six, the farthest reads first (a5, a4).
+  CHECK(cleaned == (8u << 20));
+  CHECK(tiers_of(*c, "p", "a5") == (kTierRam | kTierNvme));
+  CHECK(tiers_of(*c, "p", "a4") == (kTierRam | kTierNvme));
+  CHECK(tiers_of(*c, "p", "a3") == kTierRam);
+  CHECK(tiers_of(*c, "p", "a7") == kTierRam);  // overwritten next: never written ahead
+  CHECK(tiers_of(*c, "q", "b0") == kTierRam);  // no plan: left to eviction
+  for (int i = 0; i < 8; ++i) CHECK(read_hash(*c, planned[i]) == hashes[i]);
+  // A write makes a cleaned tensor dirty again; evicting it writes it back, and the new bytes
+  // are the ones that come back.
+  const uint64_t h = write_tensor(*c, planned[5], 999);
+  REQUIRE(c->evict("p", {&planned[5], 1}).is_ok());
+  CHECK(tiers_of(*c, "p", "a5") == kTierNvme);
+  CHECK(read_hash(*c, planned[5]) == h);
+}
+
 TEST_CASE("prefaulted arenas are io_uring fixed buffers; content survives churn and pool re-creation") {
   TempDir nvme;
   TestDaemon d(nvme_opts(nvme.path, "24M", "prefault = true\n"));
