@@ -30,6 +30,19 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
 
 namespace {
 
+// The trainer's kernels run on OpenMP threads and its GEMMs on OpenBLAS's own threads, in
+// turns on the same cores. By default libgomp spins after each parallel region, so its threads
+// hold the cores while OpenBLAS (and tierd, and the update thread) want them; passive waiting
+// made steps 12-15% faster on a 2-vCPU VM (docs/benchmarks.md). libgomp reads the policy when
+// it is loaded, before main, so an unset OMP_WAIT_POLICY re-executes the binary once with it
+// set (same pid and environment otherwise, so mpirun and srun ranks are unaffected). Setting
+// OMP_WAIT_POLICY (to anything) keeps the caller's choice.
+void prefer_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);  // returns only on failure: go on with libgomp's default
+}
+
 [[noreturn]] void die(Comm* comm, const std::string& msg, int code = 1) {
   std::fprintf(stderr, "tier-train: %s\n", msg.c_str());
   std::fflush(stderr);
@@ -41,6 +54,7 @@ namespace {
 }  // namespace
 
 int main(int argc, char** argv) {
+  prefer_passive_openmp(argv);
   CLI::App app{"tier-train: a ZeRO-3 trainer whose sharded state lives in tierd"};
   std::string model_name = "small", data_path, state = "resident", job = "tier-train", socket,
               backend = "cpu", optimizer = "cpu", ram_quota, nvme_quota;
