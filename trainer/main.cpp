@@ -181,9 +181,11 @@ int main(int argc, char** argv) {
     be = make_cpu_backend();
   } else if (backend == "cuda") {
 #ifdef TIER_TRAIN_HAVE_CUDA
-    be = make_cuda_backend(comm.local_rank());
+    be = make_cuda_backend(comm.local_rank());  // says why on stderr when it returns null
+    if (!be) die(&comm, "--backend cuda: the CUDA backend could not start (above)", 2);
+#else
+    die(&comm, "--backend cuda: this build has no CUDA backend", 2);
 #endif
-    if (!be) die(&comm, "--backend cuda: this build has no CUDA backend", 2);
   } else {
     die(&comm, fmt::format("--backend must be cpu or cuda, not '{}'", backend), 2);
   }
