@@ -461,6 +461,19 @@ void TierManager::maintain() {
 
 void TierManager::clean_ahead() {
   if (dirty_background_ >= 1.0 || plans_.empty() || engine_->pending() != 0) return;
+  // The scan walks every plan (up to max_plan_uses each): after a completion it runs at once
+  // (the device just went idle), otherwise at most every 2 ms, so a loop busy with leases
+  // spends little on it.
+  const double now = now_s();
+  if (!progress_ && now < next_clean_scan_) {
+    if (!std::isfinite(clean_due_)) {  // look again then, even if nothing else happens
+      clean_due_ = next_clean_scan_;
+      arm_timer();
+    }
+    return;
+  }
+  next_clean_scan_ = now + 0.002;
+  clean_due_ = std::numeric_limits<double>::infinity();
   // Only tensors a plan reads later: their bytes are live and must reach NVMe before their RAM
   // can be reused, and the plan says when they are needed. A tensor overwritten next (or in no
   // plan) may never need the write, so it is left to eviction.
@@ -472,7 +485,6 @@ void TierManager::clean_ahead() {
   };
   std::unordered_map<int32_t, Best> best;  // per node: the farthest next read
   std::unordered_set<uint64_t> seen;
-  const double now = now_s();
   for (const auto& [sid, pl] : plans_) {
     Pool* pool = catalog_.find_pool(pl.pool_id);
     if (!pool) continue;
@@ -824,9 +836,14 @@ void TierManager::schedule_prefetch() {
     next = std::min(next, pp.next_start);
   }
   next_prefetch_ = next;
+  arm_timer();
+}
+
+void TierManager::arm_timer() {
+  const double next = std::min(next_prefetch_, clean_due_);
   itimerspec its{};
   if (std::isfinite(next)) {
-    double at = std::max(next, now + 1e-4);
+    double at = std::max(next, now_s() + 1e-4);
     its.it_value.tv_sec = static_cast<time_t>(at);
     its.it_value.tv_nsec = static_cast<long>((at - std::floor(at)) * 1e9);
   }

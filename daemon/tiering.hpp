@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -216,6 +217,8 @@ class TierManager {
   // more than dirty_background_ of such copies. One at a time, so a demand fetch queues behind
   // at most one write. Called by poll(), i.e. after every request and I/O completion.
   void clean_ahead();
+  // Arms the timerfd for the earlier of the next prefetch start and a skipped cleaning scan.
+  void arm_timer();
   void schedule_prefetch();
   [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
 
@@ -233,6 +236,8 @@ class TierManager {
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
   double dirty_background_ = 1.0;         // Config::ram_dirty_background
+  double next_clean_scan_ = 0;            // clean_ahead() without a completion: not before
+  double clean_due_ = std::numeric_limits<double>::infinity();  // a skipped scan's timer
   std::vector<uint64_t> pending_drops_;  // written back, to drop at flush_drops()
   // Arenas are io_uring fixed buffers (prefault = true): their pages are pinned by the kernel, so
   // they are never punched (a punched page would be replaced in the file while I/O kept using

@@ -356,9 +356,10 @@ TEST_CASE("an idle device writes planned tensors back ahead of need and keeps th
   for (int i = 0; i < 8; ++i) uses.push_back({planned[i], i >= 6});
   REQUIRE(c->set_plan("p", uses).is_ok());
   // 32 MiB of planned tensors are dirty; six of them (24 MiB) are read later, above 16 MiB.
+  // No further request is needed for it to start (the daemon looks again on its own timer).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   uint64_t cleaned = 0;
   for (int i = 0; i < 500 && cleaned < (8u << 20); ++i) {
-    (void)status_of(*c);  // each request lets the daemon look again
     cleaned = metric_value(*c, "tierd_cleaned_bytes_total");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
