@@ -327,6 +327,12 @@ PYBIND11_MODULE(tierd, m) {
         check(on(c, [&](tier::Client& cl) { return cl.evict(pool, ids); }));
       }, py::arg("pool"), py::arg("tensors") = py::tuple(),
          "Writes back and drops from RAM the given tensors (all unleased ones when empty).")
+      .def("discard", [](PyClient& c, const std::string& pool, py::object tensors) {
+        auto ids = tensor_ids_of(tensors);
+        check(on(c, [&](tier::Client& cl) { return cl.discard(pool, ids); }));
+      }, py::arg("pool"), py::arg("tensors"),
+         "The tensors' bytes are dead until their next write: tierd may drop a RAM copy without "
+         "writing it back (they then read as their last written-back bytes).")
       .def("set_plan", [](PyClient& c, const std::string& pool, py::object tensors, uint64_t budget) {
         auto ids = tensor_ids_of(tensors);
         check(on(c, [&](tier::Client& cl) { return cl.set_plan(pool, ids, budget); }));

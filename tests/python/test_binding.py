@@ -237,6 +237,12 @@ class Leases(unittest.TestCase):
         with self.c.lease(t2) as l:
             np.testing.assert_array_equal(l.numpy(), np.arange(16))
             self.assertEqual(l.numpy().dtype, np.int64)
+        # Discard is a hint: without an NVMe tier the RAM copy is the only one and stays.
+        self.c.discard("py-leases", [t2])
+        with self.c.lease(t2) as l:
+            np.testing.assert_array_equal(l.numpy(), np.arange(16))
+        with self.assertRaises(tierd.NotFound):
+            self.c.discard("no-such-pool", [t2])
 
 
 if __name__ == "__main__":
