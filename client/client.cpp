@@ -109,6 +109,18 @@ struct Client::Impl {
   Status call(MsgType type, const Req& req, Rep& rep, bool idempotent = true) {
     return retrying([&] { return conn.call(type, req, rep); }, idempotent);
   }
+  // A TensorIdsReq of `type` naming `ids` in `pool`, kMaxBatch ids per request; the caller
+  // holds mu. No ids: no request, unless `send_empty` (Evict: the whole pool).
+  Status call_ids(MsgType type, std::string_view pool, std::span<const uint64_t> ids, bool send_empty = false) {
+    wire::TensorIdsReq req{std::string(pool), {}};
+    if (ids.empty() && send_empty) return call(type, req, empty);
+    for (size_t i = 0; i < ids.size(); i += wire::kMaxBatch) {
+      size_t n = std::min<size_t>(wire::kMaxBatch, ids.size() - i);
+      req.tensor_ids.assign(ids.begin() + i, ids.begin() + i + n);
+      TIER_RETURN_IF_ERROR(call(type, req, empty));
+    }
+    return Status::ok();
+  }
 
   Status hello();
   Status reconnect(const Status& why);
@@ -613,41 +625,22 @@ Status Client::release_batch(std::span<Lease> leases) {
 
 Status Client::prefetch(std::string_view pool, std::span<const uint64_t> tensor_ids) {
   return guarded<Status>([&]() -> Status {
-    wire::TensorIdsReq req{std::string(pool), {}};
     std::lock_guard g(impl_->mu);
-    for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
-      size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
-      req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kPrefetch, req, impl_->empty));
-    }
-    return Status::ok();
+    return impl_->call_ids(MsgType::kPrefetch, pool, tensor_ids);
   });
 }
 
 Status Client::discard(std::string_view pool, std::span<const uint64_t> tensor_ids) {
   return guarded<Status>([&]() -> Status {
-    wire::TensorIdsReq req{std::string(pool), {}};
     std::lock_guard g(impl_->mu);
-    for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
-      size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
-      req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kDiscard, req, impl_->empty));
-    }
-    return Status::ok();
+    return impl_->call_ids(MsgType::kDiscard, pool, tensor_ids);
   });
 }
 
 Status Client::evict(std::string_view pool, std::span<const uint64_t> tensor_ids) {
   return guarded<Status>([&]() -> Status {
-    wire::TensorIdsReq req{std::string(pool), {}};
     std::lock_guard g(impl_->mu);
-    if (tensor_ids.empty()) return impl_->call(MsgType::kEvict, req, impl_->empty);
-    for (size_t i = 0; i < tensor_ids.size(); i += wire::kMaxBatch) {
-      size_t n = std::min<size_t>(wire::kMaxBatch, tensor_ids.size() - i);
-      req.tensor_ids.assign(tensor_ids.begin() + i, tensor_ids.begin() + i + n);
-      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kEvict, req, impl_->empty));
-    }
-    return Status::ok();
+    return impl_->call_ids(MsgType::kEvict, pool, tensor_ids, /*send_empty=*/true);
   });
 }
 
