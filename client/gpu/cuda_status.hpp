@@ -15,6 +15,14 @@ namespace tier::gpu {
 // invalid values → kInvalidArgument; everything else kInternal. Message: "context: name: text".
 [[nodiscard]] Status from_cuda(cudaError_t err, std::string_view context);
 
+// from_cuda() for a call's result that also clears the thread's last error, so a later
+// cudaGetLastError() does not report the same failure again.
+[[nodiscard]] inline Status check_cuda(cudaError_t err, std::string_view context) {
+  if (err == cudaSuccess) return Status::ok();
+  (void)cudaGetLastError();
+  return from_cuda(err, context);
+}
+
 // True for the errors that mean "this machine has no usable GPU".
 bool is_no_device(cudaError_t err) noexcept;
 

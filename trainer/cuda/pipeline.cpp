@@ -4,15 +4,13 @@
 
 #include <string>
 
+#include "client/gpu/cuda_status.hpp"
+
 namespace tier::train::cuda {
 namespace {
 
-Status cu(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok();
-  (void)cudaGetLastError();
-  return Status(Code::kInternal, std::string(what) + ": " + cudaGetErrorName(e) + ": " +
-                                     cudaGetErrorString(e));
-}
+// CUDA errors become Status in one place (client/gpu/cuda_status.hpp).
+Status cu(cudaError_t e, const char* what) { return tier::gpu::check_cuda(e, what); }
 
 // TIER_RETURN_IF_ERROR for functions that return a Result.
 #define TRY_RESULT(expr)                                        \
