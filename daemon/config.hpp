@@ -61,9 +61,9 @@ struct Config {
   double ram_high_watermark = 0.90;
   double ram_low_watermark = 0.80;
   // While the NVMe device is idle, planned tensors whose bytes a plan reads later are written
-  // back ahead of need (farthest next read first, kept in RAM) until at most this fraction of a
-  // node's RAM tier holds such dirty copies: the eviction that later needs their room then
-  // drops them without waiting for a write. 1 turns it off.
+  // back ahead of need (farthest next read first, kept in RAM) until such dirty copies are at
+  // most this fraction of their node's RAM tier and of their pool's RAM quota: the eviction
+  // that later needs their room then drops them without waiting for a write. 1 turns it off.
   double ram_dirty_background = 0.25;
   // Bytes each NVMe directory may use; empty: 90% of its filesystem's free space.
   std::string nvme_capacity;

@@ -477,13 +477,16 @@ void TierManager::clean_ahead() {
   // Only tensors a plan reads later: their bytes are live and must reach NVMe before their RAM
   // can be reused, and the plan says when they are needed. A tensor overwritten next (or in no
   // plan) may never need the write, so it is left to eviction.
-  std::unordered_map<int32_t, uint64_t> dirty;  // per node: planned, live, dirty bytes in RAM
-  struct Best {
-    Tensor* t = nullptr;
-    Pool* pool = nullptr;
-    uint64_t next = 0;
+  // The limit is a fraction of the node's RAM tier and of the pool's RAM quota, whichever
+  // binds: a pool far below the node's capacity still evicts when it reaches its quota.
+  std::unordered_map<int32_t, uint64_t> node_dirty;  // planned, live, dirty bytes in RAM
+  std::unordered_map<uint64_t, uint64_t> pool_dirty;
+  struct Cand {
+    Tensor* t;
+    Pool* pool;
+    uint64_t next;
   };
-  std::unordered_map<int32_t, Best> best;  // per node: the farthest next read
+  std::vector<Cand> cands;
   std::unordered_set<uint64_t> seen;
   for (const auto& [sid, pl] : plans_) {
     Pool* pool = catalog_.find_pool(pl.pool_id);
@@ -495,22 +498,30 @@ void TierManager::clean_ahead() {
       if (!t || !t->ram || !needs_writeback(*t)) continue;
       policy::Candidate c = policy::make_candidate(id, t->ram->length, 0, plans);
       if (!c.next_use) continue;
-      dirty[t->ram->node] += t->ram->length;
-      if (!evictable(*t) || now - ts(id).spill_failed_at < kSpillRetryS) continue;
-      Best& b = best[t->ram->node];
-      if (!b.t || *c.next_use > b.next) b = {t, pool, *c.next_use};
+      node_dirty[t->ram->node] += t->ram->length;
+      pool_dirty[pool->id] += t->ram->length;
+      if (evictable(*t) && now - ts(id).spill_failed_at >= kSpillRetryS) cands.push_back({t, pool, *c.next_use});
     }
   }
-  for (const auto& n : ram_.nodes()) {
-    auto d = dirty.find(n.node);
-    auto b = best.find(n.node);
-    if (d == dirty.end() || b == best.end()) continue;
-    if (static_cast<double>(d->second) <= dirty_background_ * static_cast<double>(n.capacity)) continue;
-    if (start_spill(*b->second.pool, *b->second.t, /*drop_after=*/false)) {
-      stats_.cleaned_bytes += b->second.t->size;
-      return;  // one write in flight at a time
-    }
+  std::unordered_map<int32_t, uint64_t> node_capacity;
+  for (const auto& n : ram_.nodes()) node_capacity[n.node] = n.capacity;
+  auto over = [&](uint64_t bytes, uint64_t limit) {
+    return limit > 0 && static_cast<double>(bytes) > dirty_background_ * static_cast<double>(limit);
+  };
+  const Cand* pick = nullptr;
+  for (const Cand& c : cands)
+    if ((over(node_dirty[c.t->ram->node], node_capacity[c.t->ram->node]) ||
+         over(pool_dirty[c.pool->id], c.pool->ram_quota)) &&
+        (!pick || c.next > pick->next))
+      pick = &c;
+  if (!pick) return;
+  if (Status st = start_spill(*pick->pool, *pick->t, /*drop_after=*/false); !st) {
+    TState& s = ts(pick->t->id);  // e.g. the NVMe quota is full: not retried for a while
+    s.spill_failed_at = now;
+    s.spill_error = st;
+    return;
   }
+  stats_.cleaned_bytes += pick->t->size;  // one write in flight at a time
 }
 
 // --- leases ---

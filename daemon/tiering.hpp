@@ -213,8 +213,8 @@ class TierManager {
                       int32_t for_node = -1);
   void maintain();
   // Background write-back: when no I/O is in flight, writes back (without dropping) the dirty,
-  // idle RAM copy of a planned tensor whose next read is farthest, while a node's RAM tier holds
-  // more than dirty_background_ of such copies. One at a time, so a demand fetch queues behind
+  // idle RAM copy of a planned tensor whose next read is farthest, while such copies exceed
+  // dirty_background_ of their node's RAM tier or of their pool's RAM quota. One at a time, so a demand fetch queues behind
   // at most one write. Called by poll(), i.e. after every request and I/O completion.
   void clean_ahead();
   // Arms the timerfd for the earlier of the next prefetch start and a skipped cleaning scan.

@@ -379,6 +379,30 @@ TEST_CASE("an idle device writes planned tensors back ahead of need and keeps th
   CHECK(read_hash(*c, planned[5]) == h);
 }
 
+TEST_CASE("background write-back also keeps a pool's dirty bytes under its share of the pool's quota") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "256M"));  // default ram_dirty_background 0.25: 64 MiB of the node
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("small", PoolOptions{.ram_quota = 16u << 20}));  // 0.25 of it: 4 MiB
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto t = c->create_tensor("small", desc("t" + std::to_string(i), 4u << 20));
+    REQUIRE(t);
+    ids.push_back(t->id);
+    write_tensor(*c, t->id, 300 + i);
+  }
+  REQUIRE(c->set_plan("small", ids).is_ok());
+  uint64_t cleaned = 0;
+  for (int i = 0; i < 500 && cleaned < (8u << 20); ++i) {
+    cleaned = metric_value(*c, "tierd_cleaned_bytes_total");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(cleaned == (8u << 20));  // t2 and t1 (read last); 4 MiB stay dirty
+  CHECK(tiers_of(*c, "small", "t2") == (kTierRam | kTierNvme));
+  CHECK(tiers_of(*c, "small", "t1") == (kTierRam | kTierNvme));
+  CHECK(tiers_of(*c, "small", "t0") == kTierRam);
+}
+
 TEST_CASE("prefaulted arenas are io_uring fixed buffers; content survives churn and pool re-creation") {
   TempDir nvme;
   TestDaemon d(nvme_opts(nvme.path, "24M", "prefault = true\n"));
