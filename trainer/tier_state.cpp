@@ -119,9 +119,7 @@ class TierStore final : public ShardStore {
     // stop sending hints (each would count as an error in tierd's status). Other failures
     // (no room right now) only cost that hint.
     if (no_tiering_.load(std::memory_order_relaxed)) return;
-    std::vector<uint64_t> ids;
-    for (const auto& r : refs)
-      if (uint64_t id = lookup(r)) ids.push_back(id);
+    const std::vector<uint64_t> ids = known_ids(refs);
     if (ids.empty()) return;
     if (Status st = of(lane).prefetch(opts_.pool, ids); st.code() == Code::kUnsupported)
       no_tiering_.store(true, std::memory_order_relaxed);
@@ -129,10 +127,7 @@ class TierStore final : public ShardStore {
 
   void discard(std::span<const ShardRef> refs, Lane lane) override {
     if (no_tiering_.load(std::memory_order_relaxed)) return;
-    std::vector<uint64_t> ids;
-    for (const auto& r : refs)
-      if (uint64_t id = lookup(r)) ids.push_back(id);
-    (void)of(lane).discard(opts_.pool, ids);  // a hint: a failure only costs a write-back
+    (void)of(lane).discard(opts_.pool, known_ids(refs));  // a hint: a failure only costs a write-back
   }
 
   void set_plan(std::span<const ShardUse> uses, Lane lane) override {
@@ -192,6 +187,13 @@ class TierStore final : public ShardStore {
   uint64_t lookup(const ShardRef& r) const {
     const size_t i = index(r);
     return r.layer >= 0 && i < ids_.size() ? ids_[i] : 0;
+  }
+  // The tensor ids of the shards this rank has (for hints: unknown refs are skipped).
+  std::vector<uint64_t> known_ids(std::span<const ShardRef> refs) const {
+    std::vector<uint64_t> ids;
+    for (const auto& r : refs)
+      if (uint64_t id = lookup(r)) ids.push_back(id);
+    return ids;
   }
 
   Result<uint64_t> create(const std::string& name, uint64_t size, std::vector<int64_t> shape,

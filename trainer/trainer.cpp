@@ -291,13 +291,23 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
 
   double stall_ms = 0;
 
+  // Both pass implementations: the loss is a mean over the global batch's tokens, and a
+  // forward use of the embedding or of a block reads only its parameters P.
+  const float loss_scale = 1.0f / (static_cast<float>(Bg) * static_cast<float>(T));
+  auto forward = [&](const Use& u, const float* P) {
+    if (u.kind == UseKind::kEmbedFwd)
+      be.embed_forward(d, P, buf.tokens, buf.xs[0]);
+    else
+      be.block_forward(d, P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
+                       buf.xs[u.layer]);
+  };
+
   // The pass through opts.stream (--collectives nccl): the stream copies, gathers and
   // reduce-scatters on the device; this thread pins the shards (waiting first, as the host
   // path's comm thread does, for the overlapped update of the layer) and hands the pins over.
   // Time spent pinning and in finish() counts as stall.
   auto run_stream_pass = [&](const std::vector<Use>& uses, int cur, bool grad) -> Result<double> {
     LayerStream& ls = *opts.stream;
-    const float loss_scale = 1.0f / (static_cast<float>(Bg) * static_cast<float>(T));
     std::vector<float*> fetched(uses.size(), nullptr);
     auto pin = [&](const ShardRef& ref, Access access) -> Result<Pinned> {
       const auto t0 = Clock::now();
@@ -332,11 +342,8 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         const float* P = fetched[i];
         switch (u.kind) {
           case UseKind::kEmbedFwd:
-            be.embed_forward(d, P, buf.tokens, buf.xs[0]);
-            break;
           case UseKind::kBlockFwd:
-            be.block_forward(d, P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
-                             buf.xs[u.layer]);
+            forward(u, P);
             break;
           case UseKind::kHead:
             if (grad) {
@@ -432,7 +439,6 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
 
     for (size_t j = 0; j <= static_cast<size_t>(K) && j < uses.size(); ++j) issue_gather(j);
     double loss = 0;
-    const float scale = 1.0f / (static_cast<float>(Bg) * static_cast<float>(T));
     for (size_t i = 0; i < uses.size(); ++i) {
       const size_t slot = i % (static_cast<size_t>(K) + 1);
       if (auto s = wait(gh[i]); !s) return fail(s);
@@ -441,16 +447,13 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       if (!host) be.upload(P, buf.slots_host[slot], pad[u.layer]);
       switch (u.kind) {
         case UseKind::kEmbedFwd:
-          be.embed_forward(d, P, buf.tokens, buf.xs[0]);
-          break;
         case UseKind::kBlockFwd:
-          be.block_forward(d, P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
-                           buf.xs[u.layer]);
+          forward(u, P);
           break;
         case UseKind::kHead:
           if (grad) be.zero(buf.g0, pad[0]);
           loss += be.head_forward(d, P, buf.xs[L], buf.targets, carve_head_acts(buf.head, d),
-                                  grad ? buf.dx : nullptr, grad ? buf.g0 : nullptr, scale);
+                                  grad ? buf.dx : nullptr, grad ? buf.g0 : nullptr, loss_scale);
           if (grad) fault("forward");
           break;
         case UseKind::kBlockBwd: {

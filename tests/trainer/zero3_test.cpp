@@ -2,12 +2,10 @@
 // the same seed, with the state resident or in tierd; and the loss falls on the demo text.
 #include <catch2/catch.hpp>
 
-#include <stdlib.h>
-
 #include <cmath>
-#include <filesystem>
 #include <set>
 
+#include "nvme/test_util.hpp"
 #include "run_helper.hpp"
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
@@ -61,19 +59,10 @@ TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resi
   // 4 blocks of width 128: 0.83 M parameters, 23 MB of state per rank with double buffering,
   // against a 14 MiB RAM quota (the update pins two layers of seven shards at once): every
   // step spills and fetches a good part of it.
-  struct TempDir {  // removed however the test ends: NVMe files are preallocated by the GiB
-    std::string path;
-    TempDir() {
-      char t[] = "/tmp/tier-train-nvme-XXXXXX";
-      if (::mkdtemp(t) != nullptr) path = t;
-    }
-    ~TempDir() {
-      std::error_code ec;
-      if (!path.empty()) std::filesystem::remove_all(path, ec);
-    }
-  } dir;
-  REQUIRE(!dir.path.empty());
-  const std::string nvme = dir.path;
+  // Removed however the test ends: NVMe files are preallocated by the GiB.
+  const tier::nvme::testing::TempDir dir;
+  REQUIRE(!dir.path().empty());
+  const std::string nvme = dir.path();
   tier::test::DaemonOptions o;
   o.ram = "64M";
   o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
