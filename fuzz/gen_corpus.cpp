@@ -59,6 +59,7 @@ void wire_corpus() {
   put(t, "release", req(MsgType::kRelease, ReleaseReq{{7, 8}}));
   put(t, "map_arena", req(MsgType::kMapArena, MapArenaReq{3}));
   put(t, "prefetch", req(MsgType::kPrefetch, TensorIdsReq{"job-a", {1, 2}}));
+  put(t, "discard", req(MsgType::kDiscard, TensorIdsReq{"job-a", {2, 3}}));
   put(t, "plan_set", req(MsgType::kPlanSet, PlanSetReq{"job-a", {1, 2, 1, 3}, 1 << 20, {0, 1, 0, 0}}));
   put(t, "snapshot", req(MsgType::kSnapshot, PoolNameReq{"job-a"}));
   put(t, "rep_error", rep(MsgType::kPoolOpen, Status(Code::kNotFound, "no pool named 'x'"), Empty{}));
@@ -152,6 +153,7 @@ void config_corpus() {
            "max_clients = 4096\n"
            "max_leases_per_client = 1048576\n"
            "remove_arenas_on_exit = false\n"
+           "ram_dirty_background = 0.25\n"
            "log_level = \"info\"\n"
            "\n[[nvme]]\npath = \"/mnt/nvme0/tier\"\nnuma_node = 0\n"
            "\n[[nvme]]\npath = \"/mnt/nvme1/tier\"\n");
@@ -214,7 +216,8 @@ void request_corpus() {
                          req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
                          req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),
                          req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0, {}}, 6),
-                         req(MsgType::kSnapshot, PoolNameReq{"p"}, 7)}));
+                         req(MsgType::kSnapshot, PoolNameReq{"p"}, 7),
+                         req(MsgType::kDiscard, TensorIdsReq{"p", {1}}, 8)}));
 }
 
 }  // namespace
