@@ -1,9 +1,12 @@
 // tier-train's --collectives flag: its validation (clear message, exit status 2) and the host
 // path it selects for the CPU backend. Runs on any machine; the NCCL path itself is covered by
-// tests/gpu/train_pipeline_test.cpp on a GPU.
+// tests/gpu/train_pipeline_test.cpp on a GPU. Also: the OpenMP wait policy tier-train picks.
 #include <catch2/catch.hpp>
 
+#include <stdlib.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "run_helper.hpp"
@@ -66,4 +69,34 @@ TEST_CASE("tier-train --help documents --collectives", "[trainer][cli]") {
   CHECK(pclose(p) == 0);
   CHECK(text.find("--collectives") != std::string::npos);
   CHECK(text.find("nccl") != std::string::npos);
+}
+
+TEST_CASE("tier-train waits passively in OpenMP unless OMP_WAIT_POLICY is set", "[trainer][cli]") {
+  // libgomp shows its settings with OMP_DISPLAY_ENV=verbose each time it loads: passive waiting
+  // is a spin count of 0. Unset, tier-train re-executes itself once with the policy set, so the
+  // second listing says 0; a policy the caller set is kept (one listing, spinning).
+  const char* had = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = had != nullptr ? had : "";
+  ::setenv("OMP_DISPLAY_ENV", "verbose", 1);
+  ::unsetenv("OMP_WAIT_POLICY");
+  const TrainRun unset = run_trainer(1, "--help");
+  ::setenv("OMP_WAIT_POLICY", "active", 1);
+  const TrainRun active = run_trainer(1, "--help");
+  ::unsetenv("OMP_DISPLAY_ENV");
+  if (had != nullptr) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
+  else ::unsetenv("OMP_WAIT_POLICY");
+
+  auto count = [](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  INFO(unset.stderr_text);
+  CHECK(unset.exit_code == 0);
+  CHECK(count(unset.stderr_text, "GOMP_SPINCOUNT") == 2);
+  CHECK(count(unset.stderr_text, "GOMP_SPINCOUNT = '0'") == 1);
+  INFO(active.stderr_text);
+  CHECK(active.exit_code == 0);
+  CHECK(count(active.stderr_text, "GOMP_SPINCOUNT") == 1);
+  CHECK(count(active.stderr_text, "GOMP_SPINCOUNT = '0'") == 0);
 }
