@@ -122,6 +122,12 @@ uint64_t TierManager::nvme_quota(const Pool& p) const {
   return p.nvme_quota == 0 ? default_nvme_quota_ : p.nvme_quota;
 }
 
+bool TierManager::needs_writeback(const Tensor& t) const {
+  if (!t.dirty && t.nvme) return false;
+  auto it = ts_.find(t.id);
+  return it == ts_.end() || !it->second.dead;
+}
+
 bool TierManager::evictable(const Tensor& t) const {
   if (!t.ram || t.readers > 0 || t.writer || pinned_.contains(t.id) || leasing_.contains(t.id)) return false;
   auto it = ts_.find(t.id);
@@ -174,6 +180,7 @@ void TierManager::drop_ram_many(std::span<Tensor* const> tensors) {
     if (!p || !t->ram) continue;
     gone.push_back({p, *t->ram, !take_keep_pages(t->id)});
     t->ram.reset();
+    if (auto it = ts_.find(t->id); it != ts_.end()) it->second.dead = false;
     if (durable_) durable_->ram_dropped(*t);
   }
   stats_.evictions += gone.size();
@@ -206,7 +213,8 @@ void TierManager::flush_drops() {
 Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<Ahead> ahead) {
   TState& s = ts(t.id);
   if (t.ram || s.io == Io::kFetch) return Status::ok();
-  if (!t.nvme) return Status(Code::kInternal, "tensor '" + t.name + "' is neither in RAM nor on NVMe");
+  // In no tier (discarded, then dropped): there is nothing to read ahead; a lease zero-fills.
+  if (!t.nvme && !demand) return Status::ok();
   Result<RamLocation> loc = fail(Code::kResourceExhausted, "");
   if (demand) {
     loc = allocate(pool, t.node, t.size, /*wait=*/false);  // kBusy: retried when I/O completes
@@ -237,6 +245,16 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
   if (!dst) {
     ram_.release(pool, *loc);
     return Status(Code::kInternal, "no arena for a fetch");
+  }
+  if (!t.nvme) {
+    std::memset(dst, 0, t.size);
+    t.ram = *loc;
+    if (durable_) durable_->ram_placed(t);
+    t.dirty = true;
+    s2.last_use = tick_++;
+    stats_.fetches_skipped++;
+    progress_ = true;
+    return Status::ok();
   }
   s2.io = Io::kFetch;
   s2.pending = *loc;
@@ -360,6 +378,7 @@ std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> p
       if (!evictable(t) || (node && t.ram->node != *node)) continue;
       policy::Candidate c = policy::make_candidate(id, t.ram->length, ts(id).last_use, plans);
       c.dirty = needs_writeback(t);
+      if (auto it = ts_.find(id); it != ts_.end()) c.discarded_before = it->second.discarded_before;
       if (limit && c.next_use && *c.next_use <= *limit) continue;
       out.push_back(c);
     }
@@ -608,9 +627,17 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
     }
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return fail(Code::kInternal, "tensor without a pool");
+    if (!t->nvme && !place && s.io == Io::kNone) {
+      // In no tier (discarded, then dropped): zero-filled at once when RAM is free, else kBusy
+      // and lease_ready() tries again as write-backs complete.
+      if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy)
+        return fail(std::move(st));
+      if (t->ram) continue;
+    }
     wait = true;
     if (place) continue;               // waits for room, never for a read
     if (s.io == Io::kFetch) continue;  // a prefetch is under way: a stall, not a miss
+    if (!t->nvme) continue;            // in no tier, waiting for RAM to zero-fill (above)
     stats_.misses++;
     pin(std::span<const uint64_t>(&t->id, 1));
     // kBusy: RAM is being freed by write-backs; lease_ready() starts the fetch when they end.
@@ -660,6 +687,10 @@ Status TierManager::lease_ready_impl(std::span<Tensor* const> tensors, bool& rea
     TState& s = ts(t->id);
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return Status(Code::kNotFound, "tensor '" + t->name + "' was deleted");
+    if (!t->nvme && !place && s.io == Io::kNone) {  // in no tier: zero-filled when RAM is free
+      if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy) return st;
+      if (t->ram) continue;
+    }
     ready = false;
     if (place) continue;  // waiting for room for the overwrite
     if (s.io == Io::kFetch) continue;
@@ -679,6 +710,7 @@ void TierManager::on_granted(std::span<Tensor* const> tensors, LeaseMode mode) {
     s.last_use = tick_++;
     if (is_write(mode)) {
       s.write_gen++;
+      s.dead = false;
       t->dirty = true;
     }
   }
@@ -705,13 +737,18 @@ Status TierManager::adopt_catalog() {
 
 void TierManager::discard(std::span<Tensor* const> tensors) {
   for (Tensor* t : tensors) {
-    if (!t->ram || !t->dirty || !t->nvme || t->writer) continue;
+    ts(t->id).discarded_before = true;
+    if (!t->ram || t->writer || !needs_writeback(*t)) continue;
     TState& s = ts(t->id);
     if (s.io != Io::kNone || s.torn_copy) continue;
-    // The write lease that made it dirty journaled the NVMe copy as dropped: record it again,
-    // so the journal and memory agree that it is the tensor's fallback.
-    if (durable_) durable_->nvme_copy_written(*t, *t->nvme);
-    t->dirty = false;
+    if (t->nvme) {
+      // The write lease that made it dirty journaled the NVMe copy as dropped: record it
+      // again, so the journal and memory agree that it is the tensor's fallback.
+      if (durable_) durable_->nvme_copy_written(*t, *t->nvme);
+      t->dirty = false;
+    } else {
+      s.dead = true;
+    }
     stats_.discarded_bytes += t->size;
   }
 }
@@ -734,7 +771,7 @@ void TierManager::forget(Pool& pool, Tensor& t) {
 
 Status TierManager::prefetch(Pool& pool, std::span<Tensor* const> tensors) {
   for (Tensor* t : tensors) {
-    if (t->ram || ts(t->id).io == Io::kFetch) continue;
+    if (t->ram || !t->nvme || ts(t->id).io == Io::kFetch) continue;
     // A hint: no room without waiting for write-backs (kBusy) skips this tensor.
     Status st = start_fetch(pool, *t, true, std::nullopt);
     if (!st && st.code() == Code::kBusy) continue;
@@ -819,7 +856,8 @@ void TierManager::schedule_prefetch() {
       Tensor* t = catalog_.find_tensor(id);
       if (!t) return true;  // deleted: nothing to fetch
       auto it = ts_.find(id);
-      return t->ram.has_value() || (it != ts_.end() && it->second.io == Io::kFetch);
+      // In no tier: nothing to read (a lease zero-fills it).
+      return t->ram.has_value() || !t->nvme || (it != ts_.end() && it->second.io == Io::kFetch);
     };
     in.bytes_of = [&](uint64_t id) {
       Tensor* t = catalog_.find_tensor(id);

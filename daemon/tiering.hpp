@@ -52,8 +52,10 @@ struct TierStats {
   uint64_t fetches = 0;     // completed fetches (demand and prefetch)
   uint64_t prefetches = 0;  // fetches started ahead of a lease (Prefetch requests and plans)
   uint64_t fetch_errors = 0, writeback_errors = 0;
-  uint64_t fetches_skipped = 0;  // overwrite leases on tensors only on NVMe: RAM, no read-back
-  uint64_t discarded_bytes = 0;  // dirty RAM copies a Discard made clean (write-backs saved)
+  // Leases that got RAM with no read-back: overwrite leases of tensors only on NVMe, and
+  // leases of tensors in no tier (discarded and dropped: zero-filled).
+  uint64_t fetches_skipped = 0;
+  uint64_t discarded_bytes = 0;  // RAM copies a Discard freed from their write-back
   uint64_t cleaned_bytes = 0;    // written back ahead of need while the device was idle
 };
 
@@ -97,13 +99,15 @@ class TierManager {
   void clear_pins() { pinned_.clear(); }
   void pin(std::span<const uint64_t> ids) { pinned_.insert(ids.begin(), ids.end()); }
 
-  // The client no longer needs the bytes of `tensors` (Discard): a dirty RAM copy whose tensor
-  // has an intact older NVMe copy becomes clean, so eviction drops it without a write-back and
-  // the tensor then reads as that older copy. Its contents are unspecified until its next write
-  // (the current bytes while the RAM copy stays, the older ones after). Left as they are: a
-  // tensor under a write lease (the write happens after the discard), with I/O in flight, or
-  // with no intact NVMe copy (nothing to fall back on). The older copy is journaled again, so a
-  // restart finds the same fallback. A hint: never an error.
+  // The client no longer needs the bytes of `tensors` (Discard): their contents are
+  // unspecified until the next write, and no write-back is spent on them. A dirty RAM copy
+  // whose tensor has an intact older NVMe copy becomes clean: eviction drops it for free and
+  // the tensor then reads as that older copy (journaled again, so a restart finds the same
+  // fallback). A RAM copy with no NVMe copy to fall back on is marked dead: eviction drops it
+  // without writing it, and the tensor, then in no tier, reads as zeros (after a restart too).
+  // Until it leaves RAM it reads as its current bytes. Left as they are: a tensor under a write
+  // lease (the write happens after the discard), with I/O in flight, or whose NVMe copy may be
+  // torn. A write lease ends the dead state. A hint: never an error.
   void discard(std::span<Tensor* const> tensors);
 
   // Before `t` is erased: waits for its I/O and frees its NVMe copy. The caller frees its RAM.
@@ -150,6 +154,13 @@ class TierManager {
     // Tensor::nvme was written while a write lease was granted: its bytes may be torn (and it
     // is journaled as dropped). Such a copy is no fallback for discard().
     bool torn_copy = false;
+    // Discarded with no NVMe copy: its bytes are not worth a write-back (see discard()).
+    // Cleared by a write lease and when the RAM copy goes; not journaled (a restart forgets
+    // the hint, and the tensor is written back again if evicted).
+    bool dead = false;
+    // Named by a Discard at least once: its client discards it (eviction holds it, dirty and
+    // overwritten next, for the discard rather than writing it back: policy/eviction.hpp).
+    bool discarded_before = false;
   };
   struct Plan {
     uint64_t pool_id = 0;
@@ -178,7 +189,8 @@ class TierManager {
   // clean and unleased: one commit per batch of completions. Called after every engine poll or
   // wait, before anything looks at RAM usage again.
   void flush_drops();
-  [[nodiscard]] bool needs_writeback(const Tensor& t) const { return t.dirty || !t.nvme; }
+  // Leaving RAM costs a write-back: newer than its NVMe copy, or no copy there, unless dead.
+  [[nodiscard]] bool needs_writeback(const Tensor& t) const;
   [[nodiscard]] bool evictable(const Tensor& t) const;
   // A prefetch's use: `uses` ahead in a plan advancing every `seconds_per_use` (0: unknown).
   struct Ahead {

@@ -41,11 +41,21 @@ Candidate make_candidate(uint64_t id, uint64_t bytes, uint64_t last_use, std::sp
 namespace {
 // A plan overwrites it before anyone reads it, and its RAM copy is clean: no I/O now or later.
 bool free_to_drop(const Candidate& c) { return c.planned && !c.next_use && !c.dirty; }
+// Dirty, overwritten next, and of a kind its client discards: the write-back would be wasted
+// once the discard or the overwrite comes, which frees it for nothing.
+bool held_for_discard(const Candidate& c) { return c.planned && !c.next_use && c.dirty && c.discarded_before; }
+
+// 0 free to drop, 1 in no plan or overwritten next (LRU), 2 read later by a plan (farthest
+// first), 3 held for a discard.
+int rank(const Candidate& c) {
+  if (free_to_drop(c)) return 0;
+  if (held_for_discard(c)) return 3;
+  return c.next_use ? 2 : 1;
+}
 
 // Strict weak order: true when `a` should be evicted before `b`.
 bool evict_before(const Candidate& a, const Candidate& b) {
-  if (a.next_use.has_value() != b.next_use.has_value()) return !a.next_use.has_value();
-  if (!a.next_use && free_to_drop(a) != free_to_drop(b)) return free_to_drop(a);
+  if (rank(a) != rank(b)) return rank(a) < rank(b);
   if (a.next_use && *a.next_use != *b.next_use) return *a.next_use > *b.next_use;
   if (a.last_use != b.last_use) return a.last_use < b.last_use;
   return a.id < b.id;

@@ -6,7 +6,12 @@
 //     costs nothing now or later, while a dirty one would be written back although no plan
 //     reads those bytes again (left in RAM, it may be overwritten in place and never written);
 //  2. then planned tensors, the one whose next use is farthest away first (Belady's rule on
-//     the known cyclic schedule), ties broken by LRU.
+//     the known cyclic schedule), ties broken by LRU;
+//  3. last, dirty tensors a plan overwrites next whose client has discarded them before (a
+//     double buffer between its last read and the commit that lets the client discard it):
+//     their write-back would be wasted as soon as the discard (or the overwrite) comes, which
+//     frees them for nothing, whereas a planned tensor's write-back is needed anyway when RAM
+//     cannot hold it until its next read. A client that never discards keeps rule 1 for them.
 // Unplanned tensors go first because a planned tensor is known to be needed again within one
 // step, while an unplanned one has no known reuse: evicting it risks at most one miss on a
 // tensor nobody announced, whereas evicting a planned tensor guarantees a miss (or a prefetch)
@@ -35,6 +40,7 @@ struct Candidate {
   std::optional<uint64_t> next_use;
   bool planned = false;                // some plan uses it (set by make_candidate)
   bool dirty = false;                  // leaving RAM needs a write-back first (set by the caller)
+  bool discarded_before = false;       // its client has discarded it before (set by the caller)
 };
 
 // Builds a candidate, looking its next use up in `plan` (may be null: no plan).

@@ -144,9 +144,10 @@ class Client {
   // Writes back and drops from RAM the given tensors (all unleased ones when empty).
   [[nodiscard]] Status evict(std::string_view pool, std::span<const uint64_t> tensor_ids = {});
   // The bytes of these tensors are no longer needed (like a TRIM): tierd may then drop a RAM
-  // copy without writing it back, falling back to the tensor's last written-back bytes. Until
-  // the tensor is next written its contents are unspecified (old or current bytes). Tensors
-  // under a write lease are left alone. A hint: it never loses bytes written after it.
+  // copy without writing it back, falling back to the tensor's last written-back bytes, or to
+  // zeros when it has none. Until the tensor is next written its contents are unspecified
+  // (current, older or zero bytes). Tensors under a write lease are left alone. A hint: it
+  // never loses bytes written after it.
   [[nodiscard]] Status discard(std::string_view pool, std::span<const uint64_t> tensor_ids);
   // Registers one step's ordered tensor uses; the daemon keeps the next `budget` bytes of the
   // plan resident and evicts by farthest next use. Replaces any earlier plan of this client.

@@ -164,6 +164,29 @@ TEST_CASE("eviction: a clean tensor a plan overwrites next goes first; a dirty o
   CHECK(eviction_order(lru) == std::vector<uint64_t>{8, 9});
 }
 
+TEST_CASE("eviction: a dirty tensor overwritten next that its client discards goes last") {
+  // Uses: 1 read, 2 overwritten, 3 overwritten, 4 read, 5 read. Cursor at 0.
+  PlanIndex plan({1, 2, 3, 4, 5}, {0, 1, 1, 0, 0});
+  auto cand = [&](uint64_t id, uint64_t last_use, bool dirty, bool discarded_before) {
+    Candidate c = make_candidate(id, 100, last_use, &plan, 0);
+    c.dirty = dirty;
+    c.discarded_before = discarded_before;
+    return c;
+  };
+  std::vector<Candidate> c = {
+      cand(2, 1, true, true),    // a double buffer between its last read and its discard
+      cand(3, 40, true, false),  // overwritten next, dirty, never discarded: rule 1 (LRU)
+      cand(4, 2, true, true),    // read at 3: planned, farthest-first among those read
+      cand(5, 3, false, true),   // read at 4
+      cand(9, 10, false, true),  // in no plan
+  };
+  CHECK(eviction_order(c) == std::vector<uint64_t>{9, 3, 5, 4, 2});
+  CHECK(choose_victims(c, 300) == std::vector<uint64_t>{9, 3, 5});
+  // Clean, it is free to drop whatever its history.
+  c[0].dirty = false;
+  CHECK(eviction_order(c).front() == 2);
+}
+
 TEST_CASE("prefetch: each fetch is timed to finish just before its use") {
   PlanIndex plan({1, 2, 3, 4, 5, 6});
   PrefetchInput in;
