@@ -108,11 +108,12 @@ int main(int argc, char** argv) {
   bool overlap_optimizer = false;
   app.add_flag("--overlap-optimizer", overlap_optimizer,
                "run the CPU AdamW of a step beside the next step's pass (faster with the state "
-               "in RAM, slower with it on NVMe)");
+               "in RAM; on NVMe faster with prefaulted arenas, slower with sparse ones)");
   std::string fault_kill;
   app.add_option("--fault-kill", fault_kill,
                  "testing: STEP:POINT:RANK kills that rank (SIGKILL) at forward, backward, "
-                 "optimizer, precommit or postcommit of that step")
+                 "optimizer, precommit, postcommit or discarded (after the dead buffer's "
+                 "discard) of that step")
       ->group("testing");
   add_plan_options(app, po);
   CLI11_PARSE(app, argc, argv);

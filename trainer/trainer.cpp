@@ -585,12 +585,14 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
         const size_t o = std::max(lo, layer_n[l]) - lo, n = hi - lo - o;
         for (int k = 0; k < 3; ++k) std::memcpy(outp[k].data + o, in[k].data + o, n * sizeof(float));
       }
+      // The gradient is dead now: the next backward overwrites it before anything reads it,
+      // and a crash before this step commits redoes the backward. Spilling it would be wasted.
+      // Discarded while still pinned: released first, tierd could pick it (dirty, next use an
+      // overwrite) for a write-back before the discard arrives.
+      store.discard(std::vector<ShardRef>{{l, ShardKind::kGrad, 0}}, opt_lane);
       std::vector<Pinned> all = std::move(pins->first);
       for (auto& q : pins->second) all.push_back(std::move(q));
       store.release_many(all, opt_lane);
-      // The gradient is dead now: the next backward overwrites it before anything reads it,
-      // and a crash before this step commits redoes the backward. Spilling it would be wasted.
-      store.discard(std::vector<ShardRef>{{l, ShardKind::kGrad, 0}}, opt_lane);
       progress.layer_done(l);
       if (l == 0) fault_at("optimizer", step);
     }
@@ -600,6 +602,11 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   // Commit: every rank finished writing buffer step % buffers; then each node's marker says
   // so. The next update, which overwrites the buffer the previous commit names, starts only
   // after this: so a crash anywhere leaves a committed, intact buffer.
+  // Double buffered, the buffer the step read (its `cur`) is dead once every node's marker
+  // names the step: the next update overwrites it whole and a resume reads the other one. It
+  // is discarded then, so tierd drops what of it is still in RAM instead of writing it back.
+  // Only after a second barrier: a rank that discarded while another node's marker still named
+  // the step before would leave that resume nothing to read.
   auto commit = [&](int64_t step) -> Status {
     if (auto s = comm.barrier(); !s) return s;
     fault_at("precommit", step);
@@ -608,6 +615,15 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       if (auto s = store.write_marker(mk); !s) return s;
     }
     fault_at("postcommit", step);
+    if (opts.buffers == 2) {
+      if (auto s = comm.barrier(); !s) return s;
+      const int read_buffer = static_cast<int>((step - 1) % 2);
+      std::vector<ShardRef> dead;
+      for (int l = 0; l < NL; ++l)
+        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) dead.push_back({l, k, read_buffer});
+      store.discard(dead);
+      fault_at("discarded", step);
+    }
     return {};
   };
   // The update running on its own thread (CPU optimizer only: a GPU optimizer shares the
