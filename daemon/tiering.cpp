@@ -219,9 +219,16 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
   if (demand) {
     loc = allocate(pool, t.node, t.size, /*wait=*/false);  // kBusy: retried when I/O completes
   } else {
-    // Ahead of use: only clean victims used later than this tensor (or in no plan), no waiting.
-    loc = ram_.allocate(pool, t.node, t.size);
-    if (!loc && loc.error().code() == Code::kResourceExhausted) {
+    // Ahead of use: only clean victims used later than this tensor (or in no plan), no waiting;
+    // and never into room above the node's high watermark: maintain() would evict the farthest
+    // used tensors again, which a wide plan window fetches again at once (a fetch-evict cycle
+    // that kept the device busy and starved a lease until it timed out).
+    bool over_high = false;
+    for (const auto& n : ram_.nodes())
+      if (n.node == t.node)
+        over_high = policy::bytes_to_evict(n.used + t.size, n.capacity, marks_) > 0;
+    if (!over_high) loc = ram_.allocate(pool, t.node, t.size);
+    if (over_high || (!loc && loc.error().code() == Code::kResourceExhausted)) {
       auto cands = candidates(std::nullopt, t.node, ahead);
       std::erase_if(cands, [&](const policy::Candidate& c) {
         const Tensor* v = catalog_.find_tensor(c.id);
