@@ -3,6 +3,8 @@
 // Exit codes: 0 clean stop (or a valid --check-config), 1 runtime error, 2 usage or
 // configuration error (one line on stderr naming the problem).
 #include <CLI/CLI.hpp>
+#include <pthread.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <iostream>
@@ -35,6 +37,17 @@ extern "C" const char* __lsan_default_suppressions() { return "leak:libhwloc.so\
 #endif
 
 int main(int argc, char** argv) {
+  // SIGTERM, SIGINT and SIGHUP are read from a signalfd by the event loop (Server::run). A
+  // process-directed signal goes to any thread that does not block it, and threads inherit
+  // the mask of their creator: blocked here, before the NVMe engine, prefaulting or snapshot
+  // threads start, so no thread takes the default action (an unclean exit on systemctl stop,
+  // arenas left behind).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   init_logging();
   CLI::App app{"tierd: host RAM (NUMA-aware) and local NVMe as one memory tier for training state"};
   app.set_version_flag("--version", std::string("tierd ") + kDaemonVersion);
