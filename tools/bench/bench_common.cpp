@@ -147,8 +147,9 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
   socket_ = dir_ + "/tierd.sock";
   std::string state = dir_ + "/state", log = dir_ + "/tierd.log";
   std::filesystem::create_directories(state);
+  // Its state dir is removed at the end, so its arenas could never be attached again.
   std::vector<std::string> args = {tierd, "--socket", socket_, "--state-dir", state,
-                                   "--ram", ram, "--foreground"};
+                                   "--ram", ram, "--foreground", "--remove-arenas-on-exit"};
   args.insert(args.end(), extra.begin(), extra.end());
   pid_t pid = ::fork();
   if (pid < 0) {
