@@ -37,17 +37,12 @@ extern "C" const char* __lsan_default_suppressions() { return "leak:libhwloc.so\
 #endif
 
 int main(int argc, char** argv) {
-  // SIGTERM, SIGINT and SIGHUP are read from a signalfd by the event loop (Server::run). A
+  // The stop signals are read from a signalfd by the event loop (Server::run). A
   // process-directed signal goes to any thread that does not block it, and threads inherit
-  // the mask of their creator: blocked here, before the NVMe engine, prefaulting or snapshot
-  // threads start, so no thread takes the default action (an unclean exit on systemctl stop,
-  // arenas left behind).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // the mask of their creator: blocked here, before the NVMe engine's threads start, so none
+  // of them takes the default action (an unclean exit on systemctl stop, arenas left behind).
+  const sigset_t stop = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   init_logging();
   CLI::App app{"tierd: host RAM (NUMA-aware) and local NVMe as one memory tier for training state"};
   app.set_version_flag("--version", std::string("tierd ") + kDaemonVersion);

@@ -321,6 +321,15 @@ struct Server::Impl {
   }
 };
 
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
 Server::Server(DaemonState& state, std::string socket_path)
     : impl_(std::make_unique<Impl>(state, std::move(socket_path))) {}
 
@@ -361,12 +370,8 @@ Status Server::listen() {
   m.reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   m.epfd = ::epoll_create1(EPOLL_CLOEXEC);
   if (m.epfd < 0) return Status::from_errno(errno, "epoll_create1");
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
-  sigprocmask(SIG_BLOCK, &set, nullptr);
+  const sigset_t set = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // already blocked by main(); also for embedders
   ::signal(SIGPIPE, SIG_IGN);
   m.sigfd = ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
   if (m.sigfd < 0) return Status::from_errno(errno, "signalfd");

@@ -7,6 +7,8 @@
 // (a client that stopped reading) queue per connection and are flushed on EPOLLOUT.
 #pragma once
 
+#include <signal.h>
+
 #include <memory>
 #include <string>
 
@@ -14,6 +16,11 @@
 #include "daemon/state.hpp"
 
 namespace tier::daemon {
+
+// The signals that stop tierd (SIGTERM, SIGINT, SIGHUP). run() reads them from a signalfd,
+// which sees them only while every thread blocks them: main() blocks this set before any
+// thread starts (threads inherit their creator's mask).
+sigset_t stop_signals();
 
 class Server {
  public:
