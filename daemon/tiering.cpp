@@ -128,6 +128,12 @@ bool TierManager::needs_writeback(const Tensor& t) const {
   return it == ts_.end() || !it->second.dead;
 }
 
+const NodeUsage* TierManager::node_usage(int32_t node) const {
+  for (const auto& n : ram_.nodes())
+    if (n.node == node) return &n;
+  return nullptr;
+}
+
 bool TierManager::evictable(const Tensor& t) const {
   if (!t.ram || t.readers > 0 || t.writer || pinned_.contains(t.id) || leasing_.contains(t.id)) return false;
   auto it = ts_.find(t.id);
@@ -223,10 +229,8 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
     // and never into room above the node's high watermark: maintain() would evict the farthest
     // used tensors again, which a wide plan window fetches again at once (a fetch-evict cycle
     // that kept the device busy and starved a lease until it timed out).
-    bool over_high = false;
-    for (const auto& n : ram_.nodes())
-      if (n.node == t.node)
-        over_high = policy::bytes_to_evict(n.used + t.size, n.capacity, marks_) > 0;
+    const NodeUsage* nu = node_usage(t.node);
+    const bool over_high = nu && policy::bytes_to_evict(nu->used + t.size, nu->capacity, marks_) > 0;
     if (!over_high) loc = ram_.allocate(pool, t.node, t.size);
     if (over_high || (!loc && loc.error().code() == Code::kResourceExhausted)) {
       auto cands = candidates(std::nullopt, t.node, ahead);
@@ -446,9 +450,7 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     uint64_t need = (size + gran - 1) / gran * gran;
     std::optional<uint64_t> in_pool;
     std::optional<int32_t> on_node;
-    const NodeUsage* nu = nullptr;
-    for (const auto& n : ram_.nodes())
-      if (n.node == node) nu = &n;
+    const NodeUsage* nu = node_usage(node);
     if (pool.ram_used + need > pool.ram_quota) {
       in_pool = pool.id;
     } else if (nu && nu->used + need > nu->capacity) {
@@ -634,17 +636,14 @@ Result<bool> TierManager::prepare_lease_impl(uint64_t session, std::span<Tensor*
     }
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return fail(Code::kInternal, "tensor without a pool");
-    if (!t->nvme && !place && s.io == Io::kNone) {
-      // In no tier (discarded, then dropped): zero-filled at once when RAM is free, else kBusy
-      // and lease_ready() tries again as write-backs complete.
-      if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy)
-        return fail(std::move(st));
+    if (!place) {
+      if (Status st = fill_if_in_no_tier(*p, *t); !st) return fail(std::move(st));
       if (t->ram) continue;
     }
     wait = true;
     if (place) continue;               // waits for room, never for a read
     if (s.io == Io::kFetch) continue;  // a prefetch is under way: a stall, not a miss
-    if (!t->nvme) continue;            // in no tier, waiting for RAM to zero-fill (above)
+    if (!t->nvme) continue;            // in no tier: lease_ready() zero-fills it when RAM is free
     stats_.misses++;
     pin(std::span<const uint64_t>(&t->id, 1));
     // kBusy: RAM is being freed by write-backs; lease_ready() starts the fetch when they end.
@@ -694,17 +693,24 @@ Status TierManager::lease_ready_impl(std::span<Tensor* const> tensors, bool& rea
     TState& s = ts(t->id);
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return Status(Code::kNotFound, "tensor '" + t->name + "' was deleted");
-    if (!t->nvme && !place && s.io == Io::kNone) {  // in no tier: zero-filled when RAM is free
-      if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy) return st;
+    if (!place) {
+      if (Status st = fill_if_in_no_tier(*p, *t); !st) return st;
       if (t->ram) continue;
     }
     ready = false;
     if (place) continue;  // waiting for room for the overwrite
     if (s.io == Io::kFetch) continue;
+    if (!t->nvme) continue;  // in no tier: zero-filled above once write-backs free RAM
     if (s.error) return *s.error;
     if (Status st = start_fetch(*p, *t, true, std::nullopt); !st && st.code() != Code::kBusy) return st;
   }
   return Status::ok();
+}
+
+Status TierManager::fill_if_in_no_tier(Pool& pool, Tensor& t) {
+  if (t.ram || t.nvme || ts(t.id).io != Io::kNone) return Status::ok();
+  Status st = start_fetch(pool, t, true, std::nullopt);  // zero-fills: nothing to read
+  return st.code() == Code::kBusy ? Status::ok() : st;
 }
 
 void TierManager::lease_waited(Clock::duration waited) {

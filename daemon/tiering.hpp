@@ -192,6 +192,8 @@ class TierManager {
   // Leaving RAM costs a write-back: newer than its NVMe copy, or no copy there, unless dead.
   [[nodiscard]] bool needs_writeback(const Tensor& t) const;
   [[nodiscard]] bool evictable(const Tensor& t) const;
+  // The RAM tier's usage of `node`, or null when it has no RAM tier there.
+  [[nodiscard]] const NodeUsage* node_usage(int32_t node) const;
   // A prefetch's use: `uses` ahead in a plan advancing every `seconds_per_use` (0: unknown).
   struct Ahead {
     uint64_t uses = 0;
@@ -203,6 +205,9 @@ class TierManager {
   [[nodiscard]] Result<bool> prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors,
                                                 LeaseMode mode);
   [[nodiscard]] Status lease_ready_impl(std::span<Tensor* const> tensors, bool& ready, LeaseMode mode);
+  // For a lease: a tensor in no tier (discarded, then dropped) gets zero-filled RAM now when
+  // there is room; while write-backs free some it stays without (ok, not kBusy).
+  [[nodiscard]] Status fill_if_in_no_tier(Pool& pool, Tensor& t);
   // Gives every tensor of an overwrite lease that is only on NVMe (no I/O in flight) a RAM
   // extent without reading its bytes, all or none: journaled as placed and dirty (the NVMe copy
   // is stale once the write lease is granted). kBusy when the room needs write-backs to end.
