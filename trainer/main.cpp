@@ -12,6 +12,7 @@
 #include "trainer/bench.hpp"
 #include "trainer/check.hpp"
 #include "trainer/comm.hpp"
+#include "trainer/cpu/blas_kernels.hpp"
 #include "trainer/cpu/cpu_backend.hpp"
 #include "trainer/plan.hpp"
 #include "trainer/trainer.hpp"
@@ -30,17 +31,23 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
 
 namespace {
 
-// The trainer's kernels run on OpenMP threads and its GEMMs on OpenBLAS's own threads, in
-// turns on the same cores. By default libgomp spins after each parallel region, so its threads
-// hold the cores while OpenBLAS (and tierd, and the update thread) want them; passive waiting
-// made steps 12-15% faster on a 2-vCPU VM (docs/benchmarks.md). libgomp reads the policy when
-// it is loaded, before main, so an unset OMP_WAIT_POLICY re-executes the binary once with it
-// set (same pid and environment otherwise, so mpirun and srun ranks are unaffected). Setting
-// OMP_WAIT_POLICY (to anything) keeps the caller's choice.
-void prefer_passive_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-  ::execv("/proc/self/exe", argv);  // returns only on failure: go on with libgomp's default
+// Settings that the libraries read when they are loaded, before main, so tier-train sets them
+// and re-executes itself once (same pid and otherwise the same environment, so mpirun and srun
+// ranks are unaffected; before MPI is initialized and before any thread of ours exists):
+// - OMP_WAIT_POLICY=passive. The trainer's kernels run on OpenMP threads and its GEMMs on
+//   OpenBLAS's own threads, in turns on the same cores. By default libgomp spins after each
+//   parallel region, so its threads hold the cores while OpenBLAS (and tierd, and the update
+//   thread) want them; passive waiting made steps 12-15% faster on a 2-vCPU VM.
+// - OPENBLAS_CORETYPE, when OpenBLAS fell back to generic kernels on a CPU newer than the
+//   library (trainer/cpu/blas_kernels.hpp): 1.7-2x faster CPU steps there.
+// A variable the caller set (to anything) is kept. See docs/benchmarks.md.
+void tune_library_settings(char** argv) {
+  bool changed = false;
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr)
+    changed = ::setenv("OMP_WAIT_POLICY", "passive", 1) == 0 || changed;
+  if (const char* k = better_blas_kernels(); k != nullptr)
+    changed = ::setenv("OPENBLAS_CORETYPE", k, 1) == 0 || changed;
+  if (changed) ::execv("/proc/self/exe", argv);  // returns only on failure: go on as loaded
 }
 
 [[noreturn]] void die(Comm* comm, const std::string& msg, int code = 1) {
@@ -54,7 +61,7 @@ void prefer_passive_openmp(char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  prefer_passive_openmp(argv);
+  tune_library_settings(argv);
   CLI::App app{"tier-train: a ZeRO-3 trainer whose sharded state lives in tierd"};
   std::string model_name = "small", data_path, state = "resident", job = "tier-train", socket,
               backend = "cpu", optimizer = "cpu", ram_quota, nvme_quota;
@@ -249,9 +256,11 @@ int main(int argc, char** argv) {
   if (!data) die(&comm, data.error().message());
 
   if (comm.rank() == 0)
-    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
+    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s%s%s%s, collectives %s, "
                  "state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
                  m.describe().c_str(), comm.size(), nthreads, be->name(),
+                 backend == "cpu" ? " (OpenBLAS " : "", backend == "cpu" ? blas_kernels() : "",
+                 backend == "cpu" ? " kernels)" : "",
                  stream ? stream->name() : "host (MPI)", store->name(), o.batch,
                  T, data->source().c_str(), data->train_bytes(), data->val_bytes());
   auto r = train(o, *data, comm, *be, *store, stdout);

@@ -1,6 +1,7 @@
 // tier-train's --collectives flag: its validation (clear message, exit status 2) and the host
 // path it selects for the CPU backend. Runs on any machine; the NCCL path itself is covered by
-// tests/gpu/train_pipeline_test.cpp on a GPU. Also: the OpenMP wait policy tier-train picks.
+// tests/gpu/train_pipeline_test.cpp on a GPU. Also: the OpenMP wait policy and the OpenBLAS
+// kernels tier-train picks.
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
@@ -77,6 +78,10 @@ TEST_CASE("tier-train waits passively in OpenMP unless OMP_WAIT_POLICY is set", 
   // second listing says 0; a policy the caller set is kept (one listing, spinning).
   const char* had = std::getenv("OMP_WAIT_POLICY");
   const std::string saved = had != nullptr ? had : "";
+  // A kernel choice of the caller's own: the OpenBLAS kernels then never re-execute tier-train.
+  const char* had_blas = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved_blas = had_blas != nullptr ? had_blas : "";
+  ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
   ::setenv("OMP_DISPLAY_ENV", "verbose", 1);
   ::unsetenv("OMP_WAIT_POLICY");
   const TrainRun unset = run_trainer(1, "--help");
@@ -85,6 +90,8 @@ TEST_CASE("tier-train waits passively in OpenMP unless OMP_WAIT_POLICY is set", 
   ::unsetenv("OMP_DISPLAY_ENV");
   if (had != nullptr) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
   else ::unsetenv("OMP_WAIT_POLICY");
+  if (had_blas != nullptr) ::setenv("OPENBLAS_CORETYPE", saved_blas.c_str(), 1);
+  else ::unsetenv("OPENBLAS_CORETYPE");
 
   auto count = [](const std::string& s, const std::string& what) {
     size_t n = 0;
@@ -99,4 +106,47 @@ TEST_CASE("tier-train waits passively in OpenMP unless OMP_WAIT_POLICY is set", 
   CHECK(active.exit_code == 0);
   CHECK(count(active.stderr_text, "GOMP_SPINCOUNT") == 1);
   CHECK(count(active.stderr_text, "GOMP_SPINCOUNT = '0'") == 0);
+}
+
+TEST_CASE("tier-train runs OpenBLAS kernels for the CPU's vector width unless OPENBLAS_CORETYPE is set",
+          "[trainer][cli]") {
+  // The banner names the kernel set the run used. OpenBLAS falls back to generic SSE3 kernels
+  // on a CPU newer than the library (0.3.21 on an Emerald Rapids VM: "Prescott"); tier-train
+  // then re-executes itself with the set the CPU runs. A caller's OPENBLAS_CORETYPE is kept.
+  const char* had = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved = had != nullptr ? had : "";
+  ::unsetenv("OPENBLAS_CORETYPE");
+  const TrainRun chosen = run_trainer(1, kTiny);
+  ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  const TrainRun kept = run_trainer(1, kTiny);
+  if (had != nullptr) ::setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
+  else ::unsetenv("OPENBLAS_CORETYPE");
+
+  auto kernels = [](const std::string& text) {
+    const std::string tag = "(OpenBLAS ";
+    const size_t at = text.find(tag);
+    if (at == std::string::npos) return std::string();
+    const size_t end = text.find(' ', at + tag.size());
+    return text.substr(at + tag.size(), end - at - tag.size());
+  };
+  INFO(chosen.stderr_text);
+  REQUIRE(chosen.exit_code == 0);
+  CHECK(chosen.losses.size() == 2);
+  const std::string k = kernels(chosen.stderr_text);
+  CHECK(!k.empty());
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    for (const char* generic : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Barcelona"})
+      CHECK(k != generic);
+  } else {
+    WARN("this CPU has no AVX2+FMA: any kernel set is right for it");
+  }
+#endif
+  INFO(kept.stderr_text);
+  REQUIRE(kept.exit_code == 0);
+  CHECK(kernels(kept.stderr_text) == "Prescott");
+  // Same model, seed and data: the kernels change rounding only.
+  REQUIRE(kept.losses.size() == chosen.losses.size());
+  for (size_t i = 0; i < kept.losses.size(); ++i) CHECK(kept.losses[i] == Approx(chosen.losses[i]).epsilon(1e-4));
 }
