@@ -344,14 +344,18 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
   }
   auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
                             : state_.ram->allocate(p, *node, req.size);
-  if (!loc) return reply_err(h, loc.error(), out);
+  // With an NVMe tier, room that only write-backs in flight can free is not waited for on the
+  // event loop: the tensor starts in no tier (it reads as zeros, as a new tensor does) and gets
+  // RAM at its first lease, which is deferred like any lease that needs room.
+  const bool in_no_tier = !loc && state_.tiering && loc.error().code() == Code::kBusy;
+  if (!loc && !in_no_tier) return reply_err(h, loc.error(), out);
   TensorDesc desc{std::move(req.name), req.size, static_cast<DType>(req.dtype), std::move(req.shape), pl};
   auto t = state_.catalog.create_tensor(p, std::move(desc), *node);
   if (!t) {
-    state_.ram->release(p, *loc);
+    if (loc) state_.ram->release(p, *loc);
     return reply_err(h, t.error(), out);
   }
-  (*t)->ram = *loc;
+  if (loc) (*t)->ram = *loc;
   if (state_.durable) state_.durable->tensor_created(**t);
   reply_ok(h, to_wire(tensor_info(**t)), out);
 }

@@ -223,7 +223,7 @@ Status TierManager::start_fetch(Pool& pool, Tensor& t, bool demand, std::optiona
   if (!t.nvme && !demand) return Status::ok();
   Result<RamLocation> loc = fail(Code::kResourceExhausted, "");
   if (demand) {
-    loc = allocate(pool, t.node, t.size, /*wait=*/false);  // kBusy: retried when I/O completes
+    loc = allocate(pool, t.node, t.size);  // kBusy: retried when I/O completes
   } else {
     // Ahead of use: only clean victims used later than this tensor (or in no plan), no waiting;
     // and never into room above the node's high watermark: maintain() would evict the farthest
@@ -434,7 +434,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
   return freed;
 }
 
-Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size, bool wait) {
+Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size) {
   Status last_error;
   last_spill_error_ = Status::ok();
   for (;;) {
@@ -463,12 +463,7 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     uint64_t started = 0;
     uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node);
     if (freed > 0) continue;
-    if (engine_->pending() > 0) {
-      if (!wait) return fail(Code::kBusy, "RAM is being freed by write-backs");
-      engine_->wait();  // a write-back (ours or an earlier one) completes and drops its tensor
-      flush_drops();
-      continue;
-    }
+    if (engine_->pending() > 0) return fail(Code::kBusy, "RAM is being freed by write-backs");
     std::string why = loc.error().message() + "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
     if (last_error.is_ok()) last_error = last_spill_error_;
     if (!last_error.is_ok()) why += "; last write-back error: " + last_error.message();
@@ -582,7 +577,7 @@ Status TierManager::place_for_overwrite(std::span<Tensor* const> tensors) {
       undo();
       return Status(Code::kInternal, "tensor without a pool");
     }
-    auto loc = allocate(*p, t->node, t->size, /*wait=*/false);
+    auto loc = allocate(*p, t->node, t->size);
     if (!loc) {
       undo();
       return loc.error();  // kBusy: write-backs are freeing RAM; retried when they complete

@@ -7,8 +7,9 @@
 // granted since the last write-back), must be written back before it can leave RAM.
 //
 // Who calls what (all on the event loop thread; nothing here is thread-safe):
-//  * RequestHandler: allocate() for creates (makes room by evicting, waiting for write-backs
-//    when it must), prepare_lease()/lease_ready() around lease grants (a tensor only on NVMe is
+//  * RequestHandler: allocate() for creates (makes room by evicting; a create that would have
+//    to wait for write-backs makes the tensor in no tier instead), prepare_lease()/lease_ready()
+//    around lease grants (a tensor only on NVMe is
 //    fetched first; the lease reply is deferred meanwhile), on_granted() (LRU stamps, dirty),
 //    forget() before a tensor or pool is deleted, prefetch/evict/set_plan for those requests.
 //  * Server: polls event_fd() in its epoll loop and calls RequestHandler::tier_poll(), which
@@ -74,11 +75,11 @@ class TierManager {
   // completed that lease waiters may be waiting for.
   bool poll();
 
-  // RAM for a new tensor or a fetch: evicts (writing back, waiting for it when needed) until it
-  // fits. kResourceExhausted when nothing more can be evicted (all leased or busy), naming why.
-  // `wait` = false: kBusy instead of waiting when only write-backs in flight can free the room
-  // (the caller retries when I/O completes; the event loop is not blocked).
-  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size, bool wait = true);
+  // RAM for a new tensor or a fetch: evicts (starting write-backs where needed) until it fits.
+  // Never waits for the device: kBusy when only write-backs in flight can free the room (the
+  // caller retries when I/O completes, or does without); kResourceExhausted when nothing more
+  // can be evicted (all leased or busy), naming why.
+  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
 
   // Before granting a lease on `tensors` to `session`: counts hits and misses, advances the
   // session's plan cursor, starts fetches for tensors only on NVMe. Returns true when the grant

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -213,4 +214,45 @@ TEST_CASE("a lease that needs a write-back first is deferred, not waited for ins
   REQUIRE(grant);
   CHECK(stamped(h.at(grant->grants[0]), kSize, 100));
   CHECK(h.state->tiering->stats().writebacks > writebacks);
+}
+
+TEST_CASE("a create that needs a write-back first is answered at once, the tensor in no tier until its first lease") {
+  const uint64_t kRam = 8ull << 20, kSize = 2ull << 20;
+  Harness h(kRam);
+  REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", kRam, 0, false}));
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i)  // fills the RAM tier with dirty tensors
+    ids.push_back(h.create_stamped("p", "t" + std::to_string(i), kSize, 100 + i));
+  const uint64_t writebacks = h.state->tiering->stats().writebacks;
+
+  // Room for t4 needs a write-back: the handler starts one, does not wait for it, and answers.
+  std::vector<std::byte> req;
+  REQUIRE(encode(static_cast<uint16_t>(MsgType::kTensorCreate), 9,
+                 TensorCreateReq{"p", "t4", kSize, 0, {}, 0, -1, false}, req));
+  Reply r;
+  h.handler->handle(*h.s, req, r);
+  REQUIRE_FALSE(r.deferred);
+  auto t4 = decode_reply<TensorInfoW>(payload_of(r.bytes));
+  REQUIRE(t4);
+  CHECK(t4->tiers == 0);  // in no tier: nothing to write back, nothing to read
+  CHECK(h.state->tiering->stats().writebacks == writebacks);
+  CHECK(h.state->tiering->engine().pending() > 0);
+
+  // Its first lease waits for the room (deferred, not blocking), then sees zeros.
+  auto l = h.call<LeaseRep>(MsgType::kLease, LeaseReq{2, -1, {t4->id}});
+  REQUIRE(l);
+  const std::byte* p = h.at(l->grants[0]);
+  CHECK(std::all_of(p, p + kSize, [](std::byte b) { return b == std::byte{0}; }));
+  stamp(h.at(l->grants[0]), kSize, 104);
+  REQUIRE(h.call<Empty>(MsgType::kRelease, ReleaseReq{{l->grants[0].lease_id}}));
+  CHECK(h.state->tiering->stats().writebacks > writebacks);
+
+  // Every tensor keeps its bytes: the ones written back and read again, and the new one.
+  ids.push_back(t4->id);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto g = h.call<LeaseRep>(MsgType::kLease, LeaseReq{1, -1, {ids[i]}});
+    REQUIRE(g);
+    CHECK(stamped(h.at(g->grants[0]), kSize, 100 + i));
+    REQUIRE(h.call<Empty>(MsgType::kRelease, ReleaseReq{{g->grants[0].lease_id}}));
+  }
 }
