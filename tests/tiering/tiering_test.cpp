@@ -383,6 +383,15 @@ TEST_CASE("a dirty tensor overwritten next is held for its discard when its clie
   REQUIRE(c->set_plan("p", uses).is_ok());
   const uint64_t wb0 = metric_value(*c, "tierd_writebacks_total");
   REQUIRE(c->create_tensor("p", desc("v", 4u << 20)));
+  // The create does not wait for the victim's write-back (v starts in no tier meanwhile):
+  // wait until the victim has left RAM.
+  auto left_ram = [&] {
+    for (const char* n : {"x", "y", "z", "w"})
+      if (tiers_of(*c, "p", n) == kTierNvme) return true;
+    return false;
+  };
+  for (int i = 0; i < 1000 && !left_ram(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(left_ram());
   CHECK(metric_value(*c, "tierd_writebacks_total") == wb0 + 1);
   if (discards) {
     CHECK(tiers_of(*c, "p", "x") == kTierRam);  // waits for its discard or overwrite
