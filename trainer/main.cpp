@@ -39,7 +39,7 @@ namespace {
 //   parallel region, so its threads hold the cores while OpenBLAS (and tierd, and the update
 //   thread) want them; passive waiting made steps 12-15% faster on a 2-vCPU VM.
 // - OPENBLAS_CORETYPE, when OpenBLAS fell back to generic kernels on a CPU newer than the
-//   library (trainer/cpu/blas_kernels.hpp): 1.7-2x faster CPU steps there.
+//   library (trainer/cpu/blas_kernels.hpp): 2.2x faster CPU steps there.
 // A variable the caller set (to anything) is kept. See docs/benchmarks.md.
 void tune_library_settings(char** argv) {
   bool changed = false;

@@ -4,7 +4,7 @@
 // A DYNAMIC_ARCH OpenBLAS chooses its kernel set from the CPU model when it is loaded. A model
 // the library does not know (Debian 12 ships 0.3.21, which predates Sapphire and Emerald Rapids)
 // gets the generic SSE3 "Prescott" set, although the CPU runs the AVX-512 ones: the trainer's
-// GEMMs were 2.4x slower and its CPU step 1.7-2x slower on such a CPU (docs/benchmarks.md). The
+// GEMMs were 2.4x slower and its CPU step 2.2x slower on such a CPU (docs/benchmarks.md). The
 // only override is the OPENBLAS_CORETYPE variable, read when the library loads, before main.
 #pragma once
 
