@@ -100,6 +100,16 @@ uint64_t Harness::create_stamped(const std::string& pool, const std::string& nam
   return t->id;
 }
 
+// Pool "p" with a RAM quota of `ram` (the whole RAM tier), filled with ram / size dirty
+// tensors t0, t1, ... stamped 100, 101, ...; returns their ids.
+std::vector<uint64_t> fill_pool_with_dirty(Harness& h, uint64_t ram, uint64_t size) {
+  REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", ram, 0, false}));
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < ram / size; ++i)
+    ids.push_back(h.create_stamped("p", "t" + std::to_string(i), size, 100 + i));
+  return ids;
+}
+
 }  // namespace
 
 TEST_CASE("leases under a plan's prefetches see their last committed bytes (deterministic)") {
@@ -181,10 +191,7 @@ TEST_CASE("a plan longer than max_plan_uses, or with mismatched overwrite flags,
 TEST_CASE("a lease that needs a write-back first is deferred, not waited for inside the handler") {
   const uint64_t kRam = 8ull << 20, kSize = 2ull << 20;
   Harness h(kRam);
-  REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", kRam, 0, false}));
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 4; ++i)  // fills the RAM tier with dirty tensors
-    ids.push_back(h.create_stamped("p", "t" + std::to_string(i), kSize, 100 + i));
+  std::vector<uint64_t> ids = fill_pool_with_dirty(h, kRam, kSize);
   REQUIRE(h.call<Empty>(MsgType::kEvict, TensorIdsReq{"p", {ids[0]}}));  // t0 only on NVMe now
   auto t4 = h.call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{"p", "t4", kSize, 0, {}, 0, -1, false});
   REQUIRE(t4);  // RAM full again, every resident copy dirty
@@ -219,10 +226,7 @@ TEST_CASE("a lease that needs a write-back first is deferred, not waited for ins
 TEST_CASE("a create that needs a write-back first is answered at once, the tensor in no tier until its first lease") {
   const uint64_t kRam = 8ull << 20, kSize = 2ull << 20;
   Harness h(kRam);
-  REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p", kRam, 0, false}));
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 4; ++i)  // fills the RAM tier with dirty tensors
-    ids.push_back(h.create_stamped("p", "t" + std::to_string(i), kSize, 100 + i));
+  std::vector<uint64_t> ids = fill_pool_with_dirty(h, kRam, kSize);
   const uint64_t writebacks = h.state->tiering->stats().writebacks;
 
   // Room for t4 needs a write-back: the handler starts one, does not wait for it, and answers.
