@@ -255,12 +255,12 @@ int main(int argc, char** argv) {
   auto data = Dataset::load(data_path, T);
   if (!data) die(&comm, data.error().message());
 
+  std::string backend_desc = be->name();
+  if (backend == "cpu") backend_desc += fmt::format(" (OpenBLAS {} kernels)", blas_kernels());
   if (comm.rank() == 0)
-    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s%s%s%s, collectives %s, "
+    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
                  "state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
-                 m.describe().c_str(), comm.size(), nthreads, be->name(),
-                 backend == "cpu" ? " (OpenBLAS " : "", backend == "cpu" ? blas_kernels() : "",
-                 backend == "cpu" ? " kernels)" : "",
+                 m.describe().c_str(), comm.size(), nthreads, backend_desc.c_str(),
                  stream ? stream->name() : "host (MPI)", store->name(), o.batch,
                  T, data->source().c_str(), data->train_bytes(), data->val_bytes());
   auto r = train(o, *data, comm, *be, *store, stdout);

@@ -20,6 +20,29 @@ namespace {
 
 const std::string kTiny = "--model tiny --steps 2 --batch 4 --val-every -1";
 
+// Sets (or, with null, unsets) one environment variable for its lifetime; restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* had = std::getenv(name);
+    if (had != nullptr) saved_ = had;
+    had_ = had != nullptr;
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? saved_.c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const char* value) {
+    if (value != nullptr) ::setenv(name_, value, 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
+
 void expect_refused(const TrainRun& r, const std::string& says) {
   INFO(r.stderr_text);
   CHECK(r.exit_code == 2);
@@ -76,22 +99,13 @@ TEST_CASE("tier-train waits passively in OpenMP unless OMP_WAIT_POLICY is set", 
   // libgomp shows its settings with OMP_DISPLAY_ENV=verbose each time it loads: passive waiting
   // is a spin count of 0. Unset, tier-train re-executes itself once with the policy set, so the
   // second listing says 0; a policy the caller set is kept (one listing, spinning).
-  const char* had = std::getenv("OMP_WAIT_POLICY");
-  const std::string saved = had != nullptr ? had : "";
   // A kernel choice of the caller's own: the OpenBLAS kernels then never re-execute tier-train.
-  const char* had_blas = std::getenv("OPENBLAS_CORETYPE");
-  const std::string saved_blas = had_blas != nullptr ? had_blas : "";
-  ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
-  ::setenv("OMP_DISPLAY_ENV", "verbose", 1);
-  ::unsetenv("OMP_WAIT_POLICY");
+  ScopedEnv blas("OPENBLAS_CORETYPE", "Prescott");
+  ScopedEnv display("OMP_DISPLAY_ENV", "verbose");
+  ScopedEnv policy("OMP_WAIT_POLICY", nullptr);
   const TrainRun unset = run_trainer(1, "--help");
-  ::setenv("OMP_WAIT_POLICY", "active", 1);
+  policy.set("active");
   const TrainRun active = run_trainer(1, "--help");
-  ::unsetenv("OMP_DISPLAY_ENV");
-  if (had != nullptr) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
-  else ::unsetenv("OMP_WAIT_POLICY");
-  if (had_blas != nullptr) ::setenv("OPENBLAS_CORETYPE", saved_blas.c_str(), 1);
-  else ::unsetenv("OPENBLAS_CORETYPE");
 
   auto count = [](const std::string& s, const std::string& what) {
     size_t n = 0;
@@ -113,14 +127,10 @@ TEST_CASE("tier-train runs OpenBLAS kernels for the CPU's vector width unless OP
   // The banner names the kernel set the run used. OpenBLAS falls back to generic SSE3 kernels
   // on a CPU newer than the library (0.3.21 on an Emerald Rapids VM: "Prescott"); tier-train
   // then re-executes itself with the set the CPU runs. A caller's OPENBLAS_CORETYPE is kept.
-  const char* had = std::getenv("OPENBLAS_CORETYPE");
-  const std::string saved = had != nullptr ? had : "";
-  ::unsetenv("OPENBLAS_CORETYPE");
+  ScopedEnv blas("OPENBLAS_CORETYPE", nullptr);
   const TrainRun chosen = run_trainer(1, kTiny);
-  ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  blas.set("Prescott");
   const TrainRun kept = run_trainer(1, kTiny);
-  if (had != nullptr) ::setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
-  else ::unsetenv("OPENBLAS_CORETYPE");
 
   auto kernels = [](const std::string& text) {
     const std::string tag = "(OpenBLAS ";
