@@ -137,7 +137,7 @@ TEST_CASE("tierctl exit codes: 1 with one line on stderr for failures, 2 for usa
   CHECK(ctl(d, {"frobnicate"}).rc == 2);               // unknown command
   CHECK(ctl(d, {"tensors"}).rc == 2);                  // missing POOL
   CHECK(ctl(d, {"drop", "a", "b"}).rc == 2);           // extra argument
-  CHECK(ctl(d, {"put", "p", "n", d.dir() + "/no-such-file"}).rc == 2);
+  CHECK(ctl(d, {"put", "p", "n", d.dir() + "/no-such-file"}).rc == 1);  // a failure, not a usage error
   CHECK(ctl(d, {"status"}).rc == 0);
 }
 

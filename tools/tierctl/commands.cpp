@@ -1,6 +1,7 @@
 #include "commands.hpp"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,13 +45,6 @@ std::string tiers_str(uint8_t t) {
 }
 
 std::string node_str(int32_t n) { return n < 0 ? "-" : std::to_string(n); }
-
-json pool_json(const PoolInfo& p) {
-  return {{"id", p.id},           {"name", p.name},           {"owner_uid", p.owner_uid},
-          {"ram_quota", p.ram_quota}, {"ram_used", p.ram_used}, {"nvme_quota", p.nvme_quota},
-          {"nvme_used", p.nvme_used}, {"tensors", p.tensor_count},
-          {"group", p.group_read ? json(p.group) : json(nullptr)}, {"group_read", p.group_read}};
-}
 
 json tensor_json(const TensorInfo& t) {
   return {{"id", t.id},
@@ -103,30 +97,51 @@ Result<TensorInfo> find_tensor(Client& c, const std::string& pool, const std::st
 
 }  // namespace
 
+std::string owner_name(uint32_t uid) {
+  passwd pw{};
+  passwd* found = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr && pw.pw_name != nullptr)
+    return pw.pw_name;
+  return std::to_string(uid);
+}
+
+json pool_json(const PoolInfo& p) {
+  return {{"id", p.id},           {"name", p.name},           {"owner_uid", p.owner_uid},
+          {"owner", owner_name(p.owner_uid)},
+          {"ram_quota", p.ram_quota}, {"ram_used", p.ram_used}, {"nvme_quota", p.nvme_quota},
+          {"nvme_used", p.nvme_used}, {"tensors", p.tensor_count},
+          {"group", p.group_read ? json(p.group) : json(nullptr)}, {"group_read", p.group_read}};
+}
+
+json status_json(const NodeStatus& s, const std::string& socket) {
+  json ram = json::array(), nvme = json::array();
+  for (const auto& r : s.ram)
+    ram.push_back({{"node", r.node}, {"capacity", r.capacity}, {"used", r.used},
+                   {"dirty", r.dirty}, {"tensors", r.tensors}});
+  for (const auto& n : s.nvme)
+    nvme.push_back({{"path", n.path}, {"numa_node", n.numa_node}, {"backend", n.backend},
+                    {"capacity", n.capacity}, {"used", n.used}});
+  return {{"socket", socket},
+          {"daemon_version", s.daemon_version},
+          {"uptime_ms", s.uptime_ms},
+          {"clients", s.clients},
+          {"pools", s.pools},
+          {"leases", s.leases},
+          {"ram", ram},
+          {"nvme", nvme},
+          {"counters",
+           {{"nvme_bytes_read", s.bytes_read}, {"nvme_bytes_written", s.bytes_written},
+            {"hits", s.hits}, {"misses", s.misses}, {"stalls", s.stalls},
+            {"evictions", s.evictions}, {"prefetches", s.prefetches},
+            {"requests", s.requests}, {"errors", s.errors}}}};
+}
+
 Status cmd_status(Client& c, const Output& o) {
   auto s = c.status();
   if (!s) return s.error();
   if (o.json) {
-    json ram = json::array(), nvme = json::array();
-    for (const auto& r : s->ram)
-      ram.push_back({{"node", r.node}, {"capacity", r.capacity}, {"used", r.used},
-                     {"dirty", r.dirty}, {"tensors", r.tensors}});
-    for (const auto& n : s->nvme)
-      nvme.push_back({{"path", n.path}, {"numa_node", n.numa_node}, {"backend", n.backend},
-                      {"capacity", n.capacity}, {"used", n.used}});
-    print_json({{"socket", c.socket_path()},
-                {"daemon_version", s->daemon_version},
-                {"uptime_ms", s->uptime_ms},
-                {"clients", s->clients},
-                {"pools", s->pools},
-                {"leases", s->leases},
-                {"ram", ram},
-                {"nvme", nvme},
-                {"counters",
-                 {{"nvme_bytes_read", s->bytes_read}, {"nvme_bytes_written", s->bytes_written},
-                  {"hits", s->hits}, {"misses", s->misses}, {"stalls", s->stalls},
-                  {"evictions", s->evictions}, {"prefetches", s->prefetches},
-                  {"requests", s->requests}, {"errors", s->errors}}}});
+    print_json(status_json(*s, c.socket_path()));
     return Status::ok();
   }
   std::printf("tierd %s at %s, up %s\n", s->daemon_version.c_str(), c.socket_path().c_str(),
@@ -208,7 +223,7 @@ Status cmd_pools(Client& c, const Output& o) {
   Table tb({"NAME", "ID", "OWNER", "GROUP", "TENSORS", "RAM USED", "RAM QUOTA", "NVME USED", "NVME QUOTA"},
            {false, true, true, true, true, true, true, true, true});
   for (const auto& p : *pools)
-    tb.add({p.name, std::to_string(p.id), std::to_string(p.owner_uid),
+    tb.add({p.name, std::to_string(p.id), owner_name(p.owner_uid),
             p.group_read ? std::to_string(p.group) + " (read)" : "-", std::to_string(p.tensor_count),
             format_size(p.ram_used), format_size(p.ram_quota), format_size(p.nvme_used),
             format_size(p.nvme_quota)});
@@ -344,7 +359,21 @@ Status cmd_snapshot(Client& c, const Output& o, const std::string& pool) {
   return Status::ok();
 }
 
-Status cmd_drop(Client& c, const Output& o, const std::string& pool) {
+Status cmd_drop(Client& c, const Output& o, const std::string& pool, bool yes) {
+  if (!yes && ::isatty(0) && ::isatty(2)) {
+    std::string what;
+    if (auto pools = c.list_pools()) {
+      for (const auto& p : *pools)
+        if (p.name == pool)
+          what = " (" + std::to_string(p.tensor_count) + " tensor(s), " + format_size(p.ram_used) + " RAM, " +
+                 format_size(p.nvme_used) + " NVMe)";
+    }
+    std::fprintf(stderr, "drop pool '%s'%s and every tensor in it? [y/N] ", pool.c_str(), what.c_str());
+    std::fflush(stderr);
+    char answer[16] = {};
+    if (std::fgets(answer, sizeof answer, stdin) == nullptr || (answer[0] != 'y' && answer[0] != 'Y'))
+      return Status(Code::kInvalidArgument, "not confirmed: pool '" + pool + "' not dropped (answer y, or pass --yes)");
+  }
   TIER_RETURN_IF_ERROR(c.drop_pool(pool));
   if (o.json) print_json({{"pool", pool}, {"dropped", true}});
   else std::printf("dropped pool %s\n", pool.c_str());

@@ -3,6 +3,7 @@
 // and a one-line "tierctl: Code: message" on stderr.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tier/client.hpp"
@@ -31,9 +32,24 @@ struct PutOptions {
 [[nodiscard]] Status cmd_prefetch(Client& c, const Output& o, const std::string& pool,
                                   const std::string& name);
 [[nodiscard]] Status cmd_snapshot(Client& c, const Output& o, const std::string& pool);
-[[nodiscard]] Status cmd_drop(Client& c, const Output& o, const std::string& pool);
+// Asks "drop pool ...? [y/N]" on a terminal unless `yes`; off a terminal it drops (scripts).
+[[nodiscard]] Status cmd_drop(Client& c, const Output& o, const std::string& pool, bool yes);
 [[nodiscard]] Status cmd_metrics(Client& c, const Output& o);
-// Live view (tools/tierctl/top.cpp); `once`: one frame, no clearing, no keyboard.
-[[nodiscard]] Status cmd_top(Client& c, double interval_s, bool once, size_t top_n);
+struct TopOptions {
+  double interval_s = 2;  // between frames; the loop sleeps this long whatever stdin is
+  bool once = false;      // one frame, no clearing, no keyboard
+  int pools = 10;         // rows of the top-pools table
+};
+// Live view (tools/tierctl/top.cpp). On a terminal: the alternate screen, frames clipped to the
+// window, 'q' quits. Off a terminal: frames one after another (with --json one JSON object per
+// line), every interval_s, until SIGINT/SIGTERM or a write error.
+[[nodiscard]] Status cmd_top(Client& c, const Output& o, const TopOptions& t);
+
+// The --json documents of one node status and one pool, shared by `status`, `pools` and `top`.
+[[nodiscard]] nlohmann::json status_json(const NodeStatus& s, const std::string& socket);
+[[nodiscard]] nlohmann::json pool_json(const PoolInfo& p);
+
+// The user name of `uid`, or its number when it has none (tables show names, --json numbers).
+[[nodiscard]] std::string owner_name(uint32_t uid);
 
 }  // namespace tier::ctl

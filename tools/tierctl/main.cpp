@@ -27,7 +27,20 @@ Examples:
   tierctl get job1 w0 copy.bin            read it back
   tierctl --json tensors job1 | jq .      machine-readable listing
   tierctl metrics | grep tier_ram         Prometheus text exposition
-  tierctl top                             live view, refreshed every 2 s (q quits))";
+  tierctl top                             live view, refreshed every 2 s (q quits)
+  tierctl top --once --json               one JSON object: node status and top pools)";
+
+// The first word of argv that is not an option or an option's value: the command the user
+// typed, for the "unknown command" message CLI11 cannot give (it says "A subcommand is required").
+std::string typed_command(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--socket" || a == "--connect-timeout") { ++i; continue; }
+    if (!a.empty() && a[0] == '-') continue;
+    return a;
+  }
+  return {};
+}
 
 int fail_with(const tier::Status& st) {
   std::string line = st.to_string();
@@ -44,6 +57,7 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   app.require_subcommand(1);
   app.fallthrough();  // --json and --socket also work after the command
+  app.set_version_flag("--version", std::string("tierctl ") + TIER_VERSION);
 
   std::string socket;
   bool json = false;
@@ -69,16 +83,18 @@ int main(int argc, char** argv) {
              "when missing; an existing tensor must have the file's size");
   put->add_option("POOL", pool, "pool name ([A-Za-z0-9._-], created when missing)")->required();
   put->add_option("NAME", name, "tensor name (created when missing, size = file size)")->required();
-  put->add_option("FILE", file, "file to copy into the tensor")->required()->check(CLI::ExistingFile);
+  put->add_option("FILE", file, "file to copy into the tensor")->required();
   put->add_option("--ram-quota", quota_text, "RAM quota of the pool when put creates it, e.g. 4G (default: the daemon's)");
-  put->add_option("--wait-ms", put_opts.wait_ms, "wait this long for a conflicting lease (default 5000)");
+  put->add_option("--wait-ms", put_opts.wait_ms, "wait this long for a conflicting lease (default 5000)")
+      ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
 
   int32_t get_wait = 5000;
   auto* get = app.add_subcommand("get", "write tensor NAME of POOL to FILE (created or truncated)");
   get->add_option("POOL", pool, "pool name")->required();
   get->add_option("NAME", name, "tensor name")->required();
   get->add_option("FILE", file, "output file")->required();
-  get->add_option("--wait-ms", get_wait, "wait this long for a conflicting write lease (default 5000)");
+  get->add_option("--wait-ms", get_wait, "wait this long for a conflicting write lease (default 5000)")
+      ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
 
   auto* rm = app.add_subcommand("rm", "delete tensor NAME of POOL");
   rm->add_option("POOL", pool, "pool name")->required();
@@ -95,18 +111,21 @@ int main(int argc, char** argv) {
   auto* snapshot = app.add_subcommand("snapshot", "make a consistent, durable copy of POOL on NVMe; returns once durable");
   snapshot->add_option("POOL", pool, "pool name")->required();
 
-  auto* drop = app.add_subcommand("drop", "delete POOL with all its tensors, RAM and NVMe (fails while leased)");
+  bool drop_yes = false;
+  auto* drop = app.add_subcommand("drop", "delete POOL with all its tensors, RAM and NVMe (fails while leased); "
+                                          "asks first when run on a terminal");
   drop->add_option("POOL", pool, "pool name")->required();
+  drop->add_flag("--yes,-y", drop_yes, "do not ask for confirmation");
 
   auto* metrics = app.add_subcommand("metrics", "print every counter and gauge as Prometheus text");
 
-  double top_interval = 2;
-  bool top_once = false;
-  size_t top_n = 10;
+  tier::ctl::TopOptions top_opts;
   auto* top = app.add_subcommand("top", "live view: RAM/NVMe use per node, NVMe bandwidth, top pools by RAM (q quits)");
-  top->add_option("--interval", top_interval, "seconds between refreshes (default 2)")->check(CLI::PositiveNumber);
-  top->add_flag("--once", top_once, "print one frame and exit (no screen clearing)");
-  top->add_option("--pools", top_n, "how many pools to show (default 10)");
+  top->add_option("--interval", top_opts.interval_s, "seconds between refreshes, at least 0.1 (default 2)")
+      ->check(CLI::Range(0.1, 86400.0).description("0.1 to 86400 s"));
+  top->add_flag("--once", top_opts.once, "print one frame and exit (no screen clearing); with --json one JSON object");
+  top->add_option("--pools", top_opts.pools, "how many pools to show (default 10)")
+      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
 
   for (auto* sc : app.get_subcommands({})) sc->footer("Run 'tierctl --help' for the socket, --json and exit codes.");
 
@@ -116,9 +135,17 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "tierctl: %s\nRun 'tierctl --help' for usage.\n", e.what());
+    std::string typed = typed_command(argc, argv);
+    bool known = false;
+    for (auto* sc : app.get_subcommands({})) known = known || sc->get_name() == typed;
+    if (!typed.empty() && !known)
+      std::fprintf(stderr, "tierctl: unknown command '%s'\nRun 'tierctl --help' for the commands.\n", typed.c_str());
+    else
+      std::fprintf(stderr, "tierctl: %s\nRun 'tierctl --help' for usage.\n", e.what());
     return 2;
   }
   if (!quota_text.empty()) {
@@ -149,9 +176,9 @@ int main(int argc, char** argv) {
     else if (*evict) st = cmd_evict(c, out, pool, name);
     else if (*prefetch) st = cmd_prefetch(c, out, pool, name);
     else if (*snapshot) st = cmd_snapshot(c, out, pool);
-    else if (*drop) st = cmd_drop(c, out, pool);
+    else if (*drop) st = cmd_drop(c, out, pool, drop_yes);
     else if (*metrics) st = cmd_metrics(c, out);
-    else if (*top) st = cmd_top(c, top_interval, top_once, top_n);
+    else if (*top) st = cmd_top(c, out, top_opts);
   } catch (const std::exception& e) {  // bad_alloc, or JSON of invalid UTF-8 from the daemon
     st = tier::Status(tier::Code::kInternal, e.what());
   }

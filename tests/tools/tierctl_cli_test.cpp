@@ -1,0 +1,127 @@
+// tierctl's command-line behaviour as operators meet it: `top` off a terminal (it must sleep
+// between frames, whatever stdin is), `top --once --json`, --version, the unknown-command
+// message, refused option values, the exit code of a missing input file, `drop --yes`, and owners
+// shown by name.
+#include <pwd.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "run_binary.hpp"
+#include "support/daemon_fixture.hpp"
+
+using nlohmann::json;
+using tier::test::bin_path;
+using tier::test::run_binary;
+using tier::test::RunResult;
+using tier::test::TestDaemon;
+
+namespace {
+
+RunResult ctl(const TestDaemon& d, std::vector<std::string> args, int timeout_s = 60) {
+  args.insert(args.begin(), {"--socket", d.socket()});
+  return run_binary(bin_path("tierctl"), args, {}, timeout_s);
+}
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+void put_small(const TestDaemon& d, const std::string& pool, const std::string& name) {
+  std::string path = d.dir() + "/in-" + name;
+  std::ofstream(path) << "four";
+  REQUIRE(ctl(d, {"put", pool, name, path}).rc == 0);
+}
+
+}  // namespace
+
+TEST_CASE("tierctl top off a terminal draws one frame per interval, with stdin at EOF") {
+  TestDaemon d;
+  // run_binary gives the child /dev/null as stdin and files as stdout: no terminal anywhere.
+  // Killed after 2 s, a 0.5 s interval allows at most 5 frames; a loop that treats a readable
+  // EOF as a key press draws thousands.
+  auto r = ctl(d, {"top", "--interval", "0.5"}, /*timeout_s=*/2);
+  size_t frames = count(r.out, "RAM tier");
+  INFO("frames: " << frames << ", bytes: " << r.out.size());
+  CHECK(frames >= 1);
+  CHECK(frames <= 5);
+  CHECK(r.out.find("\x1b[") == std::string::npos);  // no screen control codes into a file
+}
+
+TEST_CASE("tierctl top --json prints JSON objects: one with --once, one per frame without") {
+  TestDaemon d;
+  put_small(d, "alpha", "t");
+  auto once = ctl(d, {"top", "--once", "--json"});
+  REQUIRE(once.rc == 0);
+  json j = json::parse(once.out);  // throws unless the whole output is one document
+  CHECK(j["status"]["pools"] == 1);
+  REQUIRE(j["top_pools"].size() == 1);
+  CHECK(j["top_pools"][0]["name"] == "alpha");
+  CHECK(j["top_pools"][0]["owner_uid"].is_number());
+
+  auto stream = ctl(d, {"top", "--json", "--interval", "0.3"}, /*timeout_s=*/1);
+  std::istringstream lines(stream.out);
+  std::string line;
+  size_t objects = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    CHECK(json::parse(line).contains("status"));
+    ++objects;
+  }
+  CHECK(objects >= 1);
+  CHECK(objects <= 4);
+}
+
+TEST_CASE("tierctl --version, unknown commands and refused option values") {
+  TestDaemon d;
+  auto v = run_binary(bin_path("tierctl"), {"--version"});
+  CHECK(v.rc == 0);
+  CHECK(v.out.rfind("tierctl ", 0) == 0);
+
+  auto bogus = ctl(d, {"bogus"});
+  CHECK(bogus.rc == 2);
+  CHECK(bogus.err.find("unknown command 'bogus'") != std::string::npos);
+
+  for (std::vector<std::string> args : {std::vector<std::string>{"top", "--interval", "0"},
+                                        {"top", "--pools", "-1"},
+                                        {"get", "--wait-ms", "-5", "p", "t", "/dev/null"},
+                                        {"put", "--wait-ms", "-5", "p", "t", "/dev/null"}}) {
+    auto r = ctl(d, args);
+    INFO(args[0] << " " << args[1] << " " << args[2] << ": " << r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find("not in range") != std::string::npos);
+  }
+}
+
+TEST_CASE("tierctl put of a missing file fails with exit 1 and creates nothing") {
+  TestDaemon d;
+  auto r = ctl(d, {"put", "p", "n", d.dir() + "/no-such-file"});
+  CHECK(r.rc == 1);
+  CHECK(r.err.rfind("tierctl: NotFound: ", 0) == 0);
+  CHECK(json::parse(ctl(d, {"--json", "pools"}).out)["pools"].empty());
+}
+
+TEST_CASE("tierctl pools shows owners by name and --json keeps the uid") {
+  TestDaemon d;
+  put_small(d, "mine", "t");
+  auto table = ctl(d, {"pools"});
+  REQUIRE(table.rc == 0);
+  const passwd* pw = ::getpwuid(::geteuid());
+  REQUIRE(pw != nullptr);
+  CHECK(table.out.find(std::string("  ") + pw->pw_name + "  ") != std::string::npos);
+  json j = json::parse(ctl(d, {"--json", "pools"}).out);
+  CHECK(j["pools"][0]["owner_uid"] == ::geteuid());
+}
+
+TEST_CASE("tierctl drop --yes drops without asking") {
+  TestDaemon d;
+  put_small(d, "gone", "t");
+  auto r = ctl(d, {"drop", "--yes", "gone"});
+  CHECK(r.rc == 0);
+  CHECK(json::parse(ctl(d, {"--json", "pools"}).out)["pools"].empty());
+}
