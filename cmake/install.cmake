@@ -13,7 +13,7 @@
 #   lib/systemd/system/tierd.service          ExecStart points at the installed sbin/tierd
 #   lib/systemd/system/tierd.service.d/10-user.conf   User=tierd
 #   share/doc/tierd/tierd.toml.example, docs
-#   lib/python3/dist-packages/tierd.*.so       the Python module (when it was built)
+#   lib/python3/dist-packages/tierd/           the Python package: _native*.so, __init__.py, torch.py
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -128,9 +128,11 @@ endforeach()
 
 # --- Python module ----------------------------------------------------------------------------
 if(TARGET tierd_python)
-  file(RELATIVE_PATH tier_py_rel "/${TIER_PYTHON_INSTALL_DIR}" "/${CMAKE_INSTALL_LIBDIR}")
+  # The package directory tierd/: the extension tierd/_native*.so beside the pure-Python files.
+  file(RELATIVE_PATH tier_py_rel "/${TIER_PYTHON_INSTALL_DIR}/tierd" "/${CMAKE_INSTALL_LIBDIR}")
   set_target_properties(tierd_python PROPERTIES INSTALL_RPATH "$ORIGIN/${tier_py_rel}")
-  install(TARGETS tierd_python LIBRARY DESTINATION ${TIER_PYTHON_INSTALL_DIR} COMPONENT python OPTIONAL)
+  install(TARGETS tierd_python LIBRARY DESTINATION ${TIER_PYTHON_INSTALL_DIR}/tierd COMPONENT python OPTIONAL)
+  install(FILES ${TIER_PYTHON_SOURCES} DESTINATION ${TIER_PYTHON_INSTALL_DIR}/tierd COMPONENT python)
 endif()
 
 include(${CMAKE_CURRENT_LIST_DIR}/cpack.cmake)

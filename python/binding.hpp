@@ -18,6 +18,9 @@ namespace tierpy {
 
 namespace py = pybind11;
 
+// Registers adamw_step, tier-train's AdamW shard update (python/optim.cpp).
+void register_optim(py::module_& m);
+
 // Registers tierd.Error and one subclass per tier::Code (tierd.NotFound, tierd.Busy, ...).
 void register_errors(py::module_& m);
 // Raises the tierd.Error subclass for s.code() with .code (name), .code_value and .message set.

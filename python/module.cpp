@@ -173,13 +173,16 @@ tier::DType dtype_from_object(py::handle obj) {
 
 }  // namespace tierpy
 
-PYBIND11_MODULE(tierd, m) {
+// The extension is tierd._native; the package python/tierd/__init__.py re-exports it as `tierd`
+// and adds the pure-Python parts (tierd.torch).
+PYBIND11_MODULE(_native, m) {
   using namespace tierpy;
   m.doc() = "tierd: the node memory tier (RAM and NVMe) for training state, over libtier. "
             "Leases expose the buffer protocol: numpy.frombuffer / torch.frombuffer are zero-copy.";
   m.attr("__version__") = TIER_VERSION;
   register_errors(m);
   register_lease(m);
+  register_optim(m);
 
   m.def("default_socket_path", &tier::default_socket_path,
         "$TIERD_SOCKET, else /run/tierd/tierd.sock");

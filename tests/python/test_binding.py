@@ -40,9 +40,23 @@ class Errors(unittest.TestCase):
 
     def test_every_code_has_a_subclass(self):
         for name in ("InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied",
-                     "ResourceExhausted", "Busy", "Timeout", "IOError", "Corruption",
+                     "ResourceExhausted", "Busy", "Timeout", "IoError", "Corruption",
                      "ProtocolError", "Unavailable", "Unsupported", "Internal"):
             self.assertTrue(issubclass(getattr(tierd, name), tierd.Error), name)
+
+    def test_errors_also_derive_from_the_matching_builtins(self):
+        for name, builtin in (("PermissionDenied", PermissionError), ("NotFound", LookupError),
+                              ("Unavailable", ConnectionError), ("Timeout", TimeoutError),
+                              ("InvalidArgument", ValueError), ("IoError", OSError),
+                              ("AlreadyExists", FileExistsError)):
+            self.assertTrue(issubclass(getattr(tierd, name), builtin), name)
+        # No class of the module shadows a builtin name (tierd.IOError would shadow OSError's alias).
+        import builtins
+        for name in dir(tierd):
+            if isinstance(getattr(tierd, name), type) and issubclass(getattr(tierd, name), BaseException):
+                self.assertFalse(hasattr(builtins, name), name)
+        with self.assertRaises(ConnectionError):
+            tierd.connect(os.path.join(daemon.dir, "nobody-here.sock"))
 
     def test_bad_arguments_are_python_errors(self):
         with tierd.connect(daemon.socket) as c:
