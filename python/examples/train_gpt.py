@@ -12,6 +12,11 @@ end {"done": true, "param_sum": S} (S: the sum of every parameter, in float64).
 
 Data: a byte-level corpus (--data FILE, or a built-in text); batch i is drawn by a generator
 seeded with (--seed, i), so every run sees the same batches at the same steps.
+
+Several processes (torchrun --nproc-per-node 2 python/examples/train_gpt.py ...): each rank
+takes its share of every batch's rows, OffloadAdamW averages the gradients and keeps only the
+rank's slice of the state (ZeRO-2), and rank 0 prints the loss averaged over the ranks. Gloo
+on the CPU; NCCL when --backend nccl.
 """
 import argparse
 import json
@@ -106,7 +111,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data", default=None, help="a text file (default: a built-in paragraph)")
     ap.add_argument("--step-delay-ms", type=float, default=0, help="sleep after each step (for kill tests)")
+    ap.add_argument("--backend", default="gloo", help="torch.distributed backend with several ranks (default gloo)")
     a = ap.parse_args()
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        torch.distributed.init_process_group(a.backend)
+        if a.batch % world:
+            ap.error(f"--batch {a.batch} is not a multiple of the {world} ranks")
+    say = (lambda obj: print(json.dumps(obj), flush=True)) if rank == 0 else (lambda obj: None)
 
     raw = open(a.data, "rb").read() if a.data else BUILTIN_TEXT.encode()
     data = torch.tensor(list(raw), dtype=torch.long)
@@ -117,22 +131,29 @@ def main():
     opt = OffloadAdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                        pool=a.pool, socket=a.socket, lr=a.lr, betas=(0.9, 0.95), resume=a.resume)
     if a.resume:
-        print(json.dumps({"resumed_step": opt.resumed_step}), flush=True)
+        say({"resumed_step": opt.resumed_step})
     for step in range(opt.resumed_step + 1, a.steps + 1):
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a.lr, a.warmup, a.steps)
         x, y = batch(data, step, a.seed, a.batch, a.seq)
-        loss = model(x, y)
+        rows = slice(rank * a.batch // world, (rank + 1) * a.batch // world)  # this rank's share
+        loss = model(x[rows], y[rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        print(json.dumps({"step": step, "loss": loss.item(), "lr": opt.param_groups[0]["lr"],
-                          "ms": round((time.perf_counter() - t0) * 1000, 3)}), flush=True)
+        shown = loss.detach().clone()
+        if world > 1:
+            torch.distributed.all_reduce(shown)
+            shown /= world
+        say({"step": step, "loss": shown.item(), "lr": opt.param_groups[0]["lr"],
+             "ms": round((time.perf_counter() - t0) * 1000, 3)})
         if a.step_delay_ms:
             time.sleep(a.step_delay_ms / 1000)
     total = sum(p.detach().double().sum().item() for p in model.parameters())
-    print(json.dumps({"done": True, "param_sum": total}), flush=True)
+    say({"done": True, "param_sum": total})
+    if world > 1:
+        torch.distributed.destroy_process_group()
     return 0
 
 
