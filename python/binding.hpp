@@ -62,5 +62,7 @@ struct PyLease {
 };
 
 void register_lease(py::module_& m);
+// Adds __dlpack__ / __dlpack_device__ to the Lease class (python/dlpack.cpp).
+void register_dlpack(py::class_<PyLease>& cls);
 
 }  // namespace tierpy

@@ -58,6 +58,28 @@ class Errors(unittest.TestCase):
         with self.assertRaises(ConnectionError):
             tierd.connect(os.path.join(daemon.dir, "nobody-here.sock"))
 
+    def test_the_type_stubs_declare_every_public_name(self):
+        import ast
+        import tierd._native as native
+        stub = os.path.join(os.path.dirname(tierd.__file__), "_native.pyi")
+        tree = ast.parse(open(stub).read())
+        declared, members = set(), {}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                declared.add(node.name)
+                members[node.name] = {n.name if isinstance(n, ast.FunctionDef) else n.target.id
+                                      for n in node.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+            elif isinstance(node, ast.FunctionDef):
+                declared.add(node.name)
+            elif isinstance(node, ast.AnnAssign):
+                declared.add(node.target.id)
+        public = {n for n in dir(native) if not n.startswith("_")} | {"__version__"}
+        self.assertEqual(public - declared, set())
+        for cls in ("Client", "Lease", "PoolInfo", "TensorInfo"):
+            names = {n for n in dir(getattr(native, cls)) if not n.startswith("_")}
+            self.assertEqual(names - members[cls], set(), cls)
+        self.assertTrue(os.path.exists(os.path.join(os.path.dirname(tierd.__file__), "py.typed")))
+
     def test_bad_arguments_are_python_errors(self):
         with tierd.connect(daemon.socket) as c:
             with self.assertRaises(ValueError):
