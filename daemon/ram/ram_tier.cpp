@@ -121,6 +121,13 @@ Result<RamTier::Attach> RamTier::attach_arena(const Pool& pool, int32_t node, co
   return outcome;
 }
 
+uint64_t RamTier::arena_repairs(uint64_t pool_id) const noexcept {
+  uint64_t n = 0;
+  for (auto it = arenas_.lower_bound(arena_id(pool_id, 0)); it != arenas_.end() && arena_pool(it->first) == pool_id; ++it)
+    n += it->second.arena->repairs();
+  return n;
+}
+
 bool RamTier::has_object(const std::string& path) const noexcept {
   for (const auto& [id, e] : arenas_)
     if (e.arena->path() == path) return true;

@@ -57,6 +57,8 @@ class RamTier {
   enum class Attach { kAttached, kGone, kRefused };
   [[nodiscard]] Result<Attach> attach_arena(const Pool& pool, int32_t node, const std::string& path,
                                             uint64_t size, uint64_t min_size);
+  // Faults in the pool's arenas that the SIGBUS guard repaired (daemon/ram/fault_guard.hpp).
+  [[nodiscard]] uint64_t arena_repairs(uint64_t pool_id) const noexcept;
   // Whether `path` is the object of a mapped arena.
   [[nodiscard]] bool has_object(const std::string& path) const noexcept;
   // Restart: marks a journaled extent of an attached arena used (pool quota and node usage

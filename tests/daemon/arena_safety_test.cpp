@@ -130,6 +130,18 @@ std::vector<std::string> shm_arenas() {
   return out;
 }
 
+// Every page of the Metrics reply, as `c` may see it.
+std::string metrics(RawClient& c) {
+  std::string text;
+  for (uint32_t page = 0; page < 1000; ++page) {
+    auto m = c.call<TextRep>(MsgType::kMetrics, MetricsReq{page});
+    REQUIRE(m);
+    text += m->text;
+    if (!m->more) break;
+  }
+  return text;
+}
+
 bool status_ok(const TestDaemon& d) {
   auto c = RawClient::connect(d.socket());
   return c && c->call<StatusRep>(MsgType::kStatus, Empty{}).has_value();
@@ -206,9 +218,13 @@ TEST_CASE("a tenant truncating its own arena through its fd and evicting cannot 
   CHECK(::kill(d.pid(), 0) == 0);
   CHECK(status_ok(d));
   CHECK(d.log().find("was truncated through a tenant's fd") != std::string::npos);
-  // Root's pool is untouched and still served.
+  // Root's pool is untouched and still served; the repair shows against the tenant's pool.
   RawClient again = must_connect(d);
   CHECK(access_tensor(again, rt->id, false, 0x5a) == 0);
+  std::string m = metrics(again);
+  CHECK(m.find("tierd_pool_arena_repairs{pool=\"rootpool\",uid=\"0\"} 0") != std::string::npos);
+  CHECK(m.find("tierd_pool_arena_repairs{pool=\"nobodypool\",uid=\"65534\"} 0") == std::string::npos);
+  CHECK(m.find("tierd_pool_arena_repairs{pool=\"nobodypool\",uid=\"65534\"} ") != std::string::npos);
   d.stop();
 }
 
