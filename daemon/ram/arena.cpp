@@ -164,7 +164,9 @@ Status check_shm_capacity(uint64_t ram, HugePages h, const std::string& shm_dir)
     return Status(Code::kInvalidArgument, shm_dir + " is not usable (" + std::strerror(errno) +
                                               "): arenas are POSIX shared memory and need a tmpfs there");
   uint64_t size = static_cast<uint64_t>(fs.f_blocks) * static_cast<uint64_t>(fs.f_bsize);
-  if (size == 0 || size >= ram) return Status::ok();  // 0: a tmpfs without a size limit
+  // 0: a tmpfs without a size limit. The slack of 1/64 lets the usual defaults (ram = "50%",
+  // /dev/shm half the RAM in pages) pass, which differ by rounding only.
+  if (size == 0 || size + ram / 64 >= ram) return Status::ok();
   std::string want = std::to_string((ram + (1ull << 30) - 1) >> 30) + "G";
   return Status(Code::kInvalidArgument,
                 "the RAM tier (" + format_size(ram) + ") does not fit in " + shm_dir + " (a " +

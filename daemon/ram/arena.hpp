@@ -144,7 +144,8 @@ size_t remove_arenas(const std::string& prefix, const std::string& hugetlbfs_mou
 // Free huge pages of that size now (0 when none are reserved).
 [[nodiscard]] uint64_t free_hugepages(HugePages h);
 // The /dev/shm tmpfs must hold the RAM tier (`ram` bytes; arenas live there unless huge pages
-// are used): kInvalidArgument saying how to raise it when its size (statfs) is smaller.
+// are used): kInvalidArgument saying how to raise it when its size (statfs) is smaller by more
+// than 1/64 of the tier (rounding: ram = "50%" against the usual half-RAM tmpfs passes).
 // `shm_dir` is the mount to check ("/dev/shm"; tests pass another).
 [[nodiscard]] Status check_shm_capacity(uint64_t ram, HugePages h, const std::string& shm_dir = "/dev/shm");
 // For hugepages != none: some pages of that size are reserved and free, and a hugetlbfs mount
