@@ -87,9 +87,9 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.fresh)
     log_info("recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
-             "re-attached, {} recreated (gone: reboot), {} tensors restored from snapshots, {} "
+             "re-attached, {} recreated (gone: reboot), {} refused (not tierd's or damaged), {} tensors restored from snapshots, {} "
              "from NVMe, {} lost",
-             r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost,
+             r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost, r.arenas_refused,
              r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors);
   if (report) *report = r;
   return d;
@@ -113,18 +113,30 @@ Status Durability::rebuild() {
     }
     r.pools++;
     std::vector<uint64_t> gone_arenas;
+    std::vector<ArenaCreated> renamed;  // arenas re-created under a new name: journaled below
     for (const auto& [aid, a] : pi.arenas) {
-      auto attached = st_.ram->attach_arena(pool, a.numa_node, a.size);
+      uint64_t min_size = 0;  // the object must hold every journaled extent
+      for (const auto& [tid, ti] : pi.tensors)
+        if (ti.meta.arena_id == aid) min_size = std::max(min_size, ti.meta.offset + ti.meta.ram_length);
+      auto attached = st_.ram->attach_arena(pool, a.numa_node, a.shm_name, a.size, min_size);
       if (!attached)
         return Status(attached.error().code(), "pool '" + pool.name + "': " + attached.error().message());
-      if (*attached) r.arenas_attached++;
-      else {
+      if (*attached == RamTier::Attach::kAttached) {
+        r.arenas_attached++;
+        continue;
+      }
+      gone_arenas.push_back(aid);
+      if (*attached == RamTier::Attach::kGone) {
         r.arenas_lost++;
-        gone_arenas.push_back(aid);
         log_warn("pool '{}': arena {} is gone (reboot?); restoring from the latest snapshot", pool.name,
                  a.shm_name);
+      } else {
+        r.arenas_refused++;
       }
+      if (Arena* fresh = st_.ram->arena(aid))
+        renamed.push_back(ArenaCreated{pid, aid, a.numa_node, fresh->path(), fresh->size()});
     }
+    for (const ArenaCreated& rec : renamed) append(rec);
     Lost pool_lost{pid, {}};
     for (const auto& [tid, ti] : pi.tensors) {
       const TensorCreated& m = ti.meta;
@@ -199,11 +211,7 @@ void Durability::remove_stale_arenas() {
   while (dirent* e = ::readdir(dir)) {
     std::string name = e->d_name;
     if (!name.starts_with(want)) continue;
-    // tierd-<h>-p<pool>-n<node>
-    unsigned long long pool = 0;
-    int node = 0;
-    if (std::sscanf(name.c_str() + want.size(), "p%llu-n%d", &pool, &node) != 2) continue;
-    if (!st_.ram->arena(arena_id(pool, node))) stale.push_back(name);
+    if (!st_.ram->has_object("/" + name)) stale.push_back(name);
   }
   ::closedir(dir);
   for (const auto& name : stale) {

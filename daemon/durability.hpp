@@ -12,8 +12,10 @@
 //
 // Recovery (open()): replays the journal into the image, rebuilds pools and tensors with their
 // journaled ids, re-attaches each journaled arena by name (its bytes intact) and re-marks the
-// journaled extents used. An arena that is gone (a reboot) is created empty and its tensors are
-// restored from the pool's latest durable snapshot; tensors neither in the snapshot nor with a
+// journaled extents used. Only an object that proves to be tierd's own is re-attached
+// (Arena::attach: its random name, owner, mode, size). An arena that is gone (a reboot) or
+// refused (a squatter's object, or one a tenant truncated) is created empty under a new name
+// (journaled) and its tensors are restored from the pool's latest durable snapshot; tensors neither in the snapshot nor with a
 // journaled NVMe copy are lost: deleted from the catalog (journaled), counted and logged.
 // Arena objects of this state dir that the journal does not name are removed.
 //
@@ -64,6 +66,7 @@ struct RecoveryReport {
   uint64_t pools = 0, tensors = 0;   // rebuilt
   uint64_t arenas_attached = 0;      // found in shared memory with their bytes
   uint64_t arenas_lost = 0;          // gone (reboot): recreated empty
+  uint64_t arenas_refused = 0;       // not tierd's own or damaged: not used, removed, recreated empty
   uint64_t restored_from_snapshot = 0;
   uint64_t restored_from_nvme = 0;
   uint64_t lost_tensors = 0;         // RAM-only tensors not in a snapshot: gone

@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   }
   auto sizes = resolve_sizes(cfg, *mem);
   if (!sizes) return usage_error(sizes.error().message());
+  if (Status shm = check_shm_capacity(sizes->ram, cfg.hugepages); !shm) return usage_error(shm.message());
   if (check_config) {
     // Topology is part of the configuration: load it too.
     auto topo = make_topology_source(cfg.topology)->load();

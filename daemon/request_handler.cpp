@@ -685,6 +685,7 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.leases_granted = state_.counters.leases_granted;
   in.lease_latency = &lease_latency_;
   in.catalog = &state_.catalog;
+  in.arena_repairs = [this](const Pool& p) { return state_.ram->arena_repairs(p.id); };
   if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
   if (state_.tiering)
     for (const auto& d : state_.tiering->engine().stats().dirs)

@@ -67,7 +67,9 @@ Status CatalogImage::apply(const Record& rec) {
         } else if constexpr (std::is_same_v<T, ArenaCreated>) {
           PoolImage* p = pool(r.pool_id);
           if (!p) return bad(rec, "no " + id_of_pool);
-          if (arena_pool_.count(r.arena_id))
+          // Again for an arena of the same pool: its object was re-created under a new name
+          // (the old one was gone or refused at a restart).
+          if (auto it = arena_pool_.find(r.arena_id); it != arena_pool_.end() && it->second != r.pool_id)
             return bad(rec, "arena " + std::to_string(r.arena_id) + " exists");
           p->arenas[r.arena_id] = r;
           arena_pool_[r.arena_id] = r.pool_id;

@@ -10,7 +10,8 @@
 // Rules applied (docs/journal.md):
 //   PoolCreated        new pool (id and name unique among live pools)
 //   PoolDropped        the pool, its arenas, tensors and snapshots go
-//   ArenaCreated       new arena of a live pool (id unique)
+//   ArenaCreated       new arena of a live pool (id unique), or again for an arena of the same
+//                      pool: its object was re-created under a new name (replaces the record)
 //   TensorCreated      new tensor of a live pool (id unique among live tensors); its RAM
 //                      copy is (arena_id, offset, ram_length), none when arena_id is 0
 //   TensorDeleted      the tensor goes

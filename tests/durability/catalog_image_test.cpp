@@ -104,6 +104,9 @@ TEST_CASE("records change the catalog image as documented", "[journal][image]") 
   CatalogImage img;
   REQUIRE(img.apply(PoolCreated{1, "job", 1000, 1000, 0, 1 << 30, 0}).is_ok());
   REQUIRE(img.apply(ArenaCreated{1, 65536, 0, "tierd-x-p1-n0", 1 << 30}).is_ok());
+  // Again for the same pool's arena: re-created under a new name at a start-up.
+  REQUIRE(img.apply(ArenaCreated{1, 65536, 0, "tierd-x-p1-n0-2", 1 << 30}).is_ok());
+  CHECK(img.pools().at(1).arenas.at(65536).shm_name == "tierd-x-p1-n0-2");
   REQUIRE(img.apply(TensorCreated{1, 5, "w", 4096, 3, {64, 32}, 0, 65536, 8192, 4096}).is_ok());
   REQUIRE(img.apply(NvmeCopyWritten{5, 3, {Extent{"/nvme", "d", 0, 4096, 9}}}).is_ok());
   REQUIRE(img.apply(TensorRamDropped{5}).is_ok());
@@ -145,6 +148,8 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
   CatalogImage img;
   REQUIRE(img.apply(PoolCreated{1, "job", 0, 0, 0, 1, 1}).is_ok());
   REQUIRE(img.apply(TensorCreated{1, 5, "w", 4096, 3, {}, 0, 0, 0, 0}).is_ok());
+  REQUIRE(img.apply(PoolCreated{2, "two", 0, 0, 0, 1, 1}).is_ok());
+  REQUIRE(img.apply(ArenaCreated{2, 7, 0, "a", 1}).is_ok());
   const CatalogImage before = img;
   std::vector<Record> bad = {
       PoolCreated{1, "other", 0, 0, 0, 1, 1},        // id exists
@@ -158,6 +163,7 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
       NvmeCopyWritten{6, 1, {}},
       NvmeCopyDropped{6, 1},
       ArenaCreated{9, 1, 0, "n", 1},
+      ArenaCreated{1, 7, 0, "b", 1},  // another pool's arena id
       SnapshotBegun{9, 1, "p"},
       SnapshotDropped{1, 1},
       ManifestBegin{1, 1, 1},
