@@ -65,7 +65,14 @@ Result<bool> probe_direct_io(const std::string& dir, std::string& why) {
   return true;
 }
 
+WrapBackend& default_wrap_backend() {
+  static WrapBackend wrap;
+  return wrap;
+}
+
 }  // namespace
+
+void set_default_wrap_backend(WrapBackend wrap) { default_wrap_backend() = std::move(wrap); }
 
 struct Engine::Op {
   bool write = false;
@@ -152,7 +159,8 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
                 dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth,
                 o.request_size / 1024, dc.numa_node);
     }
-    if (o.wrap_backend) backend = o.wrap_backend(static_cast<uint16_t>(i), std::move(backend));
+    const WrapBackend& wrap = o.wrap_backend ? o.wrap_backend : default_wrap_backend();
+    if (wrap) backend = wrap(static_cast<uint16_t>(i), std::move(backend));
     Dir d;
     d.direct = direct;
     d.queue = std::make_unique<IoQueue>(std::move(backend), IoQueueOptions{o.request_size, 1000});

@@ -48,6 +48,15 @@ namespace tier::nvme {
 
 enum class BackendChoice : uint8_t { kAuto = 0, kUring = 1, kPread = 2 };
 
+// Wraps a directory's backend (e.g. in a FaultBackend); see EngineOptions::wrap_backend.
+using WrapBackend = std::function<std::unique_ptr<IoBackend>(uint16_t dir, std::unique_ptr<IoBackend>)>;
+
+// Test hook for engines that code under test opens itself (the daemon's TierManager): while
+// set, Engine::open wraps each directory's backend with it unless the options give their own
+// wrap_backend. Process-wide and not synchronized: set it before the open, clear it (empty)
+// when done.
+void set_default_wrap_backend(WrapBackend wrap);
+
 struct EngineOptions {
   std::vector<DirConfig> dirs;
   uint64_t file_size = uint64_t{1} << 30;   // each preallocated data file
@@ -60,7 +69,7 @@ struct EngineOptions {
   BackendChoice backend = BackendChoice::kAuto;
   bool format = false;  // delete existing data files at open
   // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
-  std::function<std::unique_ptr<IoBackend>(uint16_t dir, std::unique_ptr<IoBackend>)> wrap_backend;
+  WrapBackend wrap_backend;
 };
 
 struct DirStats {
