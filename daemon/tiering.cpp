@@ -343,7 +343,8 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   uint64_t old = t->nvme ? nvme_bytes(*t->nvme) : 0;
   p->nvme_used = p->nvme_used - std::min(p->nvme_used, old) + nvme_bytes(*r);
   t->nvme = std::move(*r);
-  // Journaled only now that the write completed, and only when no write lease was granted
+  // Journaled only now that the copy is durable (the engine reports a spill after its writes
+  // and an fdatasync of each data file they went to), and only when no write lease was granted
   // while it ran (those bytes may be torn); then the replaced copy is recorded as gone.
   if (durable_) {
     if (s.write_gen == s.spill_gen) durable_->nvme_copy_written(*t, *t->nvme);
