@@ -9,8 +9,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "daemon/durability.hpp"
@@ -19,6 +20,7 @@
 #include "daemon/journal/reader.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
+#include "nvme/test_util.hpp"
 #include "support/handler_harness.hpp"
 
 using namespace tier;
@@ -62,19 +64,6 @@ struct WrapNvmeBackends {
   ~WrapNvmeBackends() { nvme::set_default_wrap_backend({}); }
 };
 
-struct TempNvmeDir {
-  std::string path;
-  TempNvmeDir() {
-    char tmpl[] = "/tmp/tierd-nvme.XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempNvmeDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 Config nvme_config(const std::string& nvme) {
   Config cfg;
   cfg.topology = "synthetic:pack:1 numa:1 core:1 pu:1";
@@ -86,9 +75,10 @@ Config nvme_config(const std::string& nvme) {
 
 TEST_CASE("a write-back is journaled after its writes and their fdatasync, and survives a power loss") {
   const uint64_t kRam = 32ull << 20, kSize = 3ull << 20;
-  TempNvmeDir nvme;  // outlives the daemon state
+  tier::nvme::testing::TempDir nvme;  // outlives the daemon state
+  REQUIRE_FALSE(nvme.path().empty());
   WrapNvmeBackends wrap;
-  tier::test::HandlerHarness h(nvme_config(nvme.path), ResolvedSizes{kRam, kRam, 2ull << 20});
+  tier::test::HandlerHarness h(nvme_config(nvme.path()), ResolvedSizes{kRam, kRam, 2ull << 20});
   REQUIRE(wrap.faults.size() == 1);
   nvme::FaultBackend& faults = *wrap.faults[0];
   // The journal, as tierd's main() opens it.
@@ -143,7 +133,9 @@ TEST_CASE("a write-back is journaled after its writes and their fdatasync, and s
   uint64_t covered = 0;
   for (const journal::Extent& e : copies[0].extents) {
     REQUIRE(e.dir == "0");
-    std::string file = nvme.path + "/data-" + std::string(6 - std::min<size_t>(6, e.file.size()), '0') + e.file + ".tier";
+    char name[32];
+    std::snprintf(name, sizeof name, "/data-%06lu.tier", std::stoul(e.file));
+    std::string file = nvme.path() + name;
     int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     REQUIRE(fd >= 0);
     std::vector<std::byte> got(e.length);
