@@ -1,15 +1,15 @@
 // FaultBackend: wraps another backend and injects failures per a schedule, for tests.
 //
-// Each rule matches operations (reads, writes or both) and fires either on exactly the Nth
+// Each rule matches operations (reads, writes, syncs, or any) and fires either on exactly the Nth
 // matching operation or with a probability per operation. Injections:
 //   kEio, kEnospc, kEagain  the operation is not issued; it completes with -EIO/-ENOSPC/-EAGAIN
 //   kShort                  the operation is issued for about half its length (kept a multiple
 //                           of 4 KiB so O_DIRECT accepts it) and completes short; operations of
-//                           4 KiB or less get -EAGAIN instead
+//                           4 KiB or less (and syncs) get -EAGAIN instead
 //   kDelay                  the operation is issued, its completion held back delay_ms
 //   kHold                   the operation is issued, its completion held back until
 //                           release_held() (deterministic interleavings in tests)
-// The first rule that fires decides; a rule with no op matches syncs too. Same threading
+// The first rule that fires decides; a rule with no op matches every operation. Same threading
 // contract as every backend (one driver thread).
 //
 // Power loss: the backend also models the drive's volatile write cache. A write issued to the
@@ -37,7 +37,7 @@ inline constexpr size_t kFaultKinds = 6;
 
 struct FaultRule {
   FaultKind kind = FaultKind::kEio;
-  std::optional<IoOp> op;        // match only this op; nullopt = reads and writes
+  std::optional<IoOp> op;        // match only this op; nullopt = every op (syncs too)
   uint64_t nth = 0;              // fire on the nth matching op (1-based); 0 = use probability
   double probability = 0;        // when nth == 0: chance per matching op
   uint32_t delay_ms = 0;         // kDelay

@@ -22,8 +22,9 @@
 // level-triggered epoll does not spin.
 //
 // Implementations: UringBackend (io_uring, O_DIRECT files, registered buffers and files),
-// ThreadPoolBackend (pread/pwrite workers; tmpfs or kernels without io_uring), FaultBackend
-// (wraps another and injects errors, short transfers and delays).
+// ThreadPoolBackend (pread/pwrite/fdatasync workers; tmpfs or kernels without io_uring),
+// FaultBackend (wraps another and injects errors, short transfers and delays; models the
+// volatile write cache for power-loss tests).
 #pragma once
 
 #include <cstddef>
