@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "daemon/durability.hpp"
 #include "daemon/log.hpp"
@@ -305,14 +306,19 @@ Status TierManager::start_spill(Pool& pool, Tensor& t, bool drop_after) {
   uint64_t old = t.nvme ? nvme_bytes(*t.nvme) : 0;
   uint64_t need = (t.size + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
   uint64_t quota = nvme_quota(pool);
-  if (pool.nvme_used - std::min(pool.nvme_used, old) + need > quota)
+  uint64_t& spilling = nvme_spilling_[pool.id];
+  if (pool.nvme_used - std::min(pool.nvme_used, old) + spilling + need > quota)
     return Status(Code::kResourceExhausted,
                   "pool '" + pool.name + "' NVMe quota of " + format_size(quota) + " reached (used " +
-                      format_size(pool.nvme_used) + ", need " + format_size(need) + ")");
+                      format_size(pool.nvme_used) + ", being written " + format_size(spilling) +
+                      ", need " + format_size(need) + ")");
   std::byte* src = ram_ptr(*t.ram);
   if (!src) return Status(Code::kInternal, "no arena for a write-back");
   s.io = Io::kSpill;
   s.spill_gen = s.write_gen;
+  s.spill_pool = pool.id;
+  s.spill_reserved = need;
+  spilling += need;
   s.drop_after = drop_after;
   if (drop_after) writeback_pending_bytes_ += t.ram->length;
   engine_->spill(t.id, {src, t.size},
@@ -327,6 +333,12 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   if (it == ts_.end()) return;
   TState& s = it->second;
   s.io = Io::kNone;
+  if (auto r = nvme_spilling_.find(s.spill_pool); r != nvme_spilling_.end()) {
+    r->second -= std::min(r->second, s.spill_reserved);
+    if (r->second == 0) nvme_spilling_.erase(r);
+  }
+  s.spill_reserved = 0;
+  const bool cleaning = std::exchange(s.cleaning, false);
   Tensor* t = catalog_.find_tensor(id);
   Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
   if (!t || !p) return;
@@ -343,13 +355,15 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   uint64_t old = t->nvme ? nvme_bytes(*t->nvme) : 0;
   p->nvme_used = p->nvme_used - std::min(p->nvme_used, old) + nvme_bytes(*r);
   t->nvme = std::move(*r);
-  // Journaled only now that the write completed, and only when no write lease was granted
+  // Journaled only now that the copy is durable (the engine reports a spill after its writes
+  // and an fdatasync of each data file they went to), and only when no write lease was granted
   // while it ran (those bytes may be torn); then the replaced copy is recorded as gone.
   if (durable_) {
     if (s.write_gen == s.spill_gen) durable_->nvme_copy_written(*t, *t->nvme);
     else durable_->nvme_copy_dropped(*t);
   }
   stats_.writebacks++;
+  if (cleaning) stats_.cleaned_bytes += t->size;
   s.torn_copy = s.write_gen != s.spill_gen;
   if (!s.torn_copy) t->dirty = false;  // no write lease since it started
   if (s.drop_after && !t->dirty && evictable(*t)) pending_drops_.push_back(t->id);  // flush_drops()
@@ -544,7 +558,7 @@ void TierManager::clean_ahead() {
     s.spill_error = st;
     return;
   }
-  stats_.cleaned_bytes += pick->t->size;  // one write in flight at a time
+  ts(pick->t->id).cleaning = true;  // counted in cleaned_bytes once durable; one at a time
 }
 
 // --- leases ---

@@ -162,6 +162,9 @@ class TierManager {
     // Named by a Discard at least once: its client discards it (eviction holds it, dirty and
     // overwritten next, for the discard rather than writing it back: policy/eviction.hpp).
     bool discarded_before = false;
+    // NVMe quota bytes of pool spill_pool the write-back in flight holds (see nvme_spilling_).
+    uint64_t spill_pool = 0, spill_reserved = 0;
+    bool cleaning = false;  // the write-back in flight is a background one (cleaned_bytes)
   };
   struct Plan {
     uint64_t pool_id = 0;
@@ -253,6 +256,9 @@ class TierManager {
   std::unordered_set<uint64_t> leasing_;
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
+  // Per pool id: NVMe bytes of write-backs in flight. Pool::nvme_used counts a copy only once
+  // it is durable, so the quota check adds these, or concurrent write-backs would overrun it.
+  std::unordered_map<uint64_t, uint64_t> nvme_spilling_;
   double dirty_background_ = 1.0;         // Config::ram_dirty_background
   double next_clean_scan_ = 0;            // clean_ahead() without a completion: not before
   double clean_due_ = std::numeric_limits<double>::infinity();  // a skipped scan's timer
