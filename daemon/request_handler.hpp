@@ -66,6 +66,10 @@ class RequestHandler {
   void session_opened(Session& s);
   // Releases the session's leases, drops its waiters and retries the others.
   void session_closed(Session& s);
+  // The daemon is stopping (SIGTERM): the sessions it closes now keep their write leases
+  // journaled as held, since their clients go on writing until they reconnect to the next
+  // tierd (daemon/lease_reclaim.hpp).
+  void stopping() { state_.leases.on_write_end = nullptr; }
 
   void handle(Session& s, std::span<const std::byte> datagram, Reply& out);
 

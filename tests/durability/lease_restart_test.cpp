@@ -1,7 +1,7 @@
 // Write leases across a real kill -9 of tierd (docs/daemon.md, "Leases across a restart").
 //
 // A writer W (a forked process with its own connection) holds a write lease on an 8 MiB tensor
-// and keeps storing a recognizable pattern into its mapping while tierd is killed -9 and
+// and keeps storing a recognizable pattern into its mapping while tierd is killed -9 (or stopped) and
 // restarted on the same socket and state dir. Right after the restart a second client F (same
 // uid and pool) creates and writes more 8 MiB tensors than the 64 MiB RAM tier holds, so every
 // extent is reused unless the daemon keeps W's reserved. Then: none of F's acknowledged tensors
@@ -226,7 +226,7 @@ uint64_t create(Client& c, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("a write lease held across kill -9 of tierd is kept for its holder: no other client's "
+TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its holder: no other client's "
           "tensor gets its bytes") {
   NvmeDir nvme;
   DaemonOptions opts;
@@ -242,7 +242,8 @@ TEST_CASE("a write lease held across kill -9 of tierd is kept for its holder: no
   Writer w;
   start_writer(w, d, wid);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  d.kill9();
+  SECTION("kill -9") { d.kill9(); }
+  SECTION("SIGTERM") { d.stop(); }  // a clean stop keeps the lease journaled as held too
   d.start();
 
   // F, right after the restart: 16 tensors of 8 MiB through a 64 MiB RAM tier.
