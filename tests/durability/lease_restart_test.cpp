@@ -224,21 +224,36 @@ uint64_t create(Client& c, const std::string& name) {
   return t->id;
 }
 
-}  // namespace
-
-TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its holder: no other client's "
-          "tensor gets its bytes") {
+// A tierd with a 64 MiB RAM tier, an NVMe directory and `config`, pool "p" and W's tensor "w".
+struct Node {
   NvmeDir nvme;
-  DaemonOptions opts;
-  opts.ram = "64M";
-  opts.extra_args = {"--nvme-dir", nvme.path};
-  TestDaemon d(opts);
+  TestDaemon d;
   uint64_t wid = 0;
-  {
+  explicit Node(const std::string& config = "") : d(options(nvme, config)) {
     auto c = connect_to(d);
     REQUIRE(c->create_pool("p", {}).has_value());
     wid = create(*c, "w");
   }
+  static DaemonOptions options(const NvmeDir& nvme, const std::string& config) {
+    DaemonOptions o;
+    o.ram = "64M";
+    o.extra_args = {"--nvme-dir", nvme.path};
+    if (!config.empty()) {
+      std::string path = nvme.path + "/tierd.toml";
+      std::ofstream(path) << config;
+      o.extra_args.insert(o.extra_args.end(), {"--config", path});
+    }
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its holder: no other client's "
+          "tensor gets its bytes") {
+  Node node;
+  TestDaemon& d = node.d;
+  const uint64_t wid = node.wid;
   Writer w;
   start_writer(w, d, wid);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -306,19 +321,9 @@ TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its 
 
 TEST_CASE("a write lease from before a restart is lost after the reclaim timeout, or at once when "
           "its holder is gone, and the tensor keeps the bytes it left") {
-  NvmeDir nvme;
-  std::string cfg = nvme.path + "/tierd.toml";
-  std::ofstream(cfg) << "lease_reclaim_timeout_ms = 2000\n";
-  DaemonOptions opts;
-  opts.ram = "64M";
-  opts.extra_args = {"--config", cfg, "--nvme-dir", nvme.path};
-  TestDaemon d(opts);
-  uint64_t wid = 0;
-  {
-    auto c = connect_to(d);
-    REQUIRE(c->create_pool("p", {}).has_value());
-    wid = create(*c, "w");
-  }
+  Node node("lease_reclaim_timeout_ms = 2000\n");
+  TestDaemon& d = node.d;
+  const uint64_t wid = node.wid;
   Writer w;
   SECTION("a silent holder loses it after the timeout") {
     start_writer(w, d, wid, /*idle_ms=*/3000);
