@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/daemon_fixture.hpp"
+#include "support/raw_client.hpp"
 #include "tier/client.hpp"
 
 using namespace tier;
@@ -131,8 +132,8 @@ bool read_full(int fd, void* p, size_t n) {
   if (!l) _exit(11);
   uint64_t round = 1;
   fill_w(l->bytes(), round);
-  char one = 1;
-  if (::write(ready, &one, 1) != 1) _exit(12);
+  const uint64_t id = l->id();  // the lease id this daemon granted
+  if (::write(ready, &id, sizeof id) != sizeof id) _exit(12);
   if (idle_ms > 0) {
     pollfd p{stop, POLLIN, 0};
     (void)::poll(&p, 1, -1);
@@ -156,6 +157,7 @@ bool read_full(int fd, void* p, size_t n) {
 
 struct Writer {
   pid_t pid = -1;
+  uint64_t lease_id = 0;  // as the first daemon granted it
   int stop = -1, report = -1;
   void finish() {
     char one = 1;
@@ -200,8 +202,7 @@ void start_writer(Writer& w, const TestDaemon& d, uint64_t tensor, int idle_ms =
   w.pid = pid;
   w.stop = stop[1];
   w.report = report[0];
-  char one = 0;
-  REQUIRE(read_full(ready[0], &one, 1));  // W holds the lease and is writing
+  REQUIRE(read_full(ready[0], &w.lease_id, sizeof w.lease_id));  // W holds the lease and writes
   ::close(ready[0]);
 }
 
@@ -288,10 +289,19 @@ TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its 
     }
   };
   check_f("while W writes");
-  // W's tensor is nobody else's meanwhile.
+  // W's tensor is nobody else's meanwhile, and only W can take its lease back: not another
+  // process of the same uid naming W's lease id, not a wrong id.
   auto busy = f->lease(wid, LeaseMode::kRead);
   REQUIRE_FALSE(busy.has_value());
   CHECK(busy.error().code() == Code::kBusy);
+  auto raw = tier::test::RawClient::connect(d.socket());
+  REQUIRE(raw.has_value());
+  auto steal = raw->call<wire::LeaseRep>(wire::MsgType::kLeaseReclaim, wire::LeaseReclaimReq{wid, w.lease_id});
+  REQUIRE_FALSE(steal.has_value());
+  CHECK(steal.error().code() == Code::kPermissionDenied);
+  auto wrong = raw->call<wire::LeaseRep>(wire::MsgType::kLeaseReclaim, wire::LeaseReclaimReq{wid, w.lease_id + 1});
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK(wrong.error().code() == Code::kNotFound);
 
   w.finish();
   WReport r = w.result();
