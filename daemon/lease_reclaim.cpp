@@ -140,11 +140,13 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
       continue;
     }
     if (timeout.count() == 0 || liveness(st, t->id, h) == Liveness::kGone) {
-      log_info("pool '{}': tensor '{}' was write-leased by {} when tierd stopped; the holder is gone, "
-               "the tensor keeps the bytes it left (dirty)", p->name, t->name, holder_text(h));
+      std::string why = timeout.count() == 0 ? "lease_reclaim_timeout_ms = 0: no write lease is kept across a restart"
+                                             : "its holder was gone when tierd restarted";
+      log_info("pool '{}': tensor '{}' was write-leased by {} when tierd stopped; not kept ({}), the "
+               "tensor keeps the bytes it left (dirty)", p->name, t->name, holder_text(h), why);
       d.write_lease_ended(*t);
       t->dirty = true;
-      lost_[w.tensor_id] = {w.lease_id, "its holder was gone when tierd restarted"};
+      lost_[w.tensor_id] = {w.lease_id, std::move(why)};
       continue;
     }
     Tensor* one[1] = {t};
