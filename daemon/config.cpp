@@ -168,6 +168,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
     else if (key == "uid_nvme_quota") st = get_size(key, v, c.uid_nvme_quota);
     else if (key == "max_connections_per_uid") st = get_u32(key, v, c.max_connections_per_uid, 1);
     else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
+    else if (key == "lease_reclaim_timeout_ms") st = get_u32(key, v, c.lease_reclaim_timeout_ms, 0);
     else if (key == "max_plan_uses") st = get_u32(key, v, c.max_plan_uses, 1);
     else if (key == "metrics_listen") {
       st = get_string(key, v, c.metrics_listen);

@@ -73,6 +73,9 @@ struct Config {
   uint32_t max_connections_per_uid = 1024;
   // Lease requests one client may have waiting at once.
   uint32_t max_waiters_per_client = 64;
+  // After a restart, how long a write lease held when the previous tierd died stays reserved
+  // for its holder to reclaim (docs/daemon.md, "Leases across a restart"); 0: not at all.
+  uint32_t lease_reclaim_timeout_ms = 60000;
   // Uses in one client's plan (PlanSet): bounds the daemon memory a plan takes (about 40 bytes a
   // use) and the work of each scheduling pass over it.
   uint32_t max_plan_uses = 4096;

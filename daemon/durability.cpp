@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <type_traits>
 
+#include "daemon/lease_reclaim.hpp"
 #include "daemon/log.hpp"
 #include "daemon/nvme/location.hpp"
 #include "daemon/ram/arena.hpp"
@@ -82,6 +83,8 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
     log_warn("journal: dropped a torn tail of {} bytes (a record being written when tierd died)",
              orep.dropped_tail_bytes);
   if (Status st = d->rebuild(); !st) return fail(std::move(st));
+  // Write leases held when the previous tierd died stay reserved for their holders.
+  st.reclaims.adopt(st, *d, std::chrono::steady_clock::now());
   // The rebuild may have journaled losses; make them durable before serving.
   if (Status st = d->commit(); !st) return fail(std::move(st));
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -126,6 +129,7 @@ Status Durability::rebuild() {
         continue;
       }
       gone_arenas.push_back(aid);
+      recreated_arenas_.insert(aid);  // gone or refused: write leases into it cannot be kept
       if (*attached == RamTier::Attach::kGone) {
         r.arenas_lost++;
         log_warn("pool '{}': arena {} is gone (reboot?); restoring from the latest snapshot", pool.name,
@@ -226,12 +230,14 @@ void Durability::append(const Record& r) {
   if (!failed_.is_ok()) return;
   bool ack = std::holds_alternative<PoolCreated>(r) || std::holds_alternative<PoolDropped>(r) ||
              std::holds_alternative<TensorCreated>(r) || std::holds_alternative<TensorDeleted>(r);
+  bool lease = std::holds_alternative<WriteLeaseHeld>(r) || std::holds_alternative<WriteLeaseEnded>(r);
   if (Status st = image_.apply(r); !st) {
     log_error("internal: journal record refused by the catalog image: {}", st.message());
     return;
   }
   auto seq = journal_->append(r);
   if (seq && ack) ack_seq_ = *seq;
+  if (seq && !lease) sync_seq_ = *seq;
   if (!seq) {
     failed_ = seq.error();
     log_error("journal append failed: {}; tierd stops acknowledging changes", failed_.message());
@@ -331,6 +337,15 @@ void Durability::nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& lo
   for (const nvme::Extent& e : loc.extents)
     r.extents.push_back(Extent{std::to_string(e.dir), std::to_string(e.file), e.offset, e.length, e.checksum});
   append(r);
+}
+
+void Durability::write_lease_held(const Tensor& t, uint64_t lease_id, const LeaseHolder& h) {
+  append(WriteLeaseHeld{t.id, lease_id, static_cast<uint32_t>(h.uid), h.pid, h.pid_start, h.pid_ns});
+}
+
+void Durability::write_lease_ended(const Tensor& t) {
+  const TensorImage* ti = image_.tensor(t.id);
+  if (ti && ti->write_lease) append(WriteLeaseEnded{t.id});
 }
 
 void Durability::nvme_copy_dropped(const Tensor& t) {

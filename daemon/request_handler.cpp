@@ -42,9 +42,16 @@ uint64_t ms_since(Clock::time_point t) {
 
 }  // namespace
 
-RequestHandler::RequestHandler(DaemonState& state) : state_(state) {}
+RequestHandler::RequestHandler(DaemonState& state) : state_(state), pid_ns_(own_pid_ns()) {
+  // Every write lease's end is journaled, so a restarted daemon knows which are still held.
+  state_.leases.on_write_end = [this](const LeaseTable::Lease& l) {
+    if (!state_.durable) return;
+    if (const Tensor* t = state_.catalog.find_tensor(l.tensor_id)) state_.durable->write_lease_ended(*t);
+  };
+}
 
 RequestHandler::~RequestHandler() {
+  state_.leases.on_write_end = nullptr;
   for (auto& [id, fd] : ro_fds_) ::close(fd);
 }
 
@@ -173,6 +180,7 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_snapshot,
       &RequestHandler::on_metrics,
       &RequestHandler::on_discard,
+      &RequestHandler::on_lease_reclaim,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
 }
@@ -206,6 +214,7 @@ void RequestHandler::on_hello(Session& s, const Header& h, std::span<const std::
     s.counted = true;
   }
   s.hello = true;
+  s.pid_start = process_start_time(s.pid);
   s.numa_node = req.numa_node;
   s.name = std::move(req.client_name);
   if (s.name.size() > 255) s.name.resize(255);
@@ -452,9 +461,16 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
   state_.counters.leases_granted += scratch_ids_.size();
   state_.counters.hits += scratch_ids_.size();
-  if (state_.durable && is_write(mode))  // the NVMe copy becomes stale
-    for (Tensor* t : scratch_tensors_)
-      if (t->nvme) state_.durable->nvme_copy_dropped(*t);
+  if (state_.durable && is_write(mode)) {
+    // The NVMe copy becomes stale, and the lease is journaled: a restarted daemon keeps the
+    // extent for this holder (daemon/lease_reclaim.hpp).
+    const LeaseHolder holder = holder_of(s);
+    for (size_t i = 0; i < scratch_tensors_.size(); ++i) {
+      Tensor& t = *scratch_tensors_[i];
+      if (t.nvme) state_.durable->nvme_copy_dropped(t);
+      state_.durable->write_lease_held(t, scratch_ids_[i], holder);
+    }
+  }
   if (state_.tiering) state_.tiering->on_granted(scratch_tensors_, mode);
   lease_rep_.grants.resize(scratch_tensors_.size());
   for (size_t i = 0; i < scratch_tensors_.size(); ++i) {
@@ -604,6 +620,7 @@ void RequestHandler::expire(Clock::time_point now) {
     (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
     if (sink_) sink_(w.session_id, deferred_buf_);
   });
+  if (state_.reclaims.sweep(state_, now)) retry_waiters();
 }
 
 void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const std::byte> payload,

@@ -474,6 +474,7 @@ Status Server::run() {
   m.listen_fd = -1;
   ::unlink(m.path.c_str());
   for (auto& [sid, c] : m.conns) m.to_close.push_back(sid);
+  m.handler.stopping();
   m.close_dead();
   if (m.st.config.remove_arenas_on_exit) {
     m.st.ram->unlink_all();

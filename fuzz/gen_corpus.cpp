@@ -57,6 +57,7 @@ void wire_corpus() {
   put(t, "lease", req(MsgType::kLease, LeaseReq{2, 100, {1, 2, 3}}));
   put(t, "lease_overwrite", req(MsgType::kLease, LeaseReq{3, 0, {1, 2}}));
   put(t, "release", req(MsgType::kRelease, ReleaseReq{{7, 8}}));
+  put(t, "lease_reclaim", req(MsgType::kLeaseReclaim, LeaseReclaimReq{2, (1ull << 32) | 5}));
   put(t, "map_arena", req(MsgType::kMapArena, MapArenaReq{3}));
   put(t, "prefetch", req(MsgType::kPrefetch, TensorIdsReq{"job-a", {1, 2}}));
   put(t, "discard", req(MsgType::kDiscard, TensorIdsReq{"job-a", {2, 3}}));
@@ -90,6 +91,8 @@ void journal_corpus() {
       TensorRamDropped{5},
       TensorRamPlaced{5, 0, 65536, 8192, 4096},
       NvmeCopyDropped{5, 1},
+      WriteLeaseHeld{5, (1ull << 32) | 3, 1000, 4242, 987654, 4026531836ull},
+      WriteLeaseEnded{5},
       SnapshotBegun{1, 1, "/snap/1"},
       SnapshotDurable{1, 1, "/snap/1", 4096},
       SnapshotDropped{1, 1},
@@ -188,6 +191,12 @@ void request_corpus() {
               req(MsgType::kRelease, ReleaseReq{{1}}, 6),
               req(MsgType::kLease, LeaseReq{1, 0, {1, 1}}, 7),
               req(MsgType::kMapArena, MapArenaReq{1}, 8)}));
+  // A reclaim with no lease to take back (no restart), then one naming a live lease of B's.
+  put(t, "lease_reclaim",
+      fuzzreq::frame(0x5, {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
+                           req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 1}, 5),
+                           req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 0}, 6)},
+                     {false, true, false, false, false, true, false}));
   put(t, "delete_drop",
       seq(0, {hello, pool, tensor, req(MsgType::kTensorOpen, TensorRefReq{"p", "w"}, 4),
               req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 5),

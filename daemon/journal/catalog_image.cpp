@@ -111,6 +111,14 @@ Status CatalogImage::apply(const Record& rec) {
           TensorImage* t = tensor_mut(r.tensor_id);
           if (!t) return bad(rec, "no tensor " + std::to_string(r.tensor_id));
           if (t->nvme && t->nvme->generation == r.generation) t->nvme.reset();
+        } else if constexpr (std::is_same_v<T, WriteLeaseHeld>) {
+          TensorImage* t = tensor_mut(r.tensor_id);
+          if (!t) return bad(rec, "no tensor " + std::to_string(r.tensor_id));
+          t->write_lease = r;
+        } else if constexpr (std::is_same_v<T, WriteLeaseEnded>) {
+          TensorImage* t = tensor_mut(r.tensor_id);
+          if (!t) return bad(rec, "no tensor " + std::to_string(r.tensor_id));
+          t->write_lease.reset();
         } else if constexpr (std::is_same_v<T, SnapshotBegun>) {
           PoolImage* p = pool(r.pool_id);
           if (!p) return bad(rec, "no " + id_of_pool);
@@ -160,6 +168,7 @@ Status CatalogImage::emit_live(const Journal::Emit& emit) const {
     for (const auto& [tid, t] : p.tensors) {
       TIER_RETURN_IF_ERROR(emit(t.meta));
       if (t.nvme) TIER_RETURN_IF_ERROR(emit(*t.nvme));
+      if (t.write_lease) TIER_RETURN_IF_ERROR(emit(*t.write_lease));
     }
     for (const auto& [sid, s] : p.snapshots) {
       TIER_RETURN_IF_ERROR(emit(SnapshotBegun{pid, sid, s.path}));

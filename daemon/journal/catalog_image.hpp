@@ -19,6 +19,8 @@
 //   NvmeCopyWritten    the tensor's NVMe copy is this one (replacing an older generation)
 //   NvmeCopyDropped    the NVMe copy of that generation goes (another generation: no-op)
 //   SnapshotBegun/Durable/Dropped   a pool's snapshot is started / durable / gone
+//   WriteLeaseHeld     the tensor is write-leased by that holder (replacing an earlier one);
+//                      WriteLeaseEnded: it is not (no-op when it was not)
 //   Watermarks         next ids: the image keeps the maximum seen of each, and never less than
 //                      one past any id it has seen
 //   ManifestBegin/End  refused: they belong in manifests, not journals
@@ -40,6 +42,7 @@ namespace tier::journal {
 struct TensorImage {
   TensorCreated meta;  // with the current RAM placement (arena_id 0: no RAM copy)
   std::optional<NvmeCopyWritten> nvme;
+  std::optional<WriteLeaseHeld> write_lease;  // held by a client now
   bool operator==(const TensorImage&) const = default;
 };
 
@@ -69,7 +72,7 @@ class CatalogImage {
   [[nodiscard]] RecordVisitor replayer();
 
   // Emits the live state: Watermarks, then per pool PoolCreated, its ArenaCreated, per tensor
-  // TensorCreated (+ NvmeCopyWritten), per snapshot SnapshotBegun (+ SnapshotDurable).
+  // TensorCreated (+ NvmeCopyWritten, + WriteLeaseHeld), per snapshot SnapshotBegun (+ SnapshotDurable).
   [[nodiscard]] Status emit_live(const Journal::Emit& emit) const;
 
   const std::map<uint64_t, PoolImage>& pools() const noexcept { return pools_; }

@@ -69,8 +69,12 @@ class Churn {
         if (p->second.tensors.empty()) return std::nullopt;
         auto t = pick(p->second.tensors);
         uint64_t tid = t->first;
-        switch (rng_() % 7) {
+        switch (rng_() % 8) {
           case 0: return TensorDeleted{p->first, tid};
+          case 6:
+            if (t->second.write_lease) return WriteLeaseEnded{tid};
+            return WriteLeaseHeld{tid, (rng_() % 9) << 32 | (tid % 64), 1000, int32_t(tid % 30000 + 2),
+                                  rng_() % 1000000, 4026531836ull};
           case 1: return TensorRamPlaced{tid, 1, (p->first << 16) | 1, tid * 4096, 4096};
           case 2: return TensorRamDropped{tid};
           case 3:
@@ -122,6 +126,16 @@ TEST_CASE("records change the catalog image as documented", "[journal][image]") 
   CHECK(img.tensor(5)->nvme);
   REQUIRE(img.apply(NvmeCopyDropped{5, 3}).is_ok());
   CHECK_FALSE(img.tensor(5)->nvme);
+  // A write lease: held, replaced by a reclaim's new id, ended; an end without one is a no-op.
+  REQUIRE(img.apply(WriteLeaseHeld{5, 7, 1000, 42, 99, 4026531836ull}).is_ok());
+  REQUIRE(img.tensor(5)->write_lease);
+  CHECK(img.tensor(5)->write_lease->lease_id == 7);
+  REQUIRE(img.apply(WriteLeaseHeld{5, (1ull << 32) | 3, 1000, 42, 99, 4026531836ull}).is_ok());
+  CHECK(img.tensor(5)->write_lease->lease_id == ((1ull << 32) | 3));
+  REQUIRE(img.apply(WriteLeaseEnded{5}).is_ok());
+  CHECK_FALSE(img.tensor(5)->write_lease);
+  REQUIRE(img.apply(WriteLeaseEnded{5}).is_ok());
+  REQUIRE(img.apply(WriteLeaseHeld{5, 8, 1000, 42, 99, 1}).is_ok());  // emitted by compaction
   REQUIRE(img.apply(SnapshotBegun{1, 2, "/s/2"}).is_ok());
   CHECK_FALSE(img.pools().at(1).snapshots.at(2).durable);
   REQUIRE(img.apply(SnapshotDurable{1, 2, "/s/2", 4096}).is_ok());
@@ -162,6 +176,8 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
       TensorRamDropped{6},
       NvmeCopyWritten{6, 1, {}},
       NvmeCopyDropped{6, 1},
+      WriteLeaseHeld{6, 1, 0, 1, 1, 1},
+      WriteLeaseEnded{6},
       ArenaCreated{9, 1, 0, "n", 1},
       ArenaCreated{1, 7, 0, "b", 1},  // another pool's arena id
       SnapshotBegun{9, 1, "p"},
