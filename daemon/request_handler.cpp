@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "daemon/admission.hpp"
 #include "daemon/log.hpp"
 
 namespace tier::daemon {
@@ -333,9 +334,12 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
   Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
   auto node = choose_node(state_.topology, pl, s.numa_node);
   if (!node) return reply_err(h, node.error(), out);
+  // Refused now when no lease could ever hold it (daemon/admission.hpp).
+  if (Status st = admit_tensor(*state_.ram, state_.tiering.get(), p, *node, req.size, req.name); !st)
+    return reply_err(h, st, out);
   if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
     UidUsage u = uid_usage(state_.catalog, p.owner_uid);
-    if (u.ram_used + req.size > uq)
+    if (req.size > uq - std::min(uq, u.ram_used))
       return reply_err(h, Status(Code::kResourceExhausted,
                                  "uid " + std::to_string(p.owner_uid) + " uses " + format_size(u.ram_used) +
                                      " of its RAM quota of " + format_size(uq) + " (uid_ram_quota); " +
