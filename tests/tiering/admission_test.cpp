@@ -18,8 +18,9 @@
 
 #include "support/daemon_fixture.hpp"
 #include "support/raw_client.hpp"
+#include "support/tier_test_util.hpp"
 #include "tier/client.hpp"
-#include "tools/run_binary.hpp"
+#include "tools/tierctl_run.hpp"
 
 using namespace tier;
 using namespace tier::test;
@@ -27,79 +28,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A temporary directory removed at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = "/tmp/admission-test-XXXXXX";
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-DaemonOptions nvme_opts(const std::string& nvme, const std::string& ram, const std::string& config = "") {
-  DaemonOptions o;
-  o.ram = ram;
-  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
-  if (!config.empty()) {
-    std::string cfg = nvme + "/../admission-test.toml";
-    std::ofstream(cfg) << config;
-    o.extra_args.push_back("--config");
-    o.extra_args.push_back(cfg);
-  }
-  return o;
-}
-
 DaemonOptions ram_only() {
   DaemonOptions o;
   o.extra_args = {"--remove-arenas-on-exit"};
   return o;
-}
-
-std::unique_ptr<Client> connect_to(const TestDaemon& d) {
-  auto c = Client::connect(d.socket(), {.client_name = "admission-test", .connect_timeout = std::chrono::seconds(5)});
-  REQUIRE(c);
-  return std::move(*c);
-}
-
-TensorDesc desc(std::string name, uint64_t size) {
-  TensorDesc d;
-  d.name = std::move(name);
-  d.size = size;
-  return d;
-}
-
-uint64_t fnv(std::span<const std::byte> b) {
-  uint64_t h = 1469598103934665603ull;
-  for (std::byte x : b) h = (h ^ static_cast<uint8_t>(x)) * 1099511628211ull;
-  return h;
-}
-
-uint64_t write_tensor(Client& c, uint64_t id, uint64_t seed) {
-  auto l = c.lease(id, LeaseMode::kWrite, {LeaseWait::kForever});
-  REQUIRE(l);
-  std::mt19937_64 g(seed);
-  for (auto& b : l->bytes()) b = static_cast<std::byte>(g());
-  uint64_t h = fnv(l->bytes());
-  REQUIRE(l->release().is_ok());
-  return h;
-}
-
-RunResult ctl(const TestDaemon& d, std::vector<std::string> args) {
-  args.insert(args.begin(), {"--socket", d.socket()});
-  return run_binary(bin_path("tierctl"), args);
-}
-
-std::string write_random_file(const std::string& path, size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string data(n, '\0');
-  for (auto& ch : data) ch = static_cast<char>(rng());
-  std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
-  return data;
 }
 
 // A sparse file of `n` bytes (reads as zeros, takes no disk).
@@ -218,12 +150,7 @@ TEST_CASE("a full NVMe tier is named in lease errors, and leasing recovers as so
   auto c = connect_to(d);
   REQUIRE(c->create_pool("f"));
   std::vector<uint64_t> ids, hashes;
-  for (int i = 0; i < 12; ++i) {
-    auto t = c->create_tensor("f", desc("t" + std::to_string(i), 512u << 10));
-    if (!t) break;
-    ids.push_back(t->id);
-    hashes.push_back(write_tensor(*c, t->id, 300 + i));
-  }
+  REQUIRE_FALSE(fill_until_refused(*c, "f", 12, 512u << 10, 300, ids, hashes).is_ok());
   // The tensors only on NVMe (it holds two of 512 KiB); every other one is dirty in RAM.
   std::vector<size_t> on_nvme;
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -254,15 +181,7 @@ TEST_CASE("tierctl put replaces a tensor whose NVMe copy is corrupt") {
   write_random_file(in, 256 << 10, 1);
   REQUIRE(ctl(d, {"put", "p", "t", in}).rc == 0);
   REQUIRE(ctl(d, {"evict", "p", "t"}).rc == 0);  // its only copy: at offset 0 of file 0
-  std::string file = nvme.path + "/data-000000.tier";
-  int fd = ::open(file.c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  unsigned char x = 0;
-  REQUIRE(::pread(fd, &x, 1, 1000) == 1);
-  x ^= 0x40;
-  REQUIRE(::pwrite(fd, &x, 1, 1000) == 1);
-  ::fsync(fd);
-  ::close(fd);
+  flip_byte(nvme.path + "/data-000000.tier", 1000);
   auto get = ctl(d, {"get", "p", "t", out});
   REQUIRE(get.rc == 1);
   CHECK_THAT(get.err, Catch::Contains("checksum"));
@@ -338,7 +257,7 @@ TEST_CASE("an NVMe directory listed twice, or two on one file system, is refused
   CHECK_THAT(start.err, Catch::Contains("listed twice"));
 }
 
-TEST_CASE("--check-config refuses a socket path longer than a Unix socket address holds") {
+TEST_CASE("check-config refuses a socket path longer than a Unix socket address holds") {
   TempDir dir;
   const std::string sock = dir.path + "/" + std::string(120, 's') + ".sock";
   auto r = tierd({"--state-dir", dir.path + "/state", "--socket", sock, "--ram", "64M", "--check-config"});
