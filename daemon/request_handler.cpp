@@ -436,13 +436,12 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
   return Status::ok();
 }
 
-LeaseMode RequestHandler::prepare_mode(LeaseMode mode) const {
-  // An overwrite lease skips the read-back of tensors only on NVMe only when it can be granted
-  // right after (no conflicting lease): otherwise the placed, unspecified bytes would sit
-  // unleased while it waits. Waiting, it fetches like a write lease (correct, just not free).
-  if (mode == LeaseMode::kOverwrite && !state_.leases.check(mode, scratch_tensors_).is_ok())
-    return LeaseMode::kWrite;
-  return mode;
+Status RequestHandler::overwrite_conflict(LeaseMode mode) const {
+  // An overwrite lease places tensors only on NVMe without a read only when it can be granted
+  // right after: otherwise the placed, unspecified bytes would sit unleased while it waits. So
+  // while a conflicting lease is held it prepares nothing (its bytes are dead: there is nothing
+  // worth fetching, and a corrupt NVMe copy must not fail it) and waits like any conflict.
+  return mode == LeaseMode::kOverwrite ? state_.leases.check(mode, scratch_tensors_) : Status::ok();
 }
 
 Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
@@ -496,9 +495,10 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
                      out);
   LeaseMode mode = static_cast<LeaseMode>(req.mode);
   if (Status st = resolve_for_lease(s, req.tensor_ids, mode); !st) return reply_err(h, st, out);
-  if (state_.tiering) {
+  const Status conflict = overwrite_conflict(mode);
+  if (state_.tiering && conflict.is_ok()) {
     // Tensors only on NVMe are fetched first; the reply waits for them like a lease wait.
-    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_, prepare_mode(mode));
+    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_, mode);
     if (!must_wait) return reply_err(h, must_wait.error(), out);
     if (*must_wait) {
       Waiter w;
@@ -515,7 +515,7 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
       return;
     }
   }
-  Status st = grant(s, mode, h.request_id, out.bytes);
+  Status st = conflict.is_ok() ? grant(s, mode, h.request_id, out.bytes) : conflict;
   if (st) {
     lease_latency_.observe(now_ns() - t_receipt);
     return;
@@ -568,20 +568,19 @@ void RequestHandler::retry_waiters() {
     if (it == sessions_.end()) return true;
     Session& s = *it->second;
     Status st = resolve_for_lease(s, w.tensor_ids, w.mode);
+    if (st) st = overwrite_conflict(w.mode);  // kBusy: waits below, preparing nothing
     if (st && state_.tiering) {
       bool ready = false;
-      st = state_.tiering->lease_ready(scratch_tensors_, ready, prepare_mode(w.mode));
+      st = state_.tiering->lease_ready(scratch_tensors_, ready, w.mode);
       if (st && !ready) {
         state_.tiering->pin(w.tensor_ids);  // fetched tensors stay until the grant
         return false;
       }
     }
-    if (st) {
-      st = grant(s, w.mode, w.request_id, deferred_buf_);
-      if (!st && st.code() == Code::kBusy && !w.fail_fast) {
-        if (state_.tiering) state_.tiering->pin(w.tensor_ids);
-        return false;  // still waiting
-      }
+    if (st) st = grant(s, w.mode, w.request_id, deferred_buf_);
+    if (!st && st.code() == Code::kBusy && !w.fail_fast) {
+      if (state_.tiering) state_.tiering->pin(w.tensor_ids);
+      return false;  // still waiting
     }
     if (w.io && state_.tiering) state_.tiering->lease_waited(Clock::now() - w.since);
     if (!st) {

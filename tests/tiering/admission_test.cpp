@@ -198,6 +198,37 @@ TEST_CASE("tierctl put replaces a tensor whose NVMe copy is corrupt") {
   CHECK(read_text(out) == data);
 }
 
+TEST_CASE("an overwrite lease waiting for a conflict reads nothing, so a corrupt NVMe copy does not fail it") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  auto a = c->create_tensor("p", desc("a", 256 << 10));
+  auto b = c->create_tensor("p", desc("b", 256 << 10));
+  REQUIRE(a);
+  REQUIRE(b);
+  write_tensor(*c, a->id, 1);
+  write_tensor(*c, b->id, 2);
+  uint64_t ida = a->id;
+  REQUIRE(c->evict("p", {&ida, 1}).is_ok());  // a's only copy: at offset 0 of file 0
+  flip_byte(nvme.path + "/data-000000.tier", 1000);
+  const std::vector<uint64_t> both = {a->id, b->id};
+  {
+    auto held = c->lease(b->id, LeaseMode::kRead);  // the conflict
+    REQUIRE(held);
+    auto w = c->lease_batch(both, LeaseMode::kOverwrite, {300});
+    REQUIRE_FALSE(w);
+    CHECK(w.error().code() == Code::kTimeout);  // waited for the conflict, never read a
+  }
+  auto w = c->lease_batch(both, LeaseMode::kOverwrite, {LeaseWait::kForever});
+  REQUIRE(w);
+  for (auto& l : *w) fill(l.bytes(), l.tensor_id());
+  const uint64_t ha = fnv((*w)[0].bytes());
+  REQUIRE(c->release_batch(*w).is_ok());
+  REQUIRE(c->evict("p", {&ida, 1}).is_ok());
+  CHECK(read_hash(*c, a->id) == ha);
+}
+
 TEST_CASE("tensor and pool names with control characters or malformed UTF-8 are refused by the daemon") {
   TestDaemon d(ram_only());
   auto raw = RawClient::connect(d.socket());
