@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -251,14 +252,20 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   // What this put creates goes again when a later step fails: a failed put leaves nothing
   // behind (the daemon refuses up front a tensor that could never be leased; a lease can still
   // time out or find RAM and NVMe full, and the file can shrink while it is read).
+  // Whether this put creates the pool is decided by a create without exist_ok; the list only
+  // spares an existing pool that refusal (an error answer in the daemon's status). A pool the
+  // list misses (another uid's, or past what one reply holds) is refused and then opened.
   bool pool_created = false, created = false;
-  auto pi = c.open_pool(pool);
-  if (!pi && pi.error().code() == Code::kNotFound) {
+  auto pools = c.list_pools();
+  if (!pools) return pools.error();
+  const bool listed = std::any_of(pools->begin(), pools->end(), [&](const PoolInfo& x) { return x.name == pool; });
+  Result<PoolInfo> pi = fail(Code::kAlreadyExists, "");
+  if (!listed) {
     pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/false);
     pool_created = pi.has_value();
-    if (!pi && pi.error().code() == Code::kAlreadyExists)  // created meanwhile by someone else
-      pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
   }
+  if (!pi && pi.error().code() == Code::kAlreadyExists)
+    pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
   if (!pi) return pi.error();
   auto undo = [&](Status st) {
     if (created) (void)c.delete_tensor(pool, name);
