@@ -132,7 +132,7 @@ Status TierManager::nvme_admits(const Pool& p, uint64_t size, std::string_view n
     return Status(Code::kResourceExhausted,
                   "tensor '" + std::string(name) + "' of " + format_size(size) +
                       " can never be leased: it is larger than " + what + " of " + format_size(limit) +
-                      ", and eviction, which makes room for leases, writes tensors there");
+                      ", where it must fit to leave RAM when leases need the room");
   };
   if (!need || *need > nvme_quota(p)) return refuse("pool '" + p.name + "''s NVMe quota", nvme_quota(p));
   if (*need > nvme_capacity_) return refuse("the NVMe tier", nvme_capacity_);
@@ -441,8 +441,8 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
                                  std::optional<uint64_t> for_pool, int32_t for_node, NvmeShort* short_of) {
   uint64_t freed = 0;
   std::vector<Tensor*> clean;  // dropped together below: one journal commit
-  // A victim whose write-back NVMe space refuses: counted in *short_of.
-  // Counted until such victims would have freed `need`: what this allocation lacks.
+  // A victim whose write-back NVMe space refused goes into *short_of, until such victims would
+  // have freed `need`: what this allocation lacks.
   auto space_refused = [&](const Tensor& t, const Pool& p, const Status& st) {
     if (!short_of || st.code() != Code::kResourceExhausted || short_of->ram_bytes >= need) return;
     const uint64_t n = round_up_checked(t.size, nvme::kExtentAlign).value_or(t.size);
