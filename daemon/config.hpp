@@ -106,9 +106,15 @@ struct Overrides {
 };
 [[nodiscard]] Status apply_overrides(Config& cfg, const Overrides& o);
 
-// Checks what needs the file system: the NVMe directories exist and are directories, the
-// state directory exists or can be created. Not pure.
+// Checks what needs the file system: the NVMe directories exist and are directories (and
+// check_nvme_dirs), the state directory exists or can be created. Not pure.
 [[nodiscard]] Status check_paths(const Config& cfg);
+// The NVMe directories name distinct file systems: one directory listed twice (by any path
+// to it) or two on one file system (same st_dev) would count that file system's space twice.
+[[nodiscard]] Status check_nvme_dirs(const std::vector<NvmeDir>& dirs);
+// A control socket path fits sockaddr_un::sun_path (at most 107 bytes) and is not empty.
+// The server's bind and --check-config both use it.
+[[nodiscard]] Status check_socket_path(const std::string& path);
 
 [[nodiscard]] Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total);
 // MemTotal from /proc/meminfo.

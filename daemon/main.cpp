@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
     std::printf("removed %zu arenas of %s\n", n, cfg.state_dir.c_str());
     return 0;
   }
+  // The same checks the start makes, so that --check-config accepts only what starts.
+  if (Status st = check_socket_path(resolve_socket(cfg)); !st) return usage_error(st.message());
   if (Status st = check_paths(cfg); !st) return usage_error(st.message());
   auto mem = read_mem_total();
   if (!mem) {

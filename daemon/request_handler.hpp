@@ -142,8 +142,9 @@ class RequestHandler {
   [[nodiscard]] int read_only_fd(const Arena& a);
   void close_read_only_fds(uint64_t pool_id);
   // Grants into scratch_grants_ and encodes the LeaseRep into `out`; false on conflict.
-  // The mode prepare_lease()/lease_ready() get for a lease of `mode` on scratch_tensors_.
-  [[nodiscard]] LeaseMode prepare_mode(LeaseMode mode) const;
+  // For an overwrite lease on scratch_tensors_: the conflicting lease it must wait for (kBusy),
+  // during which nothing is fetched or placed for it; ok for other modes.
+  [[nodiscard]] Status overwrite_conflict(LeaseMode mode) const;
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
   void retry_waiters();

@@ -337,8 +337,7 @@ Server::~Server() = default;
 
 Status Server::listen() {
   Impl& m = *impl_;
-  if (m.path.size() >= sizeof(sockaddr_un::sun_path))
-    return Status(Code::kInvalidArgument, "socket path '" + m.path + "' is longer than 107 bytes");
+  TIER_RETURN_IF_ERROR(check_socket_path(m.path));
   std::error_code ec;
   auto parent = std::filesystem::path(m.path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);

@@ -1,6 +1,7 @@
 #include "daemon/tiering.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/statvfs.h>
 #include <sys/timerfd.h>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <utility>
 
+#include "daemon/admission.hpp"
 #include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "nvme/nvme_log.hpp"
@@ -34,7 +36,8 @@ uint64_t nvme_bytes(const nvme::NvmeLocation& loc) {
 // The share of RAM a plan keeps resident when its client gives no budget.
 constexpr double kDefaultPlanBudget = 0.5;
 // A failed write-back (tier full, quota, device error) is not retried for this long, so an
-// allocation that cannot evict fails instead of retrying the same victim forever.
+// allocation that cannot evict fails instead of retrying the same victim forever (space
+// refusals end earlier: TierManager::spill_backed_off).
 constexpr double kSpillRetryS = 1.0;
 // Prefetch lead time beyond the transfer time, as a fraction of it (the device is shared with
 // checksum work and other clients).
@@ -82,6 +85,7 @@ Result<std::unique_ptr<TierManager>> TierManager::open(const Config& cfg, Catalo
   auto q = parse_size(cfg.nvme_pool_quota, es.capacity);
   if (!q) return fail(Code::kInvalidArgument, "nvme_pool_quota: " + q.error().message());
   m->default_nvme_quota_ = *q == 0 ? es.capacity : *q;
+  m->nvme_capacity_ = es.capacity;
   m->fixed_buffers_ = cfg.prefault;
   m->epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   m->timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -121,6 +125,35 @@ std::byte* TierManager::ram_ptr(const RamLocation& loc) {
 
 uint64_t TierManager::nvme_quota(const Pool& p) const {
   return p.nvme_quota == 0 ? default_nvme_quota_ : p.nvme_quota;
+}
+
+Status TierManager::nvme_admits(const Pool& p, uint64_t size, std::string_view name) const {
+  auto need = round_up_checked(size, nvme::kExtentAlign);
+  auto refuse = [&](const std::string& what, uint64_t limit) {
+    return Status(Code::kResourceExhausted,
+                  "tensor '" + std::string(name) + "' of " + format_size(size) +
+                      " can never be leased: it is larger than " + what + " of " + format_size(limit) +
+                      ", where it must fit to leave RAM when leases need the room");
+  };
+  if (!need || *need > nvme_quota(p)) return refuse("pool '" + p.name + "''s NVMe quota", nvme_quota(p));
+  if (*need > nvme_capacity_) return refuse("the NVMe tier", nvme_capacity_);
+  return Status::ok();
+}
+
+bool TierManager::spill_backed_off(const TState& s, double now) const {
+  if (now - s.spill_failed_at >= kSpillRetryS) return false;
+  return !(s.spill_error.code() == Code::kResourceExhausted && nvme_freed_at_ >= s.spill_failed_at);
+}
+
+std::string TierManager::nvme_short_message(const NvmeShort& sh) const {
+  if (const Pool* p = sh.quota_pool) {
+    const uint64_t q = nvme_quota(*p);
+    return fmt::format("pool '{}' NVMe quota full: {} of {} free, {} needed for the victims' write-backs", p->name,
+                       format_size(q - std::min(q, p->nvme_used)), format_size(q), format_size(sh.bytes));
+  }
+  const nvme::EngineStats es = engine_->stats();
+  return fmt::format("NVMe tier full: {} free, {} needed for the victims' write-backs",
+                     format_size(es.capacity - std::min(es.capacity, es.used)), format_size(sh.bytes));
 }
 
 bool TierManager::needs_writeback(const Tensor& t) const {
@@ -419,16 +452,29 @@ std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> p
 
 uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint64_t need,
                                  uint64_t& started, Status& last_error,
-                                 std::optional<uint64_t> for_pool, int32_t for_node) {
+                                 std::optional<uint64_t> for_pool, int32_t for_node, NvmeShort* short_of) {
   uint64_t freed = 0;
   std::vector<Tensor*> clean;  // dropped together below: one journal commit
+  // A victim whose write-back NVMe space refused goes into *short_of, until such victims would
+  // have freed `need`: what this allocation lacks.
+  auto space_refused = [&](const Tensor& t, const Pool& p, const Status& st) {
+    if (!short_of || st.code() != Code::kResourceExhausted || short_of->ram_bytes >= need) return;
+    const uint64_t n = round_up_checked(t.size, nvme::kExtentAlign).value_or(t.size);
+    short_of->bytes += n;
+    short_of->ram_bytes += t.ram->length;
+    // The pool's quota, when it is below the tier (a default quota is the whole tier).
+    const uint64_t old = t.nvme ? nvme_bytes(*t.nvme) : 0;
+    if (nvme_quota(p) < nvme_capacity_ && p.nvme_used - std::min(p.nvme_used, old) + n > nvme_quota(p))
+      short_of->quota_pool = &p;
+  };
   for (uint64_t id : policy::eviction_order(cands)) {
     if (freed + started >= need) break;
     Tensor* t = catalog_.find_tensor(id);
     Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
     if (!p || !evictable(*t)) continue;
-    if (needs_writeback(*t) && now_s() - ts(id).spill_failed_at < kSpillRetryS) {
+    if (needs_writeback(*t) && spill_backed_off(ts(id), now_s())) {
       last_error = ts(id).spill_error;
+      space_refused(*t, *p, last_error);
       continue;
     }
     uint64_t len = t->ram->length;
@@ -442,6 +488,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
       last_error = st;
       ts(id).spill_failed_at = now_s();
       ts(id).spill_error = st;
+      space_refused(*t, *p, st);
     }
   }
   drop_ram_many(clean);
@@ -449,7 +496,11 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
 }
 
 Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size) {
+  // A size no eviction can make room for (a tensor journaled before admission checked it):
+  // refused without evicting anything.
+  if (Status st = ram_admits(ram_, pool, node, size, ""); !st) return fail(std::move(st));
   Status last_error;
+  NvmeShort short_of;
   last_spill_error_ = Status::ok();
   for (;;) {
     auto loc = ram_.allocate(pool, node, size);
@@ -475,12 +526,17 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     }
     auto cands = candidates(in_pool, on_node, std::nullopt);
     uint64_t started = 0;
-    uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node);
+    short_of = {};
+    uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node, &short_of);
     if (freed > 0) continue;
     if (engine_->pending() > 0) return fail(Code::kBusy, "RAM is being freed by write-backs");
-    std::string why = loc.error().message() + "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
+    // Say what is really short: NVMe space for the victims' write-backs, a failing device, or
+    // evictable tensors (the rest leased or pinned).
+    std::string why = loc.error().message();
     if (last_error.is_ok()) last_error = last_spill_error_;
-    if (!last_error.is_ok()) why += "; last write-back error: " + last_error.message();
+    if (short_of.bytes > 0) why += "; " + nvme_short_message(short_of);
+    else if (!last_error.is_ok()) why += "; writing back its victims failed: " + last_error.message();
+    else why += "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
     return fail(Code::kResourceExhausted, why);
   }
 }
@@ -537,7 +593,7 @@ void TierManager::clean_ahead() {
       if (!c.next_use) continue;
       node_dirty[t->ram->node] += t->ram->length;
       pool_dirty[pool->id] += t->ram->length;
-      if (evictable(*t) && now - ts(id).spill_failed_at >= kSpillRetryS) cands.push_back({t, pool, *c.next_use});
+      if (evictable(*t) && !spill_backed_off(ts(id), now)) cands.push_back({t, pool, *c.next_use});
     }
   }
   std::unordered_map<int32_t, uint64_t> node_capacity;
@@ -786,6 +842,7 @@ void TierManager::forget(Pool& pool, Tensor& t) {
     if (Status st = engine_->free(*t.nvme); !st) log_warn("freeing the NVMe copy of '{}': {}", t.name, st.message());
     pool.nvme_used -= std::min(pool.nvme_used, nvme_bytes(*t.nvme));
     t.nvme.reset();
+    nvme_freed_at_ = now_s();  // write-backs refused for space may be retried at once
   }
 }
 

@@ -163,6 +163,8 @@ void config_corpus() {
   put_text(t, "bad_key", "rma = \"1G\"\n");
   put_text(t, "bad_size", "ram = \"lots\"\n");
   put_text(t, "types", "ram = 17\nwatchdog = \"yes\"\nnvme = 3\n");
+  put_text(t, "nvme_twice",
+           "nvme = [ { path = \"/mnt/nvme0/tier\" }, { path = \"/mnt/nvme0//tier/.\", numa_node = 1 } ]\n");
   std::error_code ec;
   fs::path example = fs::path(g_root).parent_path().parent_path() / "daemon" / "tierd.toml.example";
   if (fs::exists(example, ec)) fs::copy_file(example, g_root / t / "tierd.toml.example",
@@ -221,6 +223,14 @@ void request_corpus() {
                       req(MsgType::kLease, LeaseReq{2, -1, {1}}, 6),
                       req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 7)},
                      {false, true, false, false, false, true, true, false}));
+  // Names with control characters and malformed UTF-8, sizes no pool can hold (2^63, 2^64-1).
+  auto named = [](std::string name, uint64_t size, uint32_t id) {
+    return req(MsgType::kTensorCreate, TensorCreateReq{"p", std::move(name), size, 0, {}, 0, -1, false}, id);
+  };
+  put(t, "names_and_sizes",
+      seq(0, {hello, pool, named("a\nb", 4096, 3), named("\x1b[31m", 4096, 4), named("c1\xc2\x85", 4096, 5),
+              named("bad\xff\xc0\xaf", 4096, 6), named("ok \xc3\xbc", 4096, 7), named("huge", uint64_t{1} << 63, 8),
+              named("max", ~uint64_t{0}, 9), req(MsgType::kPoolCreate, PoolCreateReq{"p\x1b", 0, 0, false}, 10)}));
   put(t, "nvme", seq(0, {hello, pool, tensor,
                          req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
                          req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),
