@@ -429,6 +429,8 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
       return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
     scratch_tensors_.push_back(t);
   }
+  // A running snapshot copies these first; the lease then waits for its pins (durability.hpp).
+  if (is_write(mode) && state_.durable) state_.durable->copy_before_write(scratch_tensors_);
   return Status::ok();
 }
 

@@ -77,6 +77,9 @@ class RequestHandler {
   // NVMe tier: runs its completions and timers, then answers the lease waiters they unblocked.
   // The server calls it when the tier's event fd is readable and after each batch of events.
   void tier_poll();
+  // Snapshots: finishes and feeds them (Durability::poll), then answers the lease waiters
+  // their released pins unblocked. An error is the journal's: the server stops.
+  [[nodiscard]] Status snapshot_poll();
 
   [[nodiscard]] wire::StatusRep status() const;
   [[nodiscard]] wire::TopoRep topo() const;
