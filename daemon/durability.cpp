@@ -52,6 +52,7 @@ void set_nvme(Opt& dst, const NvmeCopyWritten& w) {
 
 Durability::~Durability() {
   jobs_.clear();  // cancels and joins the snapshot writers
+  for (Remover& r : removers_) r.thread.join();
   if (efd_ >= 0) ::close(efd_);
 }
 
@@ -318,9 +319,33 @@ void Durability::pool_dropped(const Pool& p) {
   // A snapshot of it stops before its directory goes (poll() then answers its request).
   for (auto& j : jobs_)
     if (j->pool_id == p.id) j->writer->cancel();
+  remove_later(snapshot_root() + "/" + p.name);
+}
+
+void Durability::remove_later(const std::string& path) {
+  std::erase_if(removers_, [](Remover& r) {
+    if (!r.done->load()) return false;
+    r.thread.join();
+    return true;
+  });
+  std::string trash = snapshot_root() + "/.removing-" + std::to_string(::getpid()) + "-" + std::to_string(++removals_);
   std::error_code ec;
-  fs::remove_all(snapshot_root() + "/" + p.name, ec);
-  if (ec) log_warn("pool '{}': removing its snapshots: {}", p.name, ec.message());
+  if (::rename(path.c_str(), trash.c_str()) != 0) {
+    if (errno == ENOENT) return;
+    trash = path;  // cannot rename: remove it where it is
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  try {
+    removers_.push_back({std::thread([trash, done] {
+                           std::error_code e;
+                           fs::remove_all(trash, e);
+                           if (e) log_warn("removing {}: {}", trash, e.message());
+                           done->store(true);
+                         }),
+                         done});
+  } catch (const std::system_error&) {
+    fs::remove_all(trash, ec);
+  }
 }
 
 void Durability::tensor_created(const Tensor& t) {

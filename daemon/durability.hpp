@@ -45,11 +45,13 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/journal/catalog_image.hpp"
@@ -176,6 +178,10 @@ class Durability {
   // Hands tensor `id` of `job` to its writer (pinned), or leaves it out when it is gone.
   void hand_out(Job& job, uint64_t id, bool urgent);
   void feed(Job& job);
+  // Removes a snapshot directory off the event loop (unlinking a multi-GiB file takes the file
+  // system hundreds of ms): renamed at once to <snapshots>/.removing-<n> (so the name is free
+  // again), deleted by a background thread. Leftovers of a crash go at the next start-up.
+  void remove_later(const std::string& path);
   void unpin(Job& job, uint64_t id);
   // Finishes `job` (its writer ended): journal, reply, cleanup.
   void complete(Job& job, const Sink& sink);
@@ -189,6 +195,12 @@ class Durability {
   RecoveryReport report_;
   int efd_ = -1;
   std::vector<std::unique_ptr<Job>> jobs_;
+  struct Remover {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Remover> removers_;  // joined when done (remove_later) and in the destructor
+  uint64_t removals_ = 0;
 };
 
 }  // namespace tier::daemon

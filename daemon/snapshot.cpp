@@ -235,8 +235,7 @@ void Durability::complete(Job& job, const Sink& sink) {
           if (sid != job.snapshot_id) old.emplace_back(sid, s.path);
       for (const auto& [sid, path] : old) {
         append(SnapshotDropped{job.pool_id, sid});
-        std::error_code ec;
-        fs::remove_all(path, ec);
+        remove_later(path);
       }
       log_info("pool '{}': snapshot {} durable ({}, loop time {} us)", job.pool.name, job.snapshot_id,
                format_size(job.bytes), job.stall_us);
@@ -248,8 +247,7 @@ void Durability::complete(Job& job, const Sink& sink) {
   if (!st) {
     log_warn("pool '{}': snapshot {} failed: {}", job.pool.name, job.snapshot_id, st.message());
     if (pool) append(SnapshotDropped{job.pool_id, job.snapshot_id});
-    std::error_code ec;
-    fs::remove_all(job.dir, ec);
+    remove_later(job.dir);
     (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id, st,
                              wire::Empty{}, reply);
   }

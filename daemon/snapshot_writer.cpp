@@ -1,6 +1,7 @@
 #include "daemon/snapshot_writer.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -100,6 +101,8 @@ void SnapshotWriter::signal() {
 }
 
 void SnapshotWriter::run() {
+  // Background work: the event loop (and the clients it serves) come first for the CPU.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   Status fatal = open_data();
   std::unique_lock lk(mu_);
   for (;;) {

@@ -12,6 +12,7 @@
 // pool's size; the data file's dirty pages are written out every kFlushWindow bytes and dropped
 // from the page cache once on disk.
 //
+// The thread runs at nice 10: the event loop comes first for the CPU.
 // finish() then makes it durable: fdatasync of the data file, the manifest (written atomically)
 // and fsyncs of the snapshot's and the pool's directories. Every directory it creates is 0700.
 //

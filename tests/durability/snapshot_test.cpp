@@ -88,12 +88,19 @@ std::optional<uint64_t> read_hash(Client& c, const std::string& pool, const std:
   return XXH3_64bits(l->bytes().data(), l->bytes().size());
 }
 
-std::string nvme_dir(const char* tag) {
-  std::string d = fs::temp_directory_path().string() + "/tierd-snap-nvme-" + tag + "-" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+// An NVMe tier directory, removed when it goes out of scope (also when a REQUIRE fails).
+struct TempDir {
+  std::string path;
+  explicit TempDir(const char* tag)
+      : path(fs::temp_directory_path().string() + "/tierd-snap-" + tag + "-" + std::to_string(::getpid())) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
 
 unsigned mode_of(const std::string& p) {
   struct stat sb{};
@@ -121,10 +128,10 @@ bool nobody_can_list(const std::string& dir) {
 
 TEST_CASE("a snapshot covers tensors only on NVMe: after a reboot each reads its snapshot-time bytes") {
   fresh_boot();
-  std::string nvme = nvme_dir("d4");
+  TempDir nvme("nvme");
   DaemonOptions o;
   o.ram = "128M";
-  o.extra_args = {"--nvme-dir", nvme};
+  o.extra_args = {"--nvme-dir", nvme.path};
   constexpr size_t kSize = 1 << 20;
   std::map<std::string, uint64_t> want;  // what each tensor must read after the reboot
   {
@@ -169,7 +176,6 @@ TEST_CASE("a snapshot covers tensors only on NVMe: after a reboot each reads its
     }
     CHECK(d.log().find("was only in RAM and not in a snapshot: lost") == std::string::npos);
   }
-  fs::remove_all(nvme);
 }
 
 TEST_CASE("start-up removes partial snapshot directories and keeps the newest complete one") {
