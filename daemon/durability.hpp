@@ -133,6 +133,9 @@ class Durability {
   // are handed to its writer now and pinned, so the lease waits (conflict) until they are in
   // the snapshot. Cheap when no snapshot runs.
   void copy_before_write(std::span<Tensor* const> tensors);
+  // Whether a running snapshot pins one of `tensors` now (it is being copied). Such a lease
+  // conflict is waited out even by a fail-fast lease: the pin goes once that tensor is copied.
+  [[nodiscard]] bool pinned(std::span<Tensor* const> tensors) const;
   int event_fd() const noexcept { return efd_; }
   // Releases the pins of copied tensors, feeds the writers, finishes completed snapshots
   // (journal, commit, reply, remove older ones). Returns the journal's health; `released`

@@ -143,6 +143,8 @@ class RequestHandler {
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
   void retry_waiters();
+  // Whether a running snapshot pins one of scratch_tensors_ while it copies it.
+  [[nodiscard]] bool snapshot_pinned() const;
 
   DaemonState& state_;
   DeferredSink sink_;

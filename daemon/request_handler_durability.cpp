@@ -27,3 +27,11 @@ Status RequestHandler::snapshot_poll() {
 }
 
 }  // namespace tier::daemon
+
+namespace tier::daemon {
+
+bool RequestHandler::snapshot_pinned() const {
+  return state_.durable && state_.durable->pinned(scratch_tensors_);
+}
+
+}  // namespace tier::daemon

@@ -161,6 +161,15 @@ void Durability::copy_before_write(std::span<Tensor* const> tensors) {
       if (job->pool_id == t->pool_id && !job->finishing) hand_out(*job, t->id, true);
 }
 
+bool Durability::pinned(std::span<Tensor* const> tensors) const {
+  for (const auto& job : jobs_)
+    for (const Tensor* t : tensors)
+      if (t->pool_id == job->pool_id)
+        if (auto it = job->entries.find(t->id); it != job->entries.end() && it->second.state == Job::State::kInFlight)
+          return true;
+  return false;
+}
+
 Status Durability::poll(const Sink& sink, bool* released) {
   uint64_t x;
   while (::read(efd_, &x, sizeof x) == sizeof x) {}

@@ -63,8 +63,8 @@ uint64_t fill(std::span<std::byte> b, const std::string& name, int v) {
   return XXH3_64bits(b.data(), b.size());
 }
 
-uint64_t write_version(Client& c, uint64_t id, const std::string& name, int v) {
-  auto l = c.lease(id, LeaseMode::kWrite, {.timeout_ms = 10000});
+uint64_t write_version(Client& c, uint64_t id, const std::string& name, int v, int32_t timeout_ms = 10000) {
+  auto l = c.lease(id, LeaseMode::kWrite, {.timeout_ms = timeout_ms});
   REQUIRE(l.has_value());
   uint64_t h = fill(l->bytes(), name, v);
   REQUIRE(l->release().is_ok());
@@ -301,10 +301,11 @@ TEST_CASE("a large snapshot streams in bounded memory while the loop serves othe
     if (data.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // While it streams, this client is served: a status, a lease in another pool, and a write to
-  // the pool's last tensor (copied first, then written: the snapshot keeps its old bytes).
+  // the pool's last tensor (copied first, then written: the snapshot keeps its old bytes). The
+  // write lease is fail-fast (timeout 0): the snapshot's pin is waited out, not a kBusy.
   REQUIRE(c->status().has_value());
   write_version(*c, other->id, "o", 2);
-  uint64_t newer = write_version(*c, last->id, last->name, 2);
+  uint64_t newer = write_version(*c, last->id, last->name, 2, 0);
   bool served_during = !snapshot_answered.load();
   snapper.join();
   REQUIRE(snap.has_value());
