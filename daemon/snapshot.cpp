@@ -128,7 +128,13 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
     e.meta.numa_node = t->ram->node;
     e.meta.offset = t->ram->offset;
     e.meta.ram_length = t->ram->length;
-  } else if (t->nvme && st_.tiering) {
+  } else if (t->nvme) {
+    if (!st_.tiering) {  // journaled on NVMe, but no NVMe tier configured now: not zeros
+      log_error("pool '{}': snapshot {}: tensor '{}' left out: its bytes are on NVMe and this tierd has "
+                "no NVMe tier", job.pool.name, job.snapshot_id, t->name);
+      e.state = Job::State::kLeftOut;
+      return;
+    }
     // Only on NVMe: its extents, each verified against its checksum as it is read.
     for (const nvme::Extent& x : t->nvme->extents)
       task.pieces.push_back({-1, st_.tiering->engine().file_path(x), x.offset, x.length, x.checksum});
@@ -231,7 +237,7 @@ void Durability::complete(Job& job, const Sink& sink) {
   Pool* pool = st_.catalog.find_pool(job.pool_id);
   Status st = job.writer->result();
   job.writer.reset();  // joins the thread
-  if (st && !pool) st = Status(Code::kNotFound, "pool '" + job.pool.name + "' was dropped during its snapshot");
+  if (!pool) st = Status(Code::kNotFound, "pool '" + job.pool.name + "' was dropped during its snapshot");
   std::vector<std::byte> reply;
   if (st) {
     append(SnapshotDurable{job.pool_id, job.snapshot_id, job.dir, job.bytes});
