@@ -22,7 +22,8 @@
 // <state-dir>/snapshots/<pool>/<id>/{data,manifest} by a SnapshotWriter thread in bounded
 // chunks while the loop keeps serving. Consistency: it starts only when no write lease is held
 // on the pool (kBusy otherwise); from then on no tensor of that point is written before it is
-// copied. The loop hands the writer a few tensors at a time (kSnapshotWindow bytes) and pins
+// copied. The loop hands the writer a few tensors at a time (kSnapshotWindow bytes, at most
+// kSnapshotWindowTensors) and pins
 // each one while it is copied (a read pin: Tensor::readers, so it is neither evicted, deleted
 // nor write-leased meanwhile); a write lease on a tensor not copied yet (copy_before_write(),
 // called by the lease path) hands it to the writer first and waits like any conflicting lease
@@ -171,6 +172,7 @@ class Durability {
   // Most bytes handed to a writer and not yet copied (the pins held at once), beyond the
   // first tensor.
   static constexpr uint64_t kSnapshotWindow = uint64_t{32} << 20;
+  static constexpr uint64_t kSnapshotWindowTensors = 64;  // and at most this many
   explicit Durability(DaemonState& st) : st_(st) {}
   void append(const journal::Record& r);
   [[nodiscard]] Status rebuild();

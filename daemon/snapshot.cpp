@@ -147,7 +147,8 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
 }
 
 void Durability::feed(Job& job) {
-  while (job.next < job.order.size() && (job.in_flight == 0 || job.in_flight_bytes < kSnapshotWindow))
+  while (job.next < job.order.size() &&
+         (job.in_flight == 0 || (job.in_flight_bytes < kSnapshotWindow && job.in_flight < kSnapshotWindowTensors)))
     hand_out(job, job.order[job.next++], false);
 }
 
