@@ -102,6 +102,27 @@ struct TempDir {
   }
 };
 
+// The data file of the snapshot of `pool` being written, once its writer has made it; empty
+// when `done` turns true first (or after about 10 s).
+std::string snapshot_data_file(const TestDaemon& d, const std::string& pool, const std::atomic<bool>& done) {
+  for (int i = 0; i < 5000 && !done; ++i) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d.state_dir() + "/snapshots/" + pool, ec))
+      if (fs::exists(e.path() / "data")) return (e.path() / "data").string();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return {};
+}
+
+// A pool of `n` tensors of `size` bytes named <prefix><i>, each written once; their hashes.
+std::map<std::string, uint64_t> fill_pool(Client& c, const std::string& pool, const std::string& prefix, int n,
+                                          size_t size) {
+  REQUIRE(c.create_pool(pool, {.ram_quota = static_cast<uint64_t>(n) * size}).has_value());
+  std::map<std::string, uint64_t> hashes;
+  for (int i = 0; i < n; ++i) hashes[prefix + std::to_string(i)] = put(c, pool, prefix + std::to_string(i), size, 1);
+  return hashes;
+}
+
 unsigned mode_of(const std::string& p) {
   struct stat sb{};
   REQUIRE(::stat(p.c_str(), &sb) == 0);
@@ -223,25 +244,20 @@ TEST_CASE("kill -9 of tierd while a snapshot is written leaves no partial snapsh
   DaemonOptions o;
   o.ram = "512M";
   TestDaemon d(o);
-  constexpr size_t kSize = 32 << 20;
   {
     auto c = connect_to(d);
-    REQUIRE(c->create_pool("kill", {.ram_quota = 8 * kSize}).has_value());
-    for (int i = 0; i < 8; ++i) put(*c, "kill", "k" + std::to_string(i), kSize, 1);
+    fill_pool(*c, "kill", "k", 8, 32 << 20);
   }
+  std::atomic<bool> answered{false};
   std::jthread snapper([&] {
     auto sc = Client::connect(d.socket(), {.client_name = "snapshotter",
                                            .reconnect_timeout = std::chrono::milliseconds(0)});
     if (sc) (void)(*sc)->snapshot("kill");
+    answered = true;
   });
-  std::string dir;
-  for (int i = 0; i < 2000 && dir.empty(); ++i) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(d.state_dir() + "/snapshots/kill", ec))
-      if (fs::exists(e.path() / "data")) dir = e.path().string();
-    if (dir.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  REQUIRE_FALSE(dir.empty());
+  std::string data = snapshot_data_file(d, "kill", answered);
+  REQUIRE_FALSE(data.empty());
+  std::string dir = fs::path(data).parent_path().string();
   d.kill9();
   snapper.join();
   d.start();
@@ -293,16 +309,10 @@ TEST_CASE("a large snapshot streams in bounded memory while the loop serves othe
   constexpr size_t kSize = 64 << 20;
   constexpr int kTensors = 8;  // 512 MiB
   auto c = connect_to(d);
-  REQUIRE(c->create_pool("big", {.ram_quota = uint64_t{kTensors} * kSize}).has_value());
-  REQUIRE(c->create_pool("other", {.ram_quota = 16 << 20}).has_value());
-  std::map<std::string, uint64_t> want;
-  for (int i = 0; i < kTensors; ++i) {
-    std::string n = "b" + std::to_string(i);
-    want[n] = put(*c, "big", n, kSize, 1);
-  }
-  put(*c, "other", "o", 1 << 20, 1);
+  std::map<std::string, uint64_t> want = fill_pool(*c, "big", "b", kTensors, kSize);
+  fill_pool(*c, "other", "o", 1, 1 << 20);
   auto last = c->open_tensor("big", "b" + std::to_string(kTensors - 1));
-  auto other = c->open_tensor("other", "o");
+  auto other = c->open_tensor("other", "o0");
   REQUIRE(last.has_value());
   REQUIRE(other.has_value());
   // Bounded memory: tierd may map at most 256 MiB more than it has now, half the pool. A
@@ -326,18 +336,12 @@ TEST_CASE("a large snapshot streams in bounded memory while the loop serves othe
     snapshot_answered = true;
   });
   // The snapshot is under way once its writer made its data file.
-  std::string data;
-  for (int i = 0; i < 2000 && data.empty() && !snapshot_answered; ++i) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(d.state_dir() + "/snapshots/big", ec))
-      if (fs::exists(e.path() / "data")) data = (e.path() / "data").string();
-    if (data.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  (void)snapshot_data_file(d, "big", snapshot_answered);
   // While it streams, this client is served: a status, a lease in another pool, and a write to
   // the pool's last tensor (copied first, then written: the snapshot keeps its old bytes). The
   // write lease is fail-fast (timeout 0): the snapshot's pin is waited out, not a kBusy.
   REQUIRE(c->status().has_value());
-  write_version(*c, other->id, "o", 2);
+  write_version(*c, other->id, "o0", 2);
   uint64_t newer = write_version(*c, last->id, last->name, 2, 0);
   bool served_during = !snapshot_answered.load();
   snapper.join();
