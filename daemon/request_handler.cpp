@@ -442,6 +442,8 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
       return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
     scratch_tensors_.push_back(t);
   }
+  // A running snapshot copies these first; the lease then waits for its pins (durability.hpp).
+  if (is_write(mode) && state_.durable) state_.durable->copy_before_write(scratch_tensors_);
   return Status::ok();
 }
 
@@ -536,7 +538,8 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
     lease_latency_.observe(now_ns() - t_receipt);
     return;
   }
-  if (st.code() != Code::kBusy || req.timeout_ms == 0) return reply_err(h, st, out);
+  // A snapshot's pin is not a client's lease: a fail-fast lease waits for it (one tensor copy).
+  if (st.code() != Code::kBusy || (req.timeout_ms == 0 && !snapshot_pinned())) return reply_err(h, st, out);
   if (s.waiting >= state_.config.max_waiters_per_client)
     return reply_err(h, Status(Code::kResourceExhausted,
                                "this client has " + std::to_string(s.waiting) +
@@ -550,6 +553,7 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
   w.mode = mode;
   w.tensor_ids = req.tensor_ids;
   if (req.timeout_ms > 0) w.deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  w.fail_fast = req.timeout_ms == 0;
   state_.leases.add_waiter(std::move(w));
   state_.counters.lease_waits++;
   state_.counters.stalls++;
@@ -594,7 +598,7 @@ void RequestHandler::retry_waiters() {
       }
     }
     if (st) st = grant(s, w.mode, w.request_id, deferred_buf_);
-    if (!st && st.code() == Code::kBusy && !w.fail_fast) {
+    if (!st && st.code() == Code::kBusy && (!w.fail_fast || snapshot_pinned())) {
       if (state_.tiering) state_.tiering->pin(w.tensor_ids);
       return false;  // still waiting
     }

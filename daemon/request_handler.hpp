@@ -81,6 +81,9 @@ class RequestHandler {
   // NVMe tier: runs its completions and timers, then answers the lease waiters they unblocked.
   // The server calls it when the tier's event fd is readable and after each batch of events.
   void tier_poll();
+  // Snapshots: finishes and feeds them (Durability::poll), then answers the lease waiters
+  // their released pins unblocked. An error is the journal's: the server stops.
+  [[nodiscard]] Status snapshot_poll();
 
   [[nodiscard]] wire::StatusRep status() const;
   [[nodiscard]] wire::TopoRep topo() const;
@@ -148,6 +151,8 @@ class RequestHandler {
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
   void retry_waiters();
+  // Whether a running snapshot pins one of scratch_tensors_ while it copies it.
+  [[nodiscard]] bool snapshot_pinned() const;
 
   DaemonState& state_;
   DeferredSink sink_;
