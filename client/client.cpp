@@ -745,8 +745,23 @@ std::vector<Client::ArenaMapping> Client::mapped_arenas() const {
   return guarded<std::vector<Client::ArenaMapping>>([&]() -> std::vector<Client::ArenaMapping> {
     std::lock_guard g(impl_->mu);
     std::vector<ArenaMapping> out;
-    for (const auto& a : impl_->arenas.all()) out.push_back({a.id, a.base, a.size, a.numa_node});
+    for (const auto& a : impl_->arenas.all())
+      out.push_back({a.id, a.base, a.size, a.numa_node, a.read_only});
     return out;
+  });
+}
+
+Status Client::pin_for_dma(std::span<const std::byte> range, bool pinned) {
+  return guarded<Status>([&]() -> Status {
+    std::lock_guard g(impl_->mu);
+    const auto p = reinterpret_cast<uintptr_t>(range.data());
+    for (const auto& a : impl_->arenas.all()) {
+      const auto base = reinterpret_cast<uintptr_t>(a.base);
+      if (range.empty() || p < base || p - base > a.size || range.size() > a.size - (p - base)) continue;
+      wire::ArenaPinReq req{a.id, p - base, range.size(), pinned};
+      return impl_->call(MsgType::kArenaPin, req, impl_->empty);
+    }
+    return Status(Code::kNotFound, "pin_for_dma: the range is not inside one mapped arena");
   });
 }
 
