@@ -21,7 +21,7 @@ using namespace tier::train;
 
 #ifdef TIER_TRAIN_HAVE_CUDA
 namespace tier::train {
-std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* pci);  // trainer/cuda/
 }
 #ifdef TIER_HAVE_NCCL
 #include "trainer/cuda/gpu_optimizer.hpp"
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
     be = make_cpu_backend();
   } else if (backend == "cuda") {
 #ifdef TIER_TRAIN_HAVE_CUDA
-    be = make_cuda_backend(comm.local_rank());  // says why on stderr when it returns null
+    be = make_cuda_backend(comm.local_rank(), &o.gpu_pci);  // says why on stderr when it returns null
     if (!be) die(&comm, "--backend cuda: the CUDA backend could not start (above)", 2);
 #else
     die(&comm, "--backend cuda: this build has no CUDA backend", 2);
