@@ -325,7 +325,9 @@ Status Stager::register_arenas() { return impl_->register_arenas(); }
 Status Stager::register_range(std::span<std::byte> range) {
   if (range.empty()) return Status(Code::kInvalidArgument, "empty range");
   std::lock_guard lock(impl_->mu);
-  return impl_->acquire_locked(reinterpret_cast<uintptr_t>(range.data()), range.size());
+  Status s = impl_->acquire_locked(reinterpret_cast<uintptr_t>(range.data()), range.size());
+  impl_->note_error(s);
+  return s;
 }
 
 bool Stager::is_registered(const void* p, uint64_t n) const {
