@@ -96,7 +96,10 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", collectives,
                  "how layers are gathered and gradients reduce-scattered: nccl (on the GPU: "
                  "shards straight from the tier to the device, NCCL, the layer pipeline; needs "
-                 "--backend cuda and a build with NCCL), host (MPI on the host, staged uploads), "
+                 "--backend cuda and a build with NCCL), host (MPI on the host, staged uploads; with "
+                 "--backend cuda the slow baseline: each upload holds the host thread until its H2D "
+                 "is done and each download waits for all enqueued compute, so the host never "
+                 "runs ahead of the GPU), "
                  "auto (nccl with --backend cuda in a build with NCCL, else host)")
       ->capture_default_str();
   app.add_option("--state", state, "resident (private memory) or tier (tierd)")->capture_default_str();
