@@ -180,9 +180,9 @@ class Client {
   // with cudaHostRegister (pinned = true), or no longer (false). tierd then never punches the
   // range's pages out of the arena when it evicts, so a device keeps reading and writing the
   // arena's own pages after an evict and refetch. Pin before registering, unpin after
-  // unregistering. The pin lasts until unpinned or until this client's connection closes (a
-  // reconnect after a tierd restart does not carry it). kNotFound: no mapped arena holds the
-  // whole range, or (unpin) no such pin.
+  // unregistering. The pin lasts until unpinned or until this client is destroyed; after a
+  // tierd restart the client pins again what it holds in arenas that are still the same
+  // object. kNotFound: no mapped arena holds the whole range, or (unpin) no such pin.
   [[nodiscard]] Status pin_for_dma(std::span<const std::byte> range, bool pinned);
 
   const std::string& socket_path() const noexcept;

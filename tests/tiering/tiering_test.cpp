@@ -902,3 +902,26 @@ TEST_CASE("arena ranges pinned for DMA keep their pages on eviction; unpinned ra
   std::vector<std::byte> mine(4096);
   CHECK(c->pin_for_dma(mine, true).code() == Code::kNotFound);
 }
+
+TEST_CASE("a client pins its DMA ranges again after tierd restarts") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  auto a = c->create_tensor("p", desc("a", 1u << 20));
+  REQUIRE(a);
+  const uint64_t ha = write_tensor(*c, a->id, 21);
+  std::span<std::byte> ra = mapped_bytes(*c, a->id);
+  REQUIRE(c->pin_for_dma(ra, true).is_ok());
+  d.kill9();  // a crash keeps the arenas (a clean stop here removes them: --remove-arenas-on-exit)
+  d.start();
+  // The first request reconnects; the restarted tierd has the same arena object and the pin
+  // again, so evicting keeps the pages.
+  REQUIRE(tiers_of(*c, "p", "a") & kTierRam);
+  REQUIRE(c->evict("p", {&a->id, 1}).is_ok());
+  REQUIRE(tiers_of(*c, "p", "a") == kTierNvme);
+  const size_t pages = inner_pages(ra).size() / static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  CHECK(resident_pages(inner_pages(ra)) == pages);
+  CHECK(fnv(ra) == ha);
+  REQUIRE(c->pin_for_dma(ra, false).is_ok());
+}
