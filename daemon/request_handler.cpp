@@ -182,6 +182,7 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_metrics,
       &RequestHandler::on_discard,
       &RequestHandler::on_lease_reclaim,
+      &RequestHandler::on_arena_pin,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
 }
@@ -633,12 +634,12 @@ void RequestHandler::expire(Clock::time_point now) {
 void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const std::byte> payload,
                                   Reply& out) {
   TIER_DECODE(MapArenaReq, req);
-  Pool* p = state_.catalog.find_pool(arena_pool(req.arena_id));
-  Arena* a = p ? state_.ram->arena(req.arena_id) : nullptr;
-  if (!a) return reply_err(h, Status(Code::kNotFound, "no arena " + std::to_string(req.arena_id)), out);
-  if (s.uid != p->owner_uid) {
-    // Group readers get a read-only fd; anyone else is refused.
-    if (Status st = check_right(creds(s), *p, Right::kRead, state_.admin_gid); !st) return reply_err(h, st, out);
+  bool owner = false;
+  auto ar = arena_for(s, req.arena_id, owner);
+  if (!ar) return reply_err(h, ar.error(), out);
+  Arena* a = *ar;
+  if (!owner) {
+    // Group readers get a read-only fd.
     int fd = read_only_fd(*a);
     if (fd < 0) return reply_err(h, Status::from_errno(errno, "read-only arena fd"), out);
     reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
@@ -647,6 +648,34 @@ void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const s
   }
   reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
   out.fd = a->fd();
+}
+
+Result<Arena*> RequestHandler::arena_for(const Session& s, uint64_t id, bool& owner) {
+  Pool* p = state_.catalog.find_pool(arena_pool(id));
+  Arena* a = p ? state_.ram->arena(id) : nullptr;
+  if (!a) return fail(Code::kNotFound, "no arena " + std::to_string(id));
+  owner = s.uid == p->owner_uid;
+  if (!owner)  // group readers may map it read-only; anyone else is refused
+    if (Status st = check_right(creds(s), *p, Right::kRead, state_.admin_gid); !st) return fail(std::move(st));
+  return a;
+}
+
+void RequestHandler::on_arena_pin(Session& s, const Header& h, std::span<const std::byte> payload,
+                                  Reply& out) {
+  TIER_DECODE(ArenaPinReq, req);
+  bool owner = false;
+  auto a = arena_for(s, req.arena_id, owner);
+  if (!a) return reply_err(h, a.error(), out);
+  if (req.length == 0 || req.offset > (*a)->size() || req.length > (*a)->size() - req.offset)
+    return reply_err(h, Status(Code::kInvalidArgument, "pinned range is empty or outside the arena"), out);
+  // Without an NVMe tier nothing is ever punched out of an arena: there is nothing to keep.
+  if (state_.tiering) {
+    DmaPins& pins = state_.tiering->dma_pins();
+    Status st = req.pinned ? pins.add(s.id, req.arena_id, req.offset, req.length)
+                           : pins.remove(s.id, req.arena_id, req.offset, req.length);
+    if (!st) return reply_err(h, st, out);
+  }
+  reply_ok(h, Empty{}, out);
 }
 
 int RequestHandler::read_only_fd(const Arena& a) {
