@@ -125,6 +125,12 @@ int main(int argc, char** argv) {
                  "optimizer, precommit, postcommit or discarded (after the dead buffer's "
                  "discard) of that step")
       ->group("testing");
+  app.add_option("--dump", o.dump_dir,
+                 "write the parameters each of the first --dump-steps steps computes with "
+                 "(DIR/params.STEP.bin) and its gradient summed over ranks, before clipping "
+                 "(DIR/grads.STEP.bin): float32, every layer's flat buffer in layer order "
+                 "(docs/trainer.md); DIR must exist");
+  app.add_option("--dump-steps", o.dump_steps, "steps --dump writes")->capture_default_str();
   add_plan_options(app, po);
   CLI11_PARSE(app, argc, argv);
 

@@ -1,5 +1,7 @@
 #include "trainer/trainer.hpp"
 
+#include "trainer/dump.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -665,6 +667,16 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     double opt_ms = 0;
     if (auto s = finish_optimizer(opt_ms); !s) return fail(s);
 
+    if (!opts.dump_dir.empty() && step - start < opts.dump_steps) {
+      const std::string dir = opts.dump_dir + "/";
+      if (auto s = dump_layers(comm, store, ShardKind::kParam, cur, shard, layer_n,
+                               fmt::format("{}params.{}.bin", dir, step)); !s)
+        return fail(s);
+      if (auto s = dump_layers(comm, store, ShardKind::kGrad, 0, shard, layer_n,
+                               fmt::format("{}grads.{}.bin", dir, step)); !s)
+        return fail(s);
+    }
+
     // Global gradient norm and loss in one all-reduce.
     double red[2] = {0, *loss};
     for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
@@ -697,6 +709,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     StepStats ss;
     ss.step = step;
     ss.loss = red[1] / (static_cast<double>(Bg) * T);
+    ss.grad_norm = norm;
     ss.ms = ms_since(t0);
     ss.stall_ms = stall_ms;
     ss.opt_ms = opt_ms;
@@ -724,9 +737,9 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
       std::string line = fmt::format(
           "{{\"step\":{},\"loss\":{:.9g},\"ms\":{:.3f},\"tokens_per_s\":{:.1f},\"tflops\":{:.6f},"
           "\"stall_ms\":{:.3f},\"h2d_gbps\":0,\"nvme_gbps\":{:.3f},\"nvme_read_mib\":{:.1f},"
-          "\"nvme_written_mib\":{:.1f},\"opt_ms\":{:.3f}",
+          "\"nvme_written_mib\":{:.1f},\"opt_ms\":{:.3f},\"grad_norm\":{:.9g}",
           ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, nvme_gbps, nvme_read_mib,
-          nvme_written_mib, ss.opt_ms);
+          nvme_written_mib, ss.opt_ms, ss.grad_norm);
       if (ss.val_loss >= 0) line += fmt::format(",\"val_loss\":{:.9g}", ss.val_loss);
       line += "}\n";
       std::fputs(line.c_str(), out);

@@ -56,6 +56,9 @@ struct TrainOptions {
   int prefetch = 1;       // K
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
+  // --dump DIR: the parameters and gradient of the run's first `dump_steps` steps (dump.hpp).
+  std::string dump_dir;
+  int64_t dump_steps = 1;
   OffloadOptimizer* optimizer = nullptr;  // null: the CPU AdamW over the tier (adamw_update)
   // null: the host path (MPI on the comm thread, Backend::upload/download). Otherwise the
   // passes fetch, gather and reduce-scatter through it (--collectives nccl); train() opens it
@@ -79,6 +82,7 @@ struct TrainOptions {
 struct StepStats {
   int64_t step = 0;
   double loss = 0, ms = 0, tokens_per_s = 0, tflops = 0, stall_ms = 0, opt_ms = 0;
+  double grad_norm = 0;  // global L2 norm of the step's gradient, before clipping
   double val_loss = -1;  // < 0: not computed this step
 };
 
