@@ -6,7 +6,10 @@
 #    for a missing, empty or malformed configuration;
 #  - `systemd-analyze verify` accepts the unit installed by `cmake --install` (ExecStart, the
 #    User= drop-in, a generated drop-in, man:tierd(8)) with no warning at all, and the source
-#    unit daemon/tierd.service is that unit with the .deb's ExecStart=/usr/sbin/tierd.
+#    unit daemon/tierd.service is that unit with the .deb's ExecStart=/usr/sbin/tierd;
+#  - the cmake --install route of docs/install.md (systemd-sysusers and systemd-tmpfiles on the
+#    installed snippets, here in a --root) creates the tierd user and group, /etc/tierd with the
+#    example as tierd.toml, and /var/lib/tierd owned by tierd, mode 0700.
 # Skips the verify part (exit 77) when systemd-analyze is missing.
 set -euo pipefail
 build=$1 src=$2 cmake=$3
@@ -93,5 +96,19 @@ diff <(sed "s|^ExecStart=$prefix/sbin/tierd |ExecStart=/usr/sbin/tierd |" "$unit
   "$src/daemon/tierd.service" || fail "daemon/tierd.service differs from the installed unit beyond ExecStart"
 grep -q '^ExecStart=/usr/sbin/tierd ' "$src/daemon/tierd.service" || fail "the source unit does not run /usr/sbin/tierd"
 grep -q '^Documentation=man:tierd(8)' "$src/daemon/tierd.service" || fail "no man:tierd(8)"
-[ -e "$prefix/share/man/man8/tierd.8" ] || fail "man:tierd(8) is not installed"
+[ -e "$prefix/share/man/man8/tierd.8.gz" ] || fail "man:tierd(8) is not installed"
+echo "source unit = installed unit with ExecStart=/usr/sbin/tierd"
+
+# --- the cmake --install route, in a --root ----------------------------------------------
+root=$tmp/root
+DESTDIR=$root "$cmake" --install "$build" --prefix /usr/local >"$tmp/install2.log" || { cat "$tmp/install2.log"; fail "DESTDIR install"; }
+mkdir -p "$root/etc"
+systemd-sysusers --root="$root" "$root/usr/local/lib/sysusers.d/tierd.conf" >/dev/null 2>&1 || fail "systemd-sysusers"
+systemd-tmpfiles --root="$root" --create "$root/usr/local/lib/tmpfiles.d/tierd.conf" || fail "systemd-tmpfiles"
+uid=$(awk -F: '$1 == "tierd" { print $3 }' "$root/etc/passwd")
+[ -n "$uid" ] || fail "no tierd user"
+grep -q '^tierd:' "$root/etc/group" || fail "no tierd group"
+cmp -s "$root/etc/tierd/tierd.toml" "$src/daemon/tierd.toml.example" || fail "/etc/tierd/tierd.toml is not the example"
+[ "$(stat -c '%u %a' "$root/var/lib/tierd")" = "$uid 700" ] || fail "/var/lib/tierd: $(stat -c '%u %a' "$root/var/lib/tierd")"
+echo "cmake --install route: tierd user, /etc/tierd/tierd.toml, /var/lib/tierd ok"
 echo PASS
