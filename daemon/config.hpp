@@ -104,8 +104,10 @@ struct Overrides {
 [[nodiscard]] Status apply_overrides(Config& cfg, const Overrides& o);
 
 // Checks what needs the file system: the NVMe directories exist and are directories, the
-// state directory exists or can be created. Not pure.
-[[nodiscard]] Status check_paths(const Config& cfg);
+// state directory exists or can be created. Not pure: creates a missing state directory unless
+// `create_state_dir` is false (--check-config writes nothing; it then only checks that the
+// nearest existing ancestor is a directory).
+[[nodiscard]] Status check_paths(const Config& cfg, bool create_state_dir = true);
 
 [[nodiscard]] Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total);
 // MemTotal from /proc/meminfo.

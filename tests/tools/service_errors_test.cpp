@@ -1,6 +1,8 @@
 // Start-up failures an operator meets under systemd say what was refused and what to change:
-// a metrics port that cannot be bound names the errno (not a guess), and an NVMe directory on a
-// read-only mount (ProtectSystem=strict without ReadWritePaths=) names the directive.
+// a metrics port that cannot be bound names the errno (not a guess), an NVMe directory on a
+// read-only mount (ProtectSystem=strict without ReadWritePaths=) names the directive, and a
+// configuration error is one line at error priority (<3> under journald). --check-config
+// writes nothing.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -77,4 +79,46 @@ TEST_CASE("an NVMe directory on a read-only mount names ReadWritePaths=") {
   INFO(r.err);
   CHECK(r.err.find("Read-only file system") != std::string::npos);
   CHECK(r.err.find("list " + nvme + " in ReadWritePaths=") != std::string::npos);
+}
+
+namespace {
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("a configuration error is logged once, at error priority under journald") {
+  TempDir t;
+  std::string cfg = t.path + "/bad.toml";
+  std::ofstream(cfg) << "bogus_key = 1\n";
+  auto args = t.daemon_args();
+  args.insert(args.begin(), {"--config", cfg});
+  // systemd sets JOURNAL_STREAM when stderr is the journal; <N> prefixes are its priorities.
+  auto j = run_binary(bin_path("tierd"), args, {"JOURNAL_STREAM=8:12345"}, 30);
+  CHECK(j.rc == 2);
+  INFO(j.err);
+  CHECK(j.err.rfind("<3>", 0) == 0);
+  CHECK(count(j.err, "unknown config key 'bogus_key'") == 1);
+  auto plain = run_binary(bin_path("tierd"), args, {}, 30);
+  CHECK(plain.rc == 2);
+  INFO(plain.err);
+  CHECK(plain.err.rfind("tierd: error: ", 0) == 0);
+  CHECK(count(plain.err, "unknown config key 'bogus_key'") == 1);
+}
+
+TEST_CASE("tierd --check-config creates nothing on disk") {
+  TempDir t;
+  std::string state = t.path + "/not-yet/state";
+  auto ok = run_binary(bin_path("tierd"), {"--check-config", "--state-dir", state, "--ram", "64M"}, {}, 30);
+  INFO(ok.err);
+  CHECK(ok.rc == 0);
+  CHECK_FALSE(std::filesystem::exists(t.path + "/not-yet"));
+  // A state dir that could not be created is still refused.
+  std::ofstream(t.path + "/file") << "x";
+  auto bad = run_binary(bin_path("tierd"), {"--check-config", "--state-dir", t.path + "/file/state", "--ram", "64M"},
+                        {}, 30);
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("cannot create state dir") != std::string::npos);
 }
