@@ -15,7 +15,7 @@ using tier::test::bin_path;
 using tier::test::run_binary;
 using tier::test::TestDaemon;
 
-TEST_CASE("a pool's effective NVMe quota is shown everywhere; NVMe node labels are never -1") {
+TEST_CASE("a pool's effective NVMe quota is shown everywhere, and NVMe node labels are never -1") {
   char tmpl[] = "/tmp/tier-poolview.XXXXXX";
   REQUIRE(::mkdtemp(tmpl));
   std::string dir = tmpl, nvme = dir + "/nvme", cfg = dir + "/t.toml";
