@@ -127,8 +127,13 @@ ct sh -ec 'head -c 1048576 /dev/urandom >/tmp/t1; head -c 65536 /dev/urandom >/t
 ct runuser -u alice -- tierctl pools | grep -q jobroot || fail "tierctl as a member of admin_group does not list the pool"
 if ct runuser -u bob -- tierctl pools | grep -q jobroot; then fail "a user outside admin_group lists root's pool"; fi
 [ -n "$(ct find /srv/nvme0 -type f)" ] || fail "nothing written to the NVMe directory"
-metrics=$(ct bash -c 'exec 3<>/dev/tcp/127.0.0.1/9464; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3')
-grep -q '^tierd_pools 1' <<<"$metrics" || fail "metrics listener: $(head -c 300 <<<"$metrics")"
+# The listener serves the text the event loop last published (at most 1 s old): poll.
+for _ in $(seq 20); do
+  metrics=$(ct bash -c 'exec 3<>/dev/tcp/127.0.0.1/9464; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3')
+  grep -q '^tierd_pools 1' <<<"$metrics" && break
+  sleep 0.25
+done
+grep -q '^tierd_pools 1' <<<"$metrics" || fail "metrics listener: $(grep -m3 'tierd_pools\|HTTP' <<<"$metrics")"
 echo "tierctl (admin group), NVMe tier and metrics ok"
 
 # Watchdog: a stopped tierd misses its pings; systemd kills and restarts it; arenas re-attach.
@@ -157,5 +162,6 @@ for p in /etc/tierd /var/lib/tierd /usr/lib/systemd/system/tierd.service /usr/sb
 done
 [ -z "$(ct find /dev/shm -maxdepth 1 -name 'tierd-*' -user tierd)" ] || fail "purge left the service's arenas"
 ct test -d /srv/nvme0 || fail "purge removed the admin's NVMe directory"
+grep -q "kept the tierd user and the NVMe directories" "$scratch/purge.log" || fail "purge does not say what it keeps"
 echo "purge: config, state, unit and arenas removed; /srv/nvme0 and the tierd user kept"
 echo PASS
