@@ -5,6 +5,8 @@
 set -euo pipefail
 build=$1 src=$2
 fail() { echo "FAIL: $*" >&2; exit 1; }
+skip() { echo "SKIP: $*"; exit 77; }
+command -v man >/dev/null || skip "man not installed (apt-get install man-db); nothing checked"
 for page in "$src"/packaging/man/*.[0-9]; do
   out=$(LC_ALL=C.UTF-8 MANROFFSEQ='' MANWIDTH=80 man --warnings -E UTF-8 -l -Tutf8 -Z "$page" 2>&1 >/dev/null) \
     || fail "man $page"
@@ -12,8 +14,7 @@ for page in "$src"/packaging/man/*.[0-9]; do
 done
 echo "man pages ok"
 if ! command -v lintian >/dev/null; then
-  echo "SKIP: lintian not installed (apt-get install lintian); packages not checked"
-  exit 77
+  skip "lintian not installed (apt-get install lintian); packages not checked"
 fi
 rm -f "$build"/*.deb
 (cd "$build" && cpack -G DEB >cpack.log 2>&1) || { cat "$build/cpack.log"; fail "cpack"; }
