@@ -54,12 +54,14 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
   } guard{fd};
   if (fd < 0) return fail(Code::kProtocol, "tierd sent no file descriptor for arena " + std::to_string(id));
   if (size == 0) return fail(Code::kProtocol, "tierd reported arena " + std::to_string(id) + " of size 0");
-  // The file must really be as large as announced, or touching the tail would SIGBUS.
+  // `size` is the arena's reservation; the object may be shorter: tierd grows it as it places
+  // extents, always before it leases a span in the new part, so a lease never touches a page
+  // past the object's end. A larger object than announced is not tierd's arena.
   struct stat st{};
   if (::fstat(fd, &st) != 0) return fail(Status::from_errno(errno, "fstat of arena " + std::to_string(id)));
-  if (static_cast<uint64_t>(st.st_size) < size)
+  if (static_cast<uint64_t>(st.st_size) > size)
     return fail(Code::kProtocol, "arena " + std::to_string(id) + " is " + std::to_string(st.st_size) +
-                                     " bytes, smaller than the " + std::to_string(size) +
+                                     " bytes, larger than the " + std::to_string(size) +
                                      " tierd announced");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   // A group reader gets a read-only fd (daemon/access.hpp): map it read-only.

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -77,6 +78,9 @@ struct Client::Impl {
   ConnectOptions opts;
   uint32_t epoch = 0;      // bumped by each reconnect
   client::HeldLeases held;  // leases the caller holds, for re-acquiring them
+  // Why each lease lost in a reconnect was lost, by (id, epoch) as the Lease carries them;
+  // an entry goes when that lease's release reports it.
+  std::map<std::pair<uint64_t, uint32_t>, std::string> lost_why;
   uint64_t session_id = 0;
   std::string daemon_version;
   client::Connection conn;
@@ -170,9 +174,15 @@ struct Client::Impl {
     if (client::HeldLease* h = held.find(l.id_, l.epoch_)) held.erase(h);
     l.detach();
   }
-  Status lost_error(const Lease& l) const {
+  // The error a release of a lost lease returns (and forgets why it was lost).
+  Status lost_error(const Lease& l) {
+    std::string why;
+    if (auto it = lost_why.find({l.id_, l.epoch_}); it != lost_why.end()) {
+      why = ": " + it->second;
+      lost_why.erase(it);
+    }
     return Status(Code::kUnavailable, "lease " + std::to_string(l.id_) + " on tensor " +
-                                          std::to_string(l.tensor_id_) + " was lost when tierd restarted");
+                                          std::to_string(l.tensor_id_) + " was lost when tierd restarted" + why);
   }
 
   // One attempt (one daemon-side wait of at most timeout_ms); these take mu themselves.
@@ -232,10 +242,12 @@ Status Client::Impl::hello() {
 }
 
 // tierd restarted: connect again (backoff), check that every mapped arena is still the same
-// shared-memory object, and re-acquire the held leases (same tensor, mode and bytes). Leases
-// that cannot be re-acquired (the tensor is gone, its arena was replaced, another client took a
-// conflicting lease first) are lost: forgotten here, named in the returned error, and their
-// release() reports it too.
+// shared-memory object, and take back the held leases: write leases are reclaimed (LeaseReclaim:
+// the daemon kept them reserved for this client, docs/daemon.md "Leases across a restart"),
+// read leases re-acquired (same tensor, mode and bytes). Leases that do not come back at the
+// same place (the daemon lost the write lease: timeout, reboot; the tensor is gone, its arena
+// was replaced, another client took a conflicting lease first) are lost: forgotten here, named
+// with the daemon's reason in the returned error, and their release() reports it too.
 Status Client::Impl::reconnect(const Status& why) {
   auto start = std::chrono::steady_clock::now();
   auto deadline = start + opts.reconnect_timeout;
@@ -275,14 +287,21 @@ Status Client::Impl::reconnect(const Status& why) {
   size_t n_lost = 0;
   std::vector<uint64_t> gone;  // held entries to forget: (id, epoch) pairs flattened
   held.for_each([&](client::HeldLease& h) {
-    wire::LeaseReq req;
-    // An overwrite lease comes back as a write lease: the holder may have written part of the
-    // tensor already, and those bytes must be handed back, never replaced by fresh RAM.
-    req.mode = h.mode == static_cast<uint8_t>(LeaseMode::kOverwrite) ? static_cast<uint8_t>(LeaseMode::kWrite) : h.mode;
-    req.timeout_ms = 0;
-    req.tensor_ids.assign(1, h.tensor_id);
     wire::LeaseRep rep;
-    Status ls = conn.call(MsgType::kLease, req, rep);
+    Status ls;
+    if (h.mode != static_cast<uint8_t>(LeaseMode::kRead)) {
+      // A write (or overwrite) lease is reclaimed by the id the old daemon granted, never
+      // taken afresh: tierd kept its extent reserved for this client since the restart, so the
+      // bytes are exactly what this client stored. A new lease could not vouch for that (the
+      // tensor may have been written back, dropped and placed again meanwhile).
+      ls = conn.call(MsgType::kLeaseReclaim, wire::LeaseReclaimReq{h.tensor_id, h.daemon_id}, rep);
+    } else {
+      wire::LeaseReq req;
+      req.mode = h.mode;
+      req.timeout_ms = 0;
+      req.tensor_ids.assign(1, h.tensor_id);
+      ls = conn.call(MsgType::kLease, req, rep);
+    }
     bool ok = ls.is_ok() && rep.grants.size() == 1;
     bool same_place = ok && rep.grants[0].arena_id == h.arena_id && rep.grants[0].offset == h.offset &&
                       std::find(replaced.begin(), replaced.end(), h.arena_id) == replaced.end();
@@ -296,9 +315,11 @@ Status Client::Impl::reconnect(const Status& why) {
       wire::Empty e;
       (void)conn.call(MsgType::kRelease, rel, e);
     }
+    std::string why = ls.is_ok() ? std::string("its bytes moved") : ls.message();
     if (n_lost < 8)
       lost += (n_lost ? ", " : "") + std::string("lease ") + std::to_string(h.id) + " on tensor " +
-              std::to_string(h.tensor_id) + " (" + (ls.is_ok() ? std::string("its bytes moved") : ls.message()) + ")";
+              std::to_string(h.tensor_id) + " (" + why + ")";
+    lost_why[{h.id, h.epoch}] = std::move(why);
     ++n_lost;
     gone.push_back(h.id);
     gone.push_back(h.epoch);
@@ -567,12 +588,21 @@ Status Client::release_one(const Lease& lease) {
   std::lock_guard g(impl_->mu);
   Impl& m = *impl_;
   // Looked up per attempt: a reconnect in between re-acquires it under a new daemon id.
-  Status st = m.retrying([&] {
+  auto attempt = [&] {
     client::HeldLease* h = m.held.find(lease.id_, lease.epoch_);
     if (!h) return m.lost_error(lease);
     m.release_req.lease_ids.assign(1, h->daemon_id);
     return m.conn.call(MsgType::kRelease, m.release_req, m.empty);
-  });
+  };
+  Status st = attempt();
+  if (!st.is_ok() && st.code() == Code::kUnavailable && !m.conn.is_open() &&
+      m.opts.reconnect_timeout.count() > 0) {
+    // tierd restarted. The answer is this lease's own: released under the id the reconnect
+    // got back for it, or lost (and why), whatever happened to the other leases (their own
+    // releases report those).
+    Status rs = m.reconnect(st);
+    st = m.conn.is_open() ? attempt() : rs;
+  }
   if (client::HeldLease* h = m.held.find(lease.id_, lease.epoch_)) {
     // Released, or the connection is gone for good (the daemon drops a dead client's leases).
     if (st.is_ok() || !m.conn.is_open()) m.held.erase(h);
@@ -585,36 +615,49 @@ Status Client::release_batch(std::span<Lease> leases) {
     std::lock_guard g(impl_->mu);
     Impl& m = *impl_;
     Status result;
-    auto flush = [&] {
-      if (m.release_req.lease_ids.empty()) return;
-      Status st = m.conn.call(MsgType::kRelease, m.release_req, m.empty);
-      if (!st.is_ok() && !m.conn.is_open() && m.opts.reconnect_timeout.count() > 0) {
-        // The daemon restarted: those leases died with it (re-acquired ones are released
-        // below by their new ids when the reconnect brings them back).
-        Status rs = m.reconnect(st);
-        st = rs.is_ok() ? Status::ok() : rs;
-      }
+    auto note = [&](Status st) {
       if (result.is_ok() && !st.is_ok()) result = std::move(st);
-      m.release_req.lease_ids.clear();
     };
-    m.release_req.lease_ids.clear();
+    // The leases of the request being built. They stay in `held` until it is answered: if
+    // tierd restarted, the reconnect takes them back under new ids (or names the lost ones)
+    // and they are released under those; a lease the daemon cannot vouch for is reported.
+    std::vector<Lease*> batch;
+    batch.reserve(std::min<size_t>(leases.size(), wire::kMaxBatch));
+    auto send = [&] {
+      m.release_req.lease_ids.clear();
+      for (Lease* l : batch)
+        if (client::HeldLease* h = m.held.find(l->id_, l->epoch_)) m.release_req.lease_ids.push_back(h->daemon_id);
+      if (m.release_req.lease_ids.empty()) return Status::ok();
+      return m.conn.call(MsgType::kRelease, m.release_req, m.empty);
+    };
+    auto flush = [&] {
+      if (batch.empty()) return;
+      Status st = send();
+      if (!st.is_ok() && !m.conn.is_open() && m.opts.reconnect_timeout.count() > 0) {
+        Status rs = m.reconnect(st);
+        st = m.conn.is_open() ? send() : rs;
+      }
+      for (Lease* l : batch) {
+        if (client::HeldLease* h = m.held.find(l->id_, l->epoch_)) m.held.erase(h);
+        else note(m.lost_error(*l));
+        l->detach();
+      }
+      note(std::move(st));
+      batch.clear();
+    };
     for (Lease& l : leases) {
       if (!l.valid()) continue;
       if (l.client_ != this) {
-        if (result.is_ok())
-          result = Status(Code::kInvalidArgument, "release_batch given a lease of another client");
+        note(Status(Code::kInvalidArgument, "release_batch given a lease of another client"));
         continue;
       }
-      client::HeldLease* h = m.held.find(l.id_, l.epoch_);
-      if (!h) {
-        if (result.is_ok()) result = m.lost_error(l);
+      if (!m.held.find(l.id_, l.epoch_)) {
+        note(m.lost_error(l));
         l.detach();
         continue;
       }
-      m.release_req.lease_ids.push_back(h->daemon_id);
-      m.held.erase(h);
-      l.detach();
-      if (m.release_req.lease_ids.size() == wire::kMaxBatch) flush();
+      batch.push_back(&l);
+      if (batch.size() == wire::kMaxBatch) flush();
     }
     flush();
     return result;

@@ -37,7 +37,9 @@ void Catalog::erase_pool(uint64_t id) {
 }
 
 Result<Tensor*> Catalog::create_tensor(Pool& pool, TensorDesc desc, int32_t node) {
-  if (Status s_ = validate_tensor_name(desc.name); !s_) return fail(std::move(s_));
+  // Structural only: a journal written before control characters were refused must still load
+  // (the request handler applies the full rule to new names).
+  if (Status s_ = validate_stored_tensor_name(desc.name); !s_) return fail(std::move(s_));
   if (pool.by_name.contains(desc.name))
     return fail(Code::kAlreadyExists, "tensor '" + desc.name + "' exists in pool '" + pool.name + "'");
   uint64_t id = next_tensor_id_++;

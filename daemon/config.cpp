@@ -5,6 +5,11 @@
 
 #include "tier/types.hpp"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -93,6 +98,18 @@ Status get_bool(std::string_view key, const toml::node& n, bool& out) {
   return Status::ok();
 }
 
+// Pure: the same directory written twice (up to "." and "//"); check_nvme_dirs() also finds
+// other paths to one directory and one file system.
+Status check_nvme_listed_once(const std::vector<NvmeDir>& dirs, const std::string& path,
+                              const std::string& where_text) {
+  const std::filesystem::path norm = std::filesystem::path(path).lexically_normal();
+  for (const NvmeDir& d : dirs)
+    if (std::filesystem::path(d.path).lexically_normal() == norm)
+      return Status(Code::kInvalidArgument, "nvme directory '" + path + "' (" + where_text +
+                                                ") is listed twice: its space would count twice");
+  return Status::ok();
+}
+
 Status parse_nvme(const toml::node& n, std::vector<NvmeDir>& out) {
   const toml::array* arr = n.as_array();
   if (!arr) return bad_type("nvme", n, "an array of tables: nvme = [{ path = \"/mnt/nvme0\" }]");
@@ -118,6 +135,7 @@ Status parse_nvme(const toml::node& n, std::vector<NvmeDir>& out) {
     }
     if (!have_path || d.path.empty())
       return Status(Code::kInvalidArgument, "an nvme entry (" + where(e) + ") needs a path");
+    TIER_RETURN_IF_ERROR(check_nvme_listed_once(out, d.path, where(e)));
     out.push_back(std::move(d));
   }
   return Status::ok();
@@ -168,6 +186,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
     else if (key == "uid_nvme_quota") st = get_size(key, v, c.uid_nvme_quota);
     else if (key == "max_connections_per_uid") st = get_u32(key, v, c.max_connections_per_uid, 1);
     else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
+    else if (key == "lease_reclaim_timeout_ms") st = get_u32(key, v, c.lease_reclaim_timeout_ms, 0);
     else if (key == "max_plan_uses") st = get_u32(key, v, c.max_plan_uses, 1);
     else if (key == "metrics_listen") {
       st = get_string(key, v, c.metrics_listen);
@@ -251,9 +270,42 @@ Status apply_overrides(Config& cfg, const Overrides& o) {
     cfg.hugepages = *h;
   }
   if (o.topology) cfg.topology = *o.topology;
-  for (const auto& d : o.nvme_dirs) cfg.nvme.push_back(NvmeDir{d, -1});
+  for (const auto& d : o.nvme_dirs) {
+    TIER_RETURN_IF_ERROR(check_nvme_listed_once(cfg.nvme, d, "--nvme-dir"));
+    cfg.nvme.push_back(NvmeDir{d, -1});
+  }
   if (o.remove_arenas_on_exit) cfg.remove_arenas_on_exit = *o.remove_arenas_on_exit;
   if (cfg.state_dir.empty()) return Status(Code::kInvalidArgument, "the state dir must not be empty");
+  return Status::ok();
+}
+
+Status check_nvme_dirs(const std::vector<NvmeDir>& dirs) {
+  std::vector<struct stat> seen;
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    struct stat st{};
+    if (::stat(dirs[i].path.c_str(), &st) != 0)
+      return Status::from_errno(errno, "nvme directory '" + dirs[i].path + "'");
+    for (size_t j = 0; j < seen.size(); ++j) {
+      if (seen[j].st_dev != st.st_dev) continue;
+      if (seen[j].st_ino == st.st_ino)
+        return Status(Code::kInvalidArgument, "nvme directory '" + dirs[i].path + "' is listed twice (as '" +
+                                                  dirs[j].path + "' too): its space would count twice");
+      return Status(Code::kInvalidArgument,
+                    "nvme directories '" + dirs[j].path + "' and '" + dirs[i].path +
+                        "' are on the same file system: its space would count twice; list one "
+                        "directory per device");
+    }
+    seen.push_back(st);
+  }
+  return Status::ok();
+}
+
+Status check_socket_path(const std::string& path) {
+  if (path.empty()) return Status(Code::kInvalidArgument, "the socket path is empty");
+  if (path.size() >= sizeof(sockaddr_un::sun_path))
+    return Status(Code::kInvalidArgument, "socket path '" + path + "' is " + std::to_string(path.size()) +
+                                              " bytes; a Unix socket path has at most " +
+                                              std::to_string(sizeof(sockaddr_un::sun_path) - 1));
   return Status::ok();
 }
 
@@ -264,6 +316,7 @@ Status check_paths(const Config& cfg, bool create_state_dir) {
     if (!fs::is_directory(d.path, ec))
       return Status(Code::kInvalidArgument, "nvme directory '" + d.path + "' is not a directory");
   }
+  TIER_RETURN_IF_ERROR(check_nvme_dirs(cfg.nvme));
   if (!create_state_dir) {
     fs::path a = fs::absolute(cfg.state_dir, ec);
     while (!a.empty() && !fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path()) a = a.parent_path();

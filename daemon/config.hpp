@@ -73,6 +73,9 @@ struct Config {
   uint32_t max_connections_per_uid = 1024;
   // Lease requests one client may have waiting at once.
   uint32_t max_waiters_per_client = 64;
+  // After a restart, how long a write lease held when the previous tierd died stays reserved
+  // for its holder to reclaim (docs/daemon.md, "Leases across a restart"); 0: not at all.
+  uint32_t lease_reclaim_timeout_ms = 60000;
   // Uses in one client's plan (PlanSet): bounds the daemon memory a plan takes (about 40 bytes a
   // use) and the work of each scheduling pass over it.
   uint32_t max_plan_uses = 4096;
@@ -103,11 +106,17 @@ struct Overrides {
 };
 [[nodiscard]] Status apply_overrides(Config& cfg, const Overrides& o);
 
-// Checks what needs the file system: the NVMe directories exist and are directories, the
-// state directory exists or can be created. Not pure: creates a missing state directory unless
-// `create_state_dir` is false (--check-config writes nothing; it then only checks that the
-// nearest existing ancestor is a directory).
+// Checks what needs the file system: the NVMe directories exist and are directories (and
+// check_nvme_dirs), the state directory exists or can be created. Not pure: creates a missing
+// state directory unless `create_state_dir` is false (--check-config writes nothing; it then
+// only checks that the nearest existing ancestor is a directory).
 [[nodiscard]] Status check_paths(const Config& cfg, bool create_state_dir = true);
+// The NVMe directories name distinct file systems: one directory listed twice (by any path
+// to it) or two on one file system (same st_dev) would count that file system's space twice.
+[[nodiscard]] Status check_nvme_dirs(const std::vector<NvmeDir>& dirs);
+// A control socket path fits sockaddr_un::sun_path (at most 107 bytes) and is not empty.
+// The server's bind and --check-config both use it.
+[[nodiscard]] Status check_socket_path(const std::string& path);
 
 [[nodiscard]] Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total);
 // MemTotal from /proc/meminfo.

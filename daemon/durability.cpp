@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <type_traits>
 
+#include "daemon/lease_reclaim.hpp"
 #include "daemon/log.hpp"
 #include "daemon/nvme/location.hpp"
 #include "daemon/ram/arena.hpp"
@@ -82,14 +83,16 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
     log_warn("journal: dropped a torn tail of {} bytes (a record being written when tierd died)",
              orep.dropped_tail_bytes);
   if (Status st = d->rebuild(); !st) return fail(std::move(st));
+  // Write leases held when the previous tierd died stay reserved for their holders.
+  st.reclaims.adopt(st, *d, std::chrono::steady_clock::now());
   // The rebuild may have journaled losses; make them durable before serving.
   if (Status st = d->commit(); !st) return fail(std::move(st));
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.fresh)
     log_info("recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
-             "re-attached, {} recreated (gone: reboot), {} tensors restored from snapshots, {} "
+             "re-attached, {} recreated (gone: reboot), {} refused (not tierd's or damaged), {} tensors restored from snapshots, {} "
              "from NVMe, {} lost",
-             r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost,
+             r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost, r.arenas_refused,
              r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors);
   if (report) *report = r;
   return d;
@@ -113,18 +116,31 @@ Status Durability::rebuild() {
     }
     r.pools++;
     std::vector<uint64_t> gone_arenas;
+    std::vector<ArenaCreated> renamed;  // arenas re-created under a new name: journaled below
     for (const auto& [aid, a] : pi.arenas) {
-      auto attached = st_.ram->attach_arena(pool, a.numa_node, a.size);
+      uint64_t min_size = 0;  // the object must hold every journaled extent
+      for (const auto& [tid, ti] : pi.tensors)
+        if (ti.meta.arena_id == aid) min_size = std::max(min_size, ti.meta.offset + ti.meta.ram_length);
+      auto attached = st_.ram->attach_arena(pool, a.numa_node, a.shm_name, a.size, min_size);
       if (!attached)
         return Status(attached.error().code(), "pool '" + pool.name + "': " + attached.error().message());
-      if (*attached) r.arenas_attached++;
-      else {
+      if (*attached == RamTier::Attach::kAttached) {
+        r.arenas_attached++;
+        continue;
+      }
+      gone_arenas.push_back(aid);
+      recreated_arenas_.insert(aid);  // gone or refused: write leases into it cannot be kept
+      if (*attached == RamTier::Attach::kGone) {
         r.arenas_lost++;
-        gone_arenas.push_back(aid);
         log_warn("pool '{}': arena {} is gone (reboot?); restoring from the latest snapshot", pool.name,
                  a.shm_name);
+      } else {
+        r.arenas_refused++;
       }
+      if (Arena* fresh = st_.ram->arena(aid))
+        renamed.push_back(ArenaCreated{pid, aid, a.numa_node, fresh->path(), fresh->size()});
     }
+    for (const ArenaCreated& rec : renamed) append(rec);
     Lost pool_lost{pid, {}};
     for (const auto& [tid, ti] : pi.tensors) {
       const TensorCreated& m = ti.meta;
@@ -199,11 +215,7 @@ void Durability::remove_stale_arenas() {
   while (dirent* e = ::readdir(dir)) {
     std::string name = e->d_name;
     if (!name.starts_with(want)) continue;
-    // tierd-<h>-p<pool>-n<node>
-    unsigned long long pool = 0;
-    int node = 0;
-    if (std::sscanf(name.c_str() + want.size(), "p%llu-n%d", &pool, &node) != 2) continue;
-    if (!st_.ram->arena(arena_id(pool, node))) stale.push_back(name);
+    if (!st_.ram->has_object("/" + name)) stale.push_back(name);
   }
   ::closedir(dir);
   for (const auto& name : stale) {
@@ -218,12 +230,14 @@ void Durability::append(const Record& r) {
   if (!failed_.is_ok()) return;
   bool ack = std::holds_alternative<PoolCreated>(r) || std::holds_alternative<PoolDropped>(r) ||
              std::holds_alternative<TensorCreated>(r) || std::holds_alternative<TensorDeleted>(r);
+  bool lease = std::holds_alternative<WriteLeaseHeld>(r) || std::holds_alternative<WriteLeaseEnded>(r);
   if (Status st = image_.apply(r); !st) {
     log_error("internal: journal record refused by the catalog image: {}", st.message());
     return;
   }
   auto seq = journal_->append(r);
   if (seq && ack) ack_seq_ = *seq;
+  if (seq && !lease) sync_seq_ = *seq;
   if (!seq) {
     failed_ = seq.error();
     log_error("journal append failed: {}; tierd stops acknowledging changes", failed_.message());
@@ -323,6 +337,15 @@ void Durability::nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& lo
   for (const nvme::Extent& e : loc.extents)
     r.extents.push_back(Extent{std::to_string(e.dir), std::to_string(e.file), e.offset, e.length, e.checksum});
   append(r);
+}
+
+void Durability::write_lease_held(const Tensor& t, uint64_t lease_id, const LeaseHolder& h) {
+  append(WriteLeaseHeld{t.id, lease_id, static_cast<uint32_t>(h.uid), h.pid, h.pid_start, h.pid_ns});
+}
+
+void Durability::write_lease_ended(const Tensor& t) {
+  const TensorImage* ti = image_.tensor(t.id);
+  if (ti && ti->write_lease) append(WriteLeaseEnded{t.id});
 }
 
 void Durability::nvme_copy_dropped(const Tensor& t) {

@@ -12,8 +12,10 @@
 //
 // Recovery (open()): replays the journal into the image, rebuilds pools and tensors with their
 // journaled ids, re-attaches each journaled arena by name (its bytes intact) and re-marks the
-// journaled extents used. An arena that is gone (a reboot) is created empty and its tensors are
-// restored from the pool's latest durable snapshot; tensors neither in the snapshot nor with a
+// journaled extents used. Only an object that proves to be tierd's own is re-attached
+// (Arena::attach: its random name, owner, mode, size). An arena that is gone (a reboot) or
+// refused (a squatter's object, or one a tenant truncated) is created empty under a new name
+// (journaled) and its tensors are restored from the pool's latest durable snapshot; tensors neither in the snapshot nor with a
 // journaled NVMe copy are lost: deleted from the catalog (journaled), counted and logged.
 // Arena objects of this state dir that the journal does not name are removed.
 //
@@ -38,6 +40,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/journal/catalog_image.hpp"
@@ -51,6 +54,7 @@ struct NvmeLocation;
 namespace tier::daemon {
 
 struct DaemonState;
+struct LeaseHolder;
 struct Pool;
 struct Tensor;
 
@@ -64,6 +68,7 @@ struct RecoveryReport {
   uint64_t pools = 0, tensors = 0;   // rebuilt
   uint64_t arenas_attached = 0;      // found in shared memory with their bytes
   uint64_t arenas_lost = 0;          // gone (reboot): recreated empty
+  uint64_t arenas_refused = 0;       // not tierd's own or damaged: not used, removed, recreated empty
   uint64_t restored_from_snapshot = 0;
   uint64_t restored_from_nvme = 0;
   uint64_t lost_tensors = 0;         // RAM-only tensors not in a snapshot: gone
@@ -95,13 +100,24 @@ class Durability {
   void nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& loc);
   // The NVMe copy is freed or stale (a write lease was granted on the RAM copy).
   void nvme_copy_dropped(const Tensor& t);
+  // Write leases (daemon/lease_reclaim.hpp): granted to `h` as `lease_id`, or ended (a no-op
+  // when the journal has none on `t`). Appended at once (a kill -9 of tierd keeps them) but
+  // never a reason to fsync: no lease outlives a power loss, its holder does not either.
+  void write_lease_held(const Tensor& t, uint64_t lease_id, const LeaseHolder& h);
+  void write_lease_ended(const Tensor& t);
+
+  // The catalog as journaled, and whether recovery recreated an arena empty (a reboot).
+  const journal::CatalogImage& image() const noexcept { return image_; }
+  bool arena_recreated(uint64_t arena_id) const { return recreated_arenas_.contains(arena_id); }
 
   // --- group commit ---
   uint64_t last_seq() const noexcept { return journal_->last_seq(); }
   // Seq of the last record whose request must not be acknowledged before commit() (pool and
   // tensor creates, deletes, drops). The server holds a reply when handling moved it.
   uint64_t ack_seq() const noexcept { return ack_seq_; }
-  bool pending() const noexcept { return journal_->last_seq() > journal_->committed_seq(); }
+  // Records that need an fsync were appended since the last commit (write-lease records alone
+  // do not).
+  bool pending() const noexcept { return sync_seq_ > journal_->committed_seq(); }
   // Makes every appended record durable (one fdatasync) and compacts when due. An error is
   // fatal for the daemon: stop acknowledging.
   [[nodiscard]] Status commit();
@@ -160,6 +176,8 @@ class Durability {
   journal::CatalogImage image_;
   Status failed_;
   uint64_t ack_seq_ = 0;
+  uint64_t sync_seq_ = 0;  // the last record that needs an fsync
+  std::unordered_set<uint64_t> recreated_arenas_;
   RecoveryReport report_;
   int efd_ = -1;
   std::vector<std::unique_ptr<Job>> jobs_;

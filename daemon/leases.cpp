@@ -53,11 +53,7 @@ Status LeaseTable::acquire(SessionLeases& s, LeaseMode mode, std::span<Tensor* c
     sl.live = true;
     sl.gen++;
     sl.lease = Lease{t->id, t->pool_id, s.session_id, mode};
-    sl.prev = kNone;
-    sl.next = s.head;
-    if (s.head != kNone) slots_[s.head].prev = idx;
-    s.head = idx;
-    s.count++;
+    link(s, idx);
     live_++;
     if (is_write(mode)) t->writer = true;
     else t->readers++;
@@ -67,13 +63,41 @@ Status LeaseTable::acquire(SessionLeases& s, LeaseMode mode, std::span<Tensor* c
   return Status::ok();
 }
 
-void LeaseTable::unlink_slot(SessionLeases& s, uint32_t idx, Catalog& catalog) {
+void LeaseTable::link(SessionLeases& s, uint32_t idx) {
+  Slot& sl = slots_[idx];
+  sl.prev = kNone;
+  sl.next = s.head;
+  if (s.head != kNone) slots_[s.head].prev = idx;
+  s.head = idx;
+  s.count++;
+}
+
+void LeaseTable::detach(SessionLeases& s, uint32_t idx) {
   Slot& sl = slots_[idx];
   if (sl.prev != kNone) slots_[sl.prev].next = sl.next;
   else s.head = sl.next;
   if (sl.next != kNone) slots_[sl.next].prev = sl.prev;
   s.count--;
+}
+
+Result<uint64_t> LeaseTable::transfer(SessionLeases& from, SessionLeases& to, uint64_t lease_id) {
+  const Lease* l = find(lease_id);
+  if (!l || l->session_id != from.session_id)
+    return fail(Code::kNotFound, "no lease " + std::to_string(lease_id) + " to transfer");
+  uint32_t idx = static_cast<uint32_t>(lease_id & 0xffffffffu);
+  detach(from, idx);
+  Slot& sl = slots_[idx];
+  sl.gen++;
+  sl.lease.session_id = to.session_id;
+  link(to, idx);
+  return make_id(sl.gen, idx);
+}
+
+void LeaseTable::unlink_slot(SessionLeases& s, uint32_t idx, Catalog& catalog) {
+  Slot& sl = slots_[idx];
+  detach(s, idx);
   live_--;
+  if (on_write_end && is_write(sl.lease.mode)) on_write_end(sl.lease);
   if (Tensor* t = catalog.find_tensor(sl.lease.tensor_id)) {
     if (is_write(sl.lease.mode)) t->writer = false;
     else if (t->readers > 0) t->readers--;

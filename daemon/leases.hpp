@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -65,6 +66,13 @@ class LeaseTable {
   [[nodiscard]] Status release(SessionLeases& s, uint64_t lease_id, Catalog& catalog);
   // Releases every lease of `s`; returns how many.
   size_t release_all(SessionLeases& s, Catalog& catalog);
+  // Moves lease `lease_id` of `from` to `to` unchanged (same tensor and mode, no conflict
+  // state touched); returns its new id (the old one is stale from then on). kNotFound when
+  // `from` does not hold it.
+  [[nodiscard]] Result<uint64_t> transfer(SessionLeases& from, SessionLeases& to, uint64_t lease_id);
+  // Called with every write lease as it ends (release, release_all), before the tensor's
+  // writer flag is cleared; not for transfer(). The daemon journals the end (lease_reclaim.hpp).
+  std::function<void(const Lease&)> on_write_end;
   // The live lease or nullptr.
   [[nodiscard]] const Lease* find(uint64_t lease_id) const noexcept;
   uint64_t live() const noexcept { return live_; }
@@ -105,6 +113,9 @@ class LeaseTable {
     uint32_t prev = UINT32_MAX, next = UINT32_MAX;  // session list, or free list via next
   };
   void unlink_slot(SessionLeases& s, uint32_t idx, Catalog& catalog);
+  // Takes `idx` off `s`'s list / puts it at the head of `s`'s list (counts only).
+  void detach(SessionLeases& s, uint32_t idx);
+  void link(SessionLeases& s, uint32_t idx);
 
   std::vector<Slot> slots_;
   mutable std::vector<const Tensor*> dup_scratch_;  // check(): duplicate detection of big batches

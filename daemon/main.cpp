@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
     std::printf("removed %zu arenas of %s\n", n, cfg.state_dir.c_str());
     return 0;
   }
+  // The same checks the start makes, so that --check-config accepts only what starts.
+  if (Status st = check_socket_path(resolve_socket(cfg)); !st) return usage_error(st.message());
   if (Status st = check_paths(cfg, !check_config); !st) return usage_error(st.message());
   auto mem = read_mem_total();
   if (!mem) {
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
   }
   auto sizes = resolve_sizes(cfg, *mem);
   if (!sizes) return usage_error(sizes.error().message());
+  if (Status shm = check_shm_capacity(sizes->ram, cfg.hugepages); !shm) return usage_error(shm.message());
   if (check_config) {
     // Topology is part of the configuration: load it too.
     auto topo = make_topology_source(cfg.topology)->load();

@@ -116,6 +116,11 @@ std::string render_metrics(const MetricsInput& in) {
     per_pool("tierd_pool_nvme_used_bytes", "NVMe bytes used per pool.", [](const Pool& p) { return p.nvme_used; });
     per_pool("tierd_pool_tensors", "Tensors per pool.", [](const Pool& p) { return static_cast<uint64_t>(p.tensors.size()); });
     per_pool("tierd_pool_leases", "Leases held per pool.", [](const Pool& p) { return p.leases; });
+    if (in.arena_repairs)
+      per_pool("tierd_pool_arena_repairs",
+               "Faults in the pool's arenas repaired since start: an arena truncated through a "
+               "tenant's fd (the truncated bytes read as zeros).",
+               in.arena_repairs);
   }
   return std::move(o.s);
 }

@@ -49,6 +49,8 @@ struct MetricsInput {
   // NVMe I/O per directory (from the NVMe engine; empty without an NVMe tier).
   struct NvmeIo { std::string path; uint64_t in_flight = 0, queue_depth = 0, bytes_read = 0, bytes_written = 0; };
   std::vector<NvmeIo> nvme_io;
+  // Per pool: faults in its arenas the SIGBUS guard repaired; empty: not reported.
+  std::function<uint64_t(const Pool&)> arena_repairs;
   // Which pools to show (the socket shows a client only the pools it may see); empty: all.
   std::function<bool(const Pool&)> visible;
   // A pool's effective NVMe quota (its stored 0 is the daemon's default); empty: as stored.

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "daemon/admission.hpp"
 #include "daemon/log.hpp"
 
 namespace tier::daemon {
@@ -42,9 +43,16 @@ uint64_t ms_since(Clock::time_point t) {
 
 }  // namespace
 
-RequestHandler::RequestHandler(DaemonState& state) : state_(state) {}
+RequestHandler::RequestHandler(DaemonState& state) : state_(state), pid_ns_(own_pid_ns()) {
+  // Every write lease's end is journaled, so a restarted daemon knows which are still held.
+  state_.leases.on_write_end = [this](const LeaseTable::Lease& l) {
+    if (!state_.durable) return;
+    if (const Tensor* t = state_.catalog.find_tensor(l.tensor_id)) state_.durable->write_lease_ended(*t);
+  };
+}
 
 RequestHandler::~RequestHandler() {
+  state_.leases.on_write_end = nullptr;
   for (auto& [id, fd] : ro_fds_) ::close(fd);
 }
 
@@ -181,6 +189,7 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_snapshot,
       &RequestHandler::on_metrics,
       &RequestHandler::on_discard,
+      &RequestHandler::on_lease_reclaim,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
 }
@@ -214,6 +223,7 @@ void RequestHandler::on_hello(Session& s, const Header& h, std::span<const std::
     s.counted = true;
   }
   s.hello = true;
+  s.pid_start = process_start_time(s.pid);
   s.numa_node = req.numa_node;
   s.name = std::move(req.client_name);
   if (s.name.size() > 255) s.name.resize(255);
@@ -341,9 +351,12 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
   Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
   auto node = choose_node(state_.topology, pl, s.numa_node);
   if (!node) return reply_err(h, node.error(), out);
+  // Refused now when no lease could ever hold it (daemon/admission.hpp).
+  if (Status st = admit_tensor(*state_.ram, state_.tiering.get(), p, *node, req.size, req.name); !st)
+    return reply_err(h, st, out);
   if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
     UidUsage u = uid_usage(state_.catalog, p.owner_uid);
-    if (u.ram_used + req.size > uq)
+    if (req.size > uq - std::min(uq, u.ram_used))
       return reply_err(h, Status(Code::kResourceExhausted,
                                  "uid " + std::to_string(p.owner_uid) + " uses " + format_size(u.ram_used) +
                                      " of its RAM quota of " + format_size(uq) + " (uid_ram_quota); " +
@@ -440,13 +453,12 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
   return Status::ok();
 }
 
-LeaseMode RequestHandler::prepare_mode(LeaseMode mode) const {
-  // An overwrite lease skips the read-back of tensors only on NVMe only when it can be granted
-  // right after (no conflicting lease): otherwise the placed, unspecified bytes would sit
-  // unleased while it waits. Waiting, it fetches like a write lease (correct, just not free).
-  if (mode == LeaseMode::kOverwrite && !state_.leases.check(mode, scratch_tensors_).is_ok())
-    return LeaseMode::kWrite;
-  return mode;
+Status RequestHandler::overwrite_conflict(LeaseMode mode) const {
+  // An overwrite lease places tensors only on NVMe without a read only when it can be granted
+  // right after: otherwise the placed, unspecified bytes would sit unleased while it waits. So
+  // while a conflicting lease is held it prepares nothing (its bytes are dead: there is nothing
+  // worth fetching, and a corrupt NVMe copy must not fail it) and waits like any conflict.
+  return mode == LeaseMode::kOverwrite ? state_.leases.check(mode, scratch_tensors_) : Status::ok();
 }
 
 Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
@@ -460,9 +472,16 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   TIER_RETURN_IF_ERROR(state_.leases.acquire(s.leases, mode, scratch_tensors_, state_.catalog, scratch_ids_));
   state_.counters.leases_granted += scratch_ids_.size();
   state_.counters.hits += scratch_ids_.size();
-  if (state_.durable && is_write(mode))  // the NVMe copy becomes stale
-    for (Tensor* t : scratch_tensors_)
-      if (t->nvme) state_.durable->nvme_copy_dropped(*t);
+  if (state_.durable && is_write(mode)) {
+    // The NVMe copy becomes stale, and the lease is journaled: a restarted daemon keeps the
+    // extent for this holder (daemon/lease_reclaim.hpp).
+    const LeaseHolder holder = holder_of(s);
+    for (size_t i = 0; i < scratch_tensors_.size(); ++i) {
+      Tensor& t = *scratch_tensors_[i];
+      if (t.nvme) state_.durable->nvme_copy_dropped(t);
+      state_.durable->write_lease_held(t, scratch_ids_[i], holder);
+    }
+  }
   if (state_.tiering) state_.tiering->on_granted(scratch_tensors_, mode);
   lease_rep_.grants.resize(scratch_tensors_.size());
   for (size_t i = 0; i < scratch_tensors_.size(); ++i) {
@@ -500,9 +519,10 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
                      out);
   LeaseMode mode = static_cast<LeaseMode>(req.mode);
   if (Status st = resolve_for_lease(s, req.tensor_ids, mode); !st) return reply_err(h, st, out);
-  if (state_.tiering) {
+  const Status conflict = overwrite_conflict(mode);
+  if (state_.tiering && conflict.is_ok()) {
     // Tensors only on NVMe are fetched first; the reply waits for them like a lease wait.
-    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_, prepare_mode(mode));
+    auto must_wait = state_.tiering->prepare_lease(s.id, scratch_tensors_, mode);
     if (!must_wait) return reply_err(h, must_wait.error(), out);
     if (*must_wait) {
       Waiter w;
@@ -519,7 +539,7 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
       return;
     }
   }
-  Status st = grant(s, mode, h.request_id, out.bytes);
+  Status st = conflict.is_ok() ? grant(s, mode, h.request_id, out.bytes) : conflict;
   if (st) {
     lease_latency_.observe(now_ns() - t_receipt);
     return;
@@ -572,20 +592,19 @@ void RequestHandler::retry_waiters() {
     if (it == sessions_.end()) return true;
     Session& s = *it->second;
     Status st = resolve_for_lease(s, w.tensor_ids, w.mode);
+    if (st) st = overwrite_conflict(w.mode);  // kBusy: waits below, preparing nothing
     if (st && state_.tiering) {
       bool ready = false;
-      st = state_.tiering->lease_ready(scratch_tensors_, ready, prepare_mode(w.mode));
+      st = state_.tiering->lease_ready(scratch_tensors_, ready, w.mode);
       if (st && !ready) {
         state_.tiering->pin(w.tensor_ids);  // fetched tensors stay until the grant
         return false;
       }
     }
-    if (st) {
-      st = grant(s, w.mode, w.request_id, deferred_buf_);
-      if (!st && st.code() == Code::kBusy && !w.fail_fast) {
-        if (state_.tiering) state_.tiering->pin(w.tensor_ids);
-        return false;  // still waiting
-      }
+    if (st) st = grant(s, w.mode, w.request_id, deferred_buf_);
+    if (!st && st.code() == Code::kBusy && !w.fail_fast) {
+      if (state_.tiering) state_.tiering->pin(w.tensor_ids);
+      return false;  // still waiting
     }
     if (w.io && state_.tiering) state_.tiering->lease_waited(Clock::now() - w.since);
     if (!st) {
@@ -612,6 +631,7 @@ void RequestHandler::expire(Clock::time_point now) {
     (void)encode_reply(kType(MsgType::kLease), w.request_id, st, Empty{}, deferred_buf_);
     if (sink_) sink_(w.session_id, deferred_buf_);
   });
+  if (state_.reclaims.sweep(state_, now)) retry_waiters();
 }
 
 void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const std::byte> payload,
@@ -693,6 +713,7 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.leases_granted = state_.counters.leases_granted;
   in.lease_latency = &lease_latency_;
   in.catalog = &state_.catalog;
+  in.arena_repairs = [this](const Pool& p) { return state_.ram->arena_repairs(p.id); };
   if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
   if (state_.tiering) in.nvme_quota = [&](const Pool& p) { return state_.tiering->nvme_quota(p); };
   if (state_.tiering)

@@ -36,6 +36,7 @@ struct Session {
   uid_t uid = 0;  // from SO_PEERCRED
   gid_t gid = 0;
   pid_t pid = 0;
+  uint64_t pid_start = 0;  // the process's start time, read at Hello (daemon/lease_reclaim.hpp)
   bool hello = false;
   int32_t numa_node = -1;  // the client's node from Hello
   std::string name;        // the client's name from Hello
@@ -65,14 +66,17 @@ class RequestHandler {
   void session_opened(Session& s);
   // Releases the session's leases, drops its waiters and retries the others.
   void session_closed(Session& s);
+  // The daemon is stopping (SIGTERM): the sessions it closes now keep their write leases
+  // journaled as held, since their clients go on writing until they reconnect to the next
+  // tierd (daemon/lease_reclaim.hpp).
+  void stopping() { state_.leases.on_write_end = nullptr; }
 
   void handle(Session& s, std::span<const std::byte> datagram, Reply& out);
 
-  // Answers the lease waiters whose deadline passed with kTimeout.
+  // Answers the lease waiters whose deadline passed with kTimeout, and ends the write leases
+  // from before a restart whose holder is gone or whose reclaim timeout passed.
   void expire(Clock::time_point now);
-  [[nodiscard]] std::optional<Clock::time_point> next_deadline() const {
-    return state_.leases.next_deadline();
-  }
+  [[nodiscard]] std::optional<Clock::time_point> next_deadline() const;
 
   // NVMe tier: runs its completions and timers, then answers the lease waiters they unblocked.
   // The server calls it when the tier's event fd is readable and after each batch of events.
@@ -100,6 +104,9 @@ class RequestHandler {
   void on_tensor_delete(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_lease(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_release(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  // LeaseReclaim (request_handler_reclaim.cpp): a write lease from before a restart.
+  void on_lease_reclaim(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  [[nodiscard]] LeaseHolder holder_of(const Session& s) const;
   void on_map_arena(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_status(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_topo(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
@@ -135,8 +142,9 @@ class RequestHandler {
   [[nodiscard]] int read_only_fd(const Arena& a);
   void close_read_only_fds(uint64_t pool_id);
   // Grants into scratch_grants_ and encodes the LeaseRep into `out`; false on conflict.
-  // The mode prepare_lease()/lease_ready() get for a lease of `mode` on scratch_tensors_.
-  [[nodiscard]] LeaseMode prepare_mode(LeaseMode mode) const;
+  // For an overwrite lease on scratch_tensors_: the conflicting lease it must wait for (kBusy),
+  // during which nothing is fetched or placed for it; ok for other modes.
+  [[nodiscard]] Status overwrite_conflict(LeaseMode mode) const;
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
   void retry_waiters();
@@ -154,6 +162,7 @@ class RequestHandler {
   UidTable uids_;
   LatencyHistogram lease_latency_;
   std::map<uint64_t, int> ro_fds_;  // arena id -> owned O_RDONLY fd
+  uint64_t pid_ns_ = 0;             // tierd's pid namespace (lease holders' pids mean it)
 };
 
 }  // namespace tier::daemon

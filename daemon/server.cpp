@@ -337,8 +337,7 @@ Server::~Server() = default;
 
 Status Server::listen() {
   Impl& m = *impl_;
-  if (m.path.size() >= sizeof(sockaddr_un::sun_path))
-    return Status(Code::kInvalidArgument, "socket path '" + m.path + "' is longer than 107 bytes");
+  TIER_RETURN_IF_ERROR(check_socket_path(m.path));
   std::error_code ec;
   auto parent = std::filesystem::path(m.path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -474,6 +473,7 @@ Status Server::run() {
   m.listen_fd = -1;
   ::unlink(m.path.c_str());
   for (auto& [sid, c] : m.conns) m.to_close.push_back(sid);
+  m.handler.stopping();
   m.close_dead();
   if (m.st.config.remove_arenas_on_exit) {
     m.st.ram->unlink_all();

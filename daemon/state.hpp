@@ -12,6 +12,7 @@
 #include "daemon/catalog.hpp"
 #include "daemon/durability.hpp"
 #include "daemon/config.hpp"
+#include "daemon/lease_reclaim.hpp"
 #include "daemon/leases.hpp"
 #include "daemon/ram/ram_tier.hpp"
 #include "daemon/tiering.hpp"
@@ -35,6 +36,7 @@ struct DaemonState {
   Catalog catalog;
   std::unique_ptr<RamTier> ram;
   LeaseTable leases;
+  ReclaimTable reclaims;  // write leases held across a restart, until reclaimed or lost
   Counters counters;
   Clock::time_point started = Clock::now();
   gid_t admin_gid = static_cast<gid_t>(-1);  // from config admin_group; -1: none

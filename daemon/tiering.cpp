@@ -1,6 +1,7 @@
 #include "daemon/tiering.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/statvfs.h>
 #include <sys/timerfd.h>
@@ -10,7 +11,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
+#include "daemon/admission.hpp"
 #include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "nvme/nvme_log.hpp"
@@ -33,7 +36,8 @@ uint64_t nvme_bytes(const nvme::NvmeLocation& loc) {
 // The share of RAM a plan keeps resident when its client gives no budget.
 constexpr double kDefaultPlanBudget = 0.5;
 // A failed write-back (tier full, quota, device error) is not retried for this long, so an
-// allocation that cannot evict fails instead of retrying the same victim forever.
+// allocation that cannot evict fails instead of retrying the same victim forever (space
+// refusals end earlier: TierManager::spill_backed_off).
 constexpr double kSpillRetryS = 1.0;
 // Prefetch lead time beyond the transfer time, as a fraction of it (the device is shared with
 // checksum work and other clients).
@@ -81,6 +85,7 @@ Result<std::unique_ptr<TierManager>> TierManager::open(const Config& cfg, Catalo
   auto q = parse_size(cfg.nvme_pool_quota, es.capacity);
   if (!q) return fail(Code::kInvalidArgument, "nvme_pool_quota: " + q.error().message());
   m->default_nvme_quota_ = *q == 0 ? es.capacity : *q;
+  m->nvme_capacity_ = es.capacity;
   m->fixed_buffers_ = cfg.prefault;
   m->epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   m->timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -120,6 +125,35 @@ std::byte* TierManager::ram_ptr(const RamLocation& loc) {
 
 uint64_t TierManager::nvme_quota(const Pool& p) const {
   return p.nvme_quota == 0 ? default_nvme_quota_ : p.nvme_quota;
+}
+
+Status TierManager::nvme_admits(const Pool& p, uint64_t size, std::string_view name) const {
+  auto need = round_up_checked(size, nvme::kExtentAlign);
+  auto refuse = [&](const std::string& what, uint64_t limit) {
+    return Status(Code::kResourceExhausted,
+                  "tensor '" + std::string(name) + "' of " + format_size(size) +
+                      " can never be leased: it is larger than " + what + " of " + format_size(limit) +
+                      ", where it must fit to leave RAM when leases need the room");
+  };
+  if (!need || *need > nvme_quota(p)) return refuse("pool '" + p.name + "''s NVMe quota", nvme_quota(p));
+  if (*need > nvme_capacity_) return refuse("the NVMe tier", nvme_capacity_);
+  return Status::ok();
+}
+
+bool TierManager::spill_backed_off(const TState& s, double now) const {
+  if (now - s.spill_failed_at >= kSpillRetryS) return false;
+  return !(s.spill_error.code() == Code::kResourceExhausted && nvme_freed_at_ >= s.spill_failed_at);
+}
+
+std::string TierManager::nvme_short_message(const NvmeShort& sh) const {
+  if (const Pool* p = sh.quota_pool) {
+    const uint64_t q = nvme_quota(*p);
+    return fmt::format("pool '{}' NVMe quota full: {} of {} free, {} needed for the victims' write-backs", p->name,
+                       format_size(q - std::min(q, p->nvme_used)), format_size(q), format_size(sh.bytes));
+  }
+  const nvme::EngineStats es = engine_->stats();
+  return fmt::format("NVMe tier full: {} free, {} needed for the victims' write-backs",
+                     format_size(es.capacity - std::min(es.capacity, es.used)), format_size(sh.bytes));
 }
 
 bool TierManager::needs_writeback(const Tensor& t) const {
@@ -305,14 +339,19 @@ Status TierManager::start_spill(Pool& pool, Tensor& t, bool drop_after) {
   uint64_t old = t.nvme ? nvme_bytes(*t.nvme) : 0;
   uint64_t need = (t.size + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
   uint64_t quota = nvme_quota(pool);
-  if (pool.nvme_used - std::min(pool.nvme_used, old) + need > quota)
+  uint64_t& spilling = nvme_spilling_[pool.id];
+  if (pool.nvme_used - std::min(pool.nvme_used, old) + spilling + need > quota)
     return Status(Code::kResourceExhausted,
                   "pool '" + pool.name + "' NVMe quota of " + format_size(quota) + " reached (used " +
-                      format_size(pool.nvme_used) + ", need " + format_size(need) + ")");
+                      format_size(pool.nvme_used) + ", being written " + format_size(spilling) +
+                      ", need " + format_size(need) + ")");
   std::byte* src = ram_ptr(*t.ram);
   if (!src) return Status(Code::kInternal, "no arena for a write-back");
   s.io = Io::kSpill;
   s.spill_gen = s.write_gen;
+  s.spill_pool = pool.id;
+  s.spill_reserved = need;
+  spilling += need;
   s.drop_after = drop_after;
   if (drop_after) writeback_pending_bytes_ += t.ram->length;
   engine_->spill(t.id, {src, t.size},
@@ -327,6 +366,12 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   if (it == ts_.end()) return;
   TState& s = it->second;
   s.io = Io::kNone;
+  if (auto r = nvme_spilling_.find(s.spill_pool); r != nvme_spilling_.end()) {
+    r->second -= std::min(r->second, s.spill_reserved);
+    if (r->second == 0) nvme_spilling_.erase(r);
+  }
+  s.spill_reserved = 0;
+  const bool cleaning = std::exchange(s.cleaning, false);
   Tensor* t = catalog_.find_tensor(id);
   Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
   if (!t || !p) return;
@@ -343,13 +388,15 @@ void TierManager::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   uint64_t old = t->nvme ? nvme_bytes(*t->nvme) : 0;
   p->nvme_used = p->nvme_used - std::min(p->nvme_used, old) + nvme_bytes(*r);
   t->nvme = std::move(*r);
-  // Journaled only now that the write completed, and only when no write lease was granted
+  // Journaled only now that the copy is durable (the engine reports a spill after its writes
+  // and an fdatasync of each data file they went to), and only when no write lease was granted
   // while it ran (those bytes may be torn); then the replaced copy is recorded as gone.
   if (durable_) {
     if (s.write_gen == s.spill_gen) durable_->nvme_copy_written(*t, *t->nvme);
     else durable_->nvme_copy_dropped(*t);
   }
   stats_.writebacks++;
+  if (cleaning) stats_.cleaned_bytes += t->size;
   s.torn_copy = s.write_gen != s.spill_gen;
   if (!s.torn_copy) t->dirty = false;  // no write lease since it started
   if (s.drop_after && !t->dirty && evictable(*t)) pending_drops_.push_back(t->id);  // flush_drops()
@@ -405,16 +452,29 @@ std::vector<policy::Candidate> TierManager::candidates(std::optional<uint64_t> p
 
 uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint64_t need,
                                  uint64_t& started, Status& last_error,
-                                 std::optional<uint64_t> for_pool, int32_t for_node) {
+                                 std::optional<uint64_t> for_pool, int32_t for_node, NvmeShort* short_of) {
   uint64_t freed = 0;
   std::vector<Tensor*> clean;  // dropped together below: one journal commit
+  // A victim whose write-back NVMe space refused goes into *short_of, until such victims would
+  // have freed `need`: what this allocation lacks.
+  auto space_refused = [&](const Tensor& t, const Pool& p, const Status& st) {
+    if (!short_of || st.code() != Code::kResourceExhausted || short_of->ram_bytes >= need) return;
+    const uint64_t n = round_up_checked(t.size, nvme::kExtentAlign).value_or(t.size);
+    short_of->bytes += n;
+    short_of->ram_bytes += t.ram->length;
+    // The pool's quota, when it is below the tier (a default quota is the whole tier).
+    const uint64_t old = t.nvme ? nvme_bytes(*t.nvme) : 0;
+    if (nvme_quota(p) < nvme_capacity_ && p.nvme_used - std::min(p.nvme_used, old) + n > nvme_quota(p))
+      short_of->quota_pool = &p;
+  };
   for (uint64_t id : policy::eviction_order(cands)) {
     if (freed + started >= need) break;
     Tensor* t = catalog_.find_tensor(id);
     Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
     if (!p || !evictable(*t)) continue;
-    if (needs_writeback(*t) && now_s() - ts(id).spill_failed_at < kSpillRetryS) {
+    if (needs_writeback(*t) && spill_backed_off(ts(id), now_s())) {
       last_error = ts(id).spill_error;
+      space_refused(*t, *p, last_error);
       continue;
     }
     uint64_t len = t->ram->length;
@@ -428,6 +488,7 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
       last_error = st;
       ts(id).spill_failed_at = now_s();
       ts(id).spill_error = st;
+      space_refused(*t, *p, st);
     }
   }
   drop_ram_many(clean);
@@ -435,7 +496,11 @@ uint64_t TierManager::evict_some(std::span<const policy::Candidate> cands, uint6
 }
 
 Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t size) {
+  // A size no eviction can make room for (a tensor journaled before admission checked it):
+  // refused without evicting anything.
+  if (Status st = ram_admits(ram_, pool, node, size, ""); !st) return fail(std::move(st));
   Status last_error;
+  NvmeShort short_of;
   last_spill_error_ = Status::ok();
   for (;;) {
     auto loc = ram_.allocate(pool, node, size);
@@ -461,12 +526,17 @@ Result<RamLocation> TierManager::allocate(Pool& pool, int32_t node, uint64_t siz
     }
     auto cands = candidates(in_pool, on_node, std::nullopt);
     uint64_t started = 0;
-    uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node);
+    short_of = {};
+    uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node, &short_of);
     if (freed > 0) continue;
     if (engine_->pending() > 0) return fail(Code::kBusy, "RAM is being freed by write-backs");
-    std::string why = loc.error().message() + "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
+    // Say what is really short: NVMe space for the victims' write-backs, a failing device, or
+    // evictable tensors (the rest leased or pinned).
+    std::string why = loc.error().message();
     if (last_error.is_ok()) last_error = last_spill_error_;
-    if (!last_error.is_ok()) why += "; last write-back error: " + last_error.message();
+    if (short_of.bytes > 0) why += "; " + nvme_short_message(short_of);
+    else if (!last_error.is_ok()) why += "; writing back its victims failed: " + last_error.message();
+    else why += "; nothing more can be evicted (the rest is leased or pinned by waiting leases)";
     return fail(Code::kResourceExhausted, why);
   }
 }
@@ -523,7 +593,7 @@ void TierManager::clean_ahead() {
       if (!c.next_use) continue;
       node_dirty[t->ram->node] += t->ram->length;
       pool_dirty[pool->id] += t->ram->length;
-      if (evictable(*t) && now - ts(id).spill_failed_at >= kSpillRetryS) cands.push_back({t, pool, *c.next_use});
+      if (evictable(*t) && !spill_backed_off(ts(id), now)) cands.push_back({t, pool, *c.next_use});
     }
   }
   std::unordered_map<int32_t, uint64_t> node_capacity;
@@ -544,7 +614,7 @@ void TierManager::clean_ahead() {
     s.spill_error = st;
     return;
   }
-  stats_.cleaned_bytes += pick->t->size;  // one write in flight at a time
+  ts(pick->t->id).cleaning = true;  // counted in cleaned_bytes once durable; one at a time
 }
 
 // --- leases ---
@@ -772,6 +842,7 @@ void TierManager::forget(Pool& pool, Tensor& t) {
     if (Status st = engine_->free(*t.nvme); !st) log_warn("freeing the NVMe copy of '{}': {}", t.name, st.message());
     pool.nvme_used -= std::min(pool.nvme_used, nvme_bytes(*t.nvme));
     t.nvme.reset();
+    nvme_freed_at_ = now_s();  // write-backs refused for space may be retried at once
   }
 }
 

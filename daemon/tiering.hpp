@@ -81,6 +81,10 @@ class TierManager {
   // can be evicted (all leased or busy), naming why.
   [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
 
+  // Admission (daemon/admission.hpp): kResourceExhausted when a tensor of `size` bytes is larger
+  // than `pool`'s NVMe quota or the whole NVMe tier, so it could never leave RAM.
+  [[nodiscard]] Status nvme_admits(const Pool& pool, uint64_t size, std::string_view name) const;
+
   // Before granting a lease on `tensors` to `session`: counts hits and misses, advances the
   // session's plan cursor, starts fetches for tensors only on NVMe. Returns true when the grant
   // must wait for I/O (defer the reply; retry with lease_ready()). For kOverwrite a tensor only
@@ -165,6 +169,9 @@ class TierManager {
     // Named by a Discard at least once: its client discards it (eviction holds it, dirty and
     // overwritten next, for the discard rather than writing it back: policy/eviction.hpp).
     bool discarded_before = false;
+    // NVMe quota bytes of pool spill_pool the write-back in flight holds (see nvme_spilling_).
+    uint64_t spill_pool = 0, spill_reserved = 0;
+    bool cleaning = false;  // the write-back in flight is a background one (cleaned_bytes)
   };
   struct Plan {
     uint64_t pool_id = 0;
@@ -226,12 +233,25 @@ class TierManager {
   // `protect` keeps planned tensors used no later than that use (in each pool's distance unit).
   std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,
                                             std::optional<Ahead> protect);
+  // Victims whose write-back NVMe space refused (the tier or their pool's NVMe quota is full).
+  struct NvmeShort {
+    uint64_t bytes = 0;                // NVMe bytes their write-backs need
+    uint64_t ram_bytes = 0;            // RAM they would free
+    const Pool* quota_pool = nullptr;  // set when a pool's NVMe quota (not the tier) refused one
+  };
   // Evicts in policy order until `need` bytes are freed or under way. Returns bytes freed now;
   // `started` gets the bytes whose write-back started. `for_pool`/`for_node`: the allocation
   // the room is for; victims in that pool's arena on that node keep their pages (keep_pages).
+  // `short_of`: adds the victims refused for NVMe space.
   uint64_t evict_some(std::span<const policy::Candidate> cands, uint64_t need, uint64_t& started,
                       Status& last_error, std::optional<uint64_t> for_pool = std::nullopt,
-                      int32_t for_node = -1);
+                      int32_t for_node = -1, NvmeShort* short_of = nullptr);
+  // A failed write-back of `s` is not retried for kSpillRetryS, so an allocation that cannot
+  // evict fails instead of retrying the same victim forever; one refused for NVMe space is
+  // retried as soon as NVMe space was freed since (forget()).
+  [[nodiscard]] bool spill_backed_off(const TState& s, double now) const;
+  // "NVMe tier full: N free, M needed for the victims' write-backs" (or the pool's NVMe quota).
+  [[nodiscard]] std::string nvme_short_message(const NvmeShort& sh) const;
   void maintain();
   // Background write-back: when no I/O is in flight, writes back (without dropping) the dirty,
   // idle RAM copy of a planned tensor whose next read is farthest, while such copies exceed
@@ -255,6 +275,9 @@ class TierManager {
   std::unordered_set<uint64_t> leasing_;
   uint64_t tick_ = 1;
   uint64_t writeback_pending_bytes_ = 0;  // RAM bytes whose drop waits on a write-back
+  // Per pool id: NVMe bytes of write-backs in flight. Pool::nvme_used counts a copy only once
+  // it is durable, so the quota check adds these, or concurrent write-backs would overrun it.
+  std::unordered_map<uint64_t, uint64_t> nvme_spilling_;
   double dirty_background_ = 1.0;         // Config::ram_dirty_background
   double next_clean_scan_ = 0;            // clean_ahead() without a completion: not before
   double clean_due_ = std::numeric_limits<double>::infinity();  // a skipped scan's timer
@@ -265,6 +288,8 @@ class TierManager {
   bool fixed_buffers_ = false;
   uint64_t registered_generation_ = UINT64_MAX;
   Status last_spill_error_;  // the last failed write-back (named in allocation errors)
+  double nvme_freed_at_ = -1e9;  // when an NVMe copy was last freed (spill_backed_off())
+  uint64_t nvme_capacity_ = 0;   // the NVMe tier's bytes (fixed at open)
   bool progress_ = false;
   double next_prefetch_ = 0;  // when schedule_prefetch() is due again (0: now)
   int epfd_ = -1, timer_fd_ = -1;

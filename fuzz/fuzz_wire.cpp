@@ -80,6 +80,7 @@ void check_datagram(std::span<const std::byte> d) {
     case MsgType::kTensorList: check_request<TensorListReq>(*h, d); break;
     case MsgType::kLease: check_request<LeaseReq>(*h, d); break;
     case MsgType::kRelease: check_request<ReleaseReq>(*h, d); break;
+    case MsgType::kLeaseReclaim: check_request<LeaseReclaimReq>(*h, d); break;
     case MsgType::kMapArena: check_request<MapArenaReq>(*h, d); break;
     case MsgType::kPrefetch:
     case MsgType::kEvict: check_request<TensorIdsReq>(*h, d); break;
@@ -97,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const std::byte> payload = in.size() >= kHeaderBytes ? payload_of(in) : in;
   check_all<ReplyStatus, HelloReq, HelloRep, PoolInfoW, PoolCreateReq, PoolNameReq, PoolListRep,
             TensorInfoW, TensorCreateReq, TensorRefReq, TensorListReq, TensorListRep, LeaseReq,
-            LeaseGrant, LeaseRep, ReleaseReq, MapArenaReq, MapArenaRep, NodeTierW, NvmeTierW,
+            LeaseGrant, LeaseRep, ReleaseReq, LeaseReclaimReq, MapArenaReq, MapArenaRep, NodeTierW, NvmeTierW,
             StatusRep, TopoNodeW, TopoDevW, TopoRep, TensorIdsReq, PlanSetReq, SnapshotRep,
             TextRep, Empty>(payload);
   return 0;

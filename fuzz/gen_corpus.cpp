@@ -57,6 +57,7 @@ void wire_corpus() {
   put(t, "lease", req(MsgType::kLease, LeaseReq{2, 100, {1, 2, 3}}));
   put(t, "lease_overwrite", req(MsgType::kLease, LeaseReq{3, 0, {1, 2}}));
   put(t, "release", req(MsgType::kRelease, ReleaseReq{{7, 8}}));
+  put(t, "lease_reclaim", req(MsgType::kLeaseReclaim, LeaseReclaimReq{2, (1ull << 32) | 5}));
   put(t, "map_arena", req(MsgType::kMapArena, MapArenaReq{3}));
   put(t, "prefetch", req(MsgType::kPrefetch, TensorIdsReq{"job-a", {1, 2}}));
   put(t, "discard", req(MsgType::kDiscard, TensorIdsReq{"job-a", {2, 3}}));
@@ -90,6 +91,8 @@ void journal_corpus() {
       TensorRamDropped{5},
       TensorRamPlaced{5, 0, 65536, 8192, 4096},
       NvmeCopyDropped{5, 1},
+      WriteLeaseHeld{5, (1ull << 32) | 3, 1000, 4242, 987654, 4026531836ull},
+      WriteLeaseEnded{5},
       SnapshotBegun{1, 1, "/snap/1"},
       SnapshotDurable{1, 1, "/snap/1", 4096},
       SnapshotDropped{1, 1},
@@ -160,6 +163,8 @@ void config_corpus() {
   put_text(t, "bad_key", "rma = \"1G\"\n");
   put_text(t, "bad_size", "ram = \"lots\"\n");
   put_text(t, "types", "ram = 17\nwatchdog = \"yes\"\nnvme = 3\n");
+  put_text(t, "nvme_twice",
+           "nvme = [ { path = \"/mnt/nvme0/tier\" }, { path = \"/mnt/nvme0//tier/.\", numa_node = 1 } ]\n");
   std::error_code ec;
   fs::path example = fs::path(g_root).parent_path().parent_path() / "daemon" / "tierd.toml.example";
   if (fs::exists(example, ec)) fs::copy_file(example, g_root / t / "tierd.toml.example",
@@ -188,6 +193,12 @@ void request_corpus() {
               req(MsgType::kRelease, ReleaseReq{{1}}, 6),
               req(MsgType::kLease, LeaseReq{1, 0, {1, 1}}, 7),
               req(MsgType::kMapArena, MapArenaReq{1}, 8)}));
+  // A reclaim with no lease to take back (no restart), then one naming a live lease of B's.
+  put(t, "lease_reclaim",
+      fuzzreq::frame(0x5, {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
+                           req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 1}, 5),
+                           req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 0}, 6)},
+                     {false, true, false, false, false, true, false}));
   put(t, "delete_drop",
       seq(0, {hello, pool, tensor, req(MsgType::kTensorOpen, TensorRefReq{"p", "w"}, 4),
               req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 5),
@@ -212,6 +223,14 @@ void request_corpus() {
                       req(MsgType::kLease, LeaseReq{2, -1, {1}}, 6),
                       req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 7)},
                      {false, true, false, false, false, true, true, false}));
+  // Names with control characters and malformed UTF-8, sizes no pool can hold (2^63, 2^64-1).
+  auto named = [](std::string name, uint64_t size, uint32_t id) {
+    return req(MsgType::kTensorCreate, TensorCreateReq{"p", std::move(name), size, 0, {}, 0, -1, false}, id);
+  };
+  put(t, "names_and_sizes",
+      seq(0, {hello, pool, named("a\nb", 4096, 3), named("\x1b[31m", 4096, 4), named("c1\xc2\x85", 4096, 5),
+              named("bad\xff\xc0\xaf", 4096, 6), named("ok \xc3\xbc", 4096, 7), named("huge", uint64_t{1} << 63, 8),
+              named("max", ~uint64_t{0}, 9), req(MsgType::kPoolCreate, PoolCreateReq{"p\x1b", 0, 0, false}, 10)}));
   put(t, "nvme", seq(0, {hello, pool, tensor,
                          req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
                          req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),

@@ -18,6 +18,9 @@ namespace tierpy {
 
 namespace py = pybind11;
 
+// Registers adamw_step, tier-train's AdamW shard update (python/optim.cpp).
+void register_optim(py::module_& m);
+
 // Registers tierd.Error and one subclass per tier::Code (tierd.NotFound, tierd.Busy, ...).
 void register_errors(py::module_& m);
 // Raises the tierd.Error subclass for s.code() with .code (name), .code_value and .message set.
@@ -59,5 +62,7 @@ struct PyLease {
 };
 
 void register_lease(py::module_& m);
+// Adds __dlpack__ / __dlpack_device__ to the Lease class (python/dlpack.cpp).
+void register_dlpack(py::class_<PyLease>& cls);
 
 }  // namespace tierpy

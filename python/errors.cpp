@@ -11,6 +11,30 @@ namespace {
 PyObject* g_error = nullptr;
 std::array<PyObject*, tier::kMaxCode + 1> g_by_code{};
 
+// The builtin exception each code also derives from, so `except PermissionError` and friends
+// catch tierd's errors too; nullptr: tierd.Error alone.
+PyObject* builtin_base(tier::Code c) {
+  switch (c) {
+    case tier::Code::kInvalidArgument: return PyExc_ValueError;
+    case tier::Code::kNotFound: return PyExc_LookupError;
+    case tier::Code::kAlreadyExists: return PyExc_FileExistsError;
+    case tier::Code::kPermissionDenied: return PyExc_PermissionError;
+    case tier::Code::kResourceExhausted: return PyExc_MemoryError;
+    case tier::Code::kTimeout: return PyExc_TimeoutError;
+    case tier::Code::kIo: return PyExc_OSError;
+    case tier::Code::kUnavailable: return PyExc_ConnectionError;
+    case tier::Code::kUnsupported: return PyExc_NotImplementedError;
+    default: return nullptr;
+  }
+}
+
+// The Python class name of a code: the code's name, except where that would shadow a builtin
+// (the code kIo is named "IOError", an alias of OSError in Python).
+std::string class_name(tier::Code c) {
+  if (c == tier::Code::kIo) return "IoError";
+  return std::string(tier::code_name(c));
+}
+
 }  // namespace
 
 void register_errors(py::module_& m) {
@@ -22,9 +46,13 @@ void register_errors(py::module_& m) {
   if (g_error == nullptr) throw py::error_already_set();
   m.attr("Error") = py::reinterpret_borrow<py::object>(g_error);
   for (uint16_t c = 1; c <= tier::kMaxCode; ++c) {
-    std::string name(tier::code_name(static_cast<tier::Code>(c)));
+    const auto code = static_cast<tier::Code>(c);
+    std::string name = class_name(code);
     std::string qual = "tierd." + name;
-    PyObject* sub = PyErr_NewException(qual.c_str(), g_error, nullptr);
+    PyObject* builtin = builtin_base(code);
+    py::object bases = builtin ? py::object(py::make_tuple(py::handle(g_error), py::handle(builtin)))
+                               : py::reinterpret_borrow<py::object>(g_error);
+    PyObject* sub = PyErr_NewException(qual.c_str(), bases.ptr(), nullptr);
     if (sub == nullptr) throw py::error_already_set();
     g_by_code[c] = sub;
     m.attr(name.c_str()) = py::reinterpret_borrow<py::object>(sub);

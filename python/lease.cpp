@@ -122,6 +122,10 @@ void register_lease(py::module_& m) {
   auto cls = py::class_<PyLease>(m, "Lease", py::buffer_protocol(), R"doc(
 A pin on one tensor: while held, its bytes stay in RAM at a fixed address of the daemon's arena.
 
+Modes (Client.lease(tensor, mode)): 'r' read (shared with other readers), 'w' write (exclusive;
+the tensor's bytes are read back from NVMe first if they were spilled), 'o' overwrite
+(exclusive, writable, without reading a spilled copy back: for a caller that writes every byte).
+
 Exposes the buffer protocol (1-D bytes; writable for write leases, read-only for read leases):
 numpy.frombuffer(lease, dtype) and torch.frombuffer(lease, dtype=...) are zero-copy views.
 Use as a context manager, or call release(). Lifetime rule: a view must not outlive the lease.
@@ -189,6 +193,7 @@ seen, and after release they read memory that is still mapped (no crash) but no 
                " mode=" + std::string(mode_name(l.mode)) + " nbytes=" +
                std::to_string(l.nbytes) + (l.released ? " released" : "") + ">";
       });
+  register_dlpack(cls);
   // pybind11 installed its own buffer slots; replace them with ours, which count exports.
   auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   type->tp_as_buffer->bf_getbuffer = lease_getbuffer;

@@ -173,13 +173,16 @@ tier::DType dtype_from_object(py::handle obj) {
 
 }  // namespace tierpy
 
-PYBIND11_MODULE(tierd, m) {
+// The extension is tierd._native; the package python/tierd/__init__.py re-exports it as `tierd`
+// and adds the pure-Python parts (tierd.torch).
+PYBIND11_MODULE(_native, m) {
   using namespace tierpy;
   m.doc() = "tierd: the node memory tier (RAM and NVMe) for training state, over libtier. "
             "Leases expose the buffer protocol: numpy.frombuffer / torch.frombuffer are zero-copy.";
   m.attr("__version__") = TIER_VERSION;
   register_errors(m);
   register_lease(m);
+  register_optim(m);
 
   m.def("default_socket_path", &tier::default_socket_path,
         "$TIERD_SOCKET, else /run/tierd/tierd.sock");
@@ -294,8 +297,10 @@ PYBIND11_MODULE(tierd, m) {
         }
         return pl;
       }, py::arg("tensor"), py::arg("mode") = "r", py::arg("timeout") = 0.0,
-         "Leases a tensor (TensorInfo or id) for 'r' (shared) or 'w' (exclusive). timeout: seconds "
-         "to wait for a conflicting lease (0: fail fast with tierd.Busy; None: wait forever).")
+         "Leases a tensor (TensorInfo or id). mode: 'r' read (shared with other readers), 'w' write "
+         "(exclusive; a copy spilled to NVMe is read back first), 'o' overwrite (exclusive and "
+         "writable, without reading a spilled copy back: the caller writes every byte). timeout: "
+         "seconds to wait for a conflicting lease (0: fail fast with tierd.Busy; None: wait forever).")
       .def("lease_batch", [](PyClient& c, py::object tensors, const std::string& mode, py::object timeout) {
         std::vector<py::object> infos;
         for (py::handle t : tensors) infos.push_back(py::reinterpret_borrow<py::object>(t));
@@ -316,7 +321,8 @@ PYBIND11_MODULE(tierd, m) {
         }
         return out;
       }, py::arg("tensors"), py::arg("mode") = "r", py::arg("timeout") = 0.0,
-         "Leases several tensors in one round trip, all or none, in order.")
+         "Leases several tensors in one round trip, all or none, in order; mode and timeout as "
+         "lease() ('r', 'w' or 'o').")
       // Tiering and plans.
       .def("prefetch", [](PyClient& c, const std::string& pool, py::object tensors) {
         auto ids = tensor_ids_of(tensors);

@@ -49,8 +49,9 @@ enum class MsgType : uint16_t {
   kSnapshot = 18,
   kMetrics = 19,
   kDiscard = 20,  // added within version 2: an older daemon answers it as an unknown type
+  kLeaseReclaim = 21,  // added within version 2, likewise
 };
-inline constexpr uint16_t kMaxMsgType = 20;
+inline constexpr uint16_t kMaxMsgType = 21;
 
 struct Header {
   uint32_t magic = kMagic;
@@ -183,6 +184,15 @@ struct LeaseRep {
 struct ReleaseReq {
   std::vector<uint64_t> lease_ids;
   template <class V> void visit(V& v) { v(lease_ids); }
+};
+// After a daemon restart: take back the write lease `lease_id` (the id the previous daemon
+// granted) on `tensor_id`. Reply: a LeaseRep with one grant (a new lease id), or an error when
+// the daemon no longer holds that lease for this client (docs/daemon.md, "Leases across a
+// restart").
+struct LeaseReclaimReq {
+  uint64_t tensor_id = 0;
+  uint64_t lease_id = 0;
+  template <class V> void visit(V& v) { v(tensor_id); v(lease_id); }
 };
 
 struct MapArenaReq {

@@ -134,8 +134,8 @@ struct Stager::Impl {
     return first;
   }
 
-  // On-demand mode: registers the register_chunk_bytes-aligned pieces (relative to the arena
-  // base) of the arena holding [p, p+n) that the range covers. kNotFound when no mapped arena
+  // On-demand mode: registers the 2 MiB granules (relative to the arena base) of the arena
+  // holding [p, p+n) that the range covers, in pieces of at most register_chunk_bytes. kNotFound when no mapped arena
   // holds the whole range.
   Status register_pieces(uintptr_t p, uint64_t n) {
     std::vector<Client::ArenaMapping> arenas = client->mapped_arenas();
@@ -146,9 +146,11 @@ struct Stager::Impl {
     for (const Client::ArenaMapping& a : arenas) {
       const auto base = reinterpret_cast<uintptr_t>(a.base);
       if (a.base == nullptr || p < base || p + n > base + a.size) continue;
-      const uint64_t piece = opts.register_chunk_bytes;
-      const uint64_t lo = (p - base) / piece * piece;
-      const uint64_t hi = std::min<uint64_t>(a.size, (p + n - base + piece - 1) / piece * piece);
+      // Only the 2 MiB granules the copy covers: tierd grows an arena's object in whole
+      // granules as it places extents, so past them the mapping may have no pages to pin.
+      constexpr uint64_t g = 2ull << 20;
+      const uint64_t lo = (p - base) / g * g;
+      const uint64_t hi = std::min<uint64_t>(a.size, (p + n - base + g - 1) / g * g);
       std::lock_guard lock(mu);
       return acquire_locked(base + lo, hi - lo);
     }

@@ -67,7 +67,9 @@ Status CatalogImage::apply(const Record& rec) {
         } else if constexpr (std::is_same_v<T, ArenaCreated>) {
           PoolImage* p = pool(r.pool_id);
           if (!p) return bad(rec, "no " + id_of_pool);
-          if (arena_pool_.count(r.arena_id))
+          // Again for an arena of the same pool: its object was re-created under a new name
+          // (the old one was gone or refused at a restart).
+          if (auto it = arena_pool_.find(r.arena_id); it != arena_pool_.end() && it->second != r.pool_id)
             return bad(rec, "arena " + std::to_string(r.arena_id) + " exists");
           p->arenas[r.arena_id] = r;
           arena_pool_[r.arena_id] = r.pool_id;
@@ -109,6 +111,14 @@ Status CatalogImage::apply(const Record& rec) {
           TensorImage* t = tensor_mut(r.tensor_id);
           if (!t) return bad(rec, "no tensor " + std::to_string(r.tensor_id));
           if (t->nvme && t->nvme->generation == r.generation) t->nvme.reset();
+        } else if constexpr (std::is_same_v<T, WriteLeaseHeld>) {
+          TensorImage* t = tensor_mut(r.tensor_id);
+          if (!t) return bad(rec, "no tensor " + std::to_string(r.tensor_id));
+          t->write_lease = r;
+        } else if constexpr (std::is_same_v<T, WriteLeaseEnded>) {
+          TensorImage* t = tensor_mut(r.tensor_id);
+          if (!t) return bad(rec, "no tensor " + std::to_string(r.tensor_id));
+          t->write_lease.reset();
         } else if constexpr (std::is_same_v<T, SnapshotBegun>) {
           PoolImage* p = pool(r.pool_id);
           if (!p) return bad(rec, "no " + id_of_pool);
@@ -158,6 +168,7 @@ Status CatalogImage::emit_live(const Journal::Emit& emit) const {
     for (const auto& [tid, t] : p.tensors) {
       TIER_RETURN_IF_ERROR(emit(t.meta));
       if (t.nvme) TIER_RETURN_IF_ERROR(emit(*t.nvme));
+      if (t.write_lease) TIER_RETURN_IF_ERROR(emit(*t.write_lease));
     }
     for (const auto& [sid, s] : p.snapshots) {
       TIER_RETURN_IF_ERROR(emit(SnapshotBegun{pid, sid, s.path}));

@@ -10,7 +10,8 @@
 // Rules applied (docs/journal.md):
 //   PoolCreated        new pool (id and name unique among live pools)
 //   PoolDropped        the pool, its arenas, tensors and snapshots go
-//   ArenaCreated       new arena of a live pool (id unique)
+//   ArenaCreated       new arena of a live pool (id unique), or again for an arena of the same
+//                      pool: its object was re-created under a new name (replaces the record)
 //   TensorCreated      new tensor of a live pool (id unique among live tensors); its RAM
 //                      copy is (arena_id, offset, ram_length), none when arena_id is 0
 //   TensorDeleted      the tensor goes
@@ -18,6 +19,8 @@
 //   NvmeCopyWritten    the tensor's NVMe copy is this one (replacing an older generation)
 //   NvmeCopyDropped    the NVMe copy of that generation goes (another generation: no-op)
 //   SnapshotBegun/Durable/Dropped   a pool's snapshot is started / durable / gone
+//   WriteLeaseHeld     the tensor is write-leased by that holder (replacing an earlier one);
+//                      WriteLeaseEnded: it is not (no-op when it was not)
 //   Watermarks         next ids: the image keeps the maximum seen of each, and never less than
 //                      one past any id it has seen
 //   ManifestBegin/End  refused: they belong in manifests, not journals
@@ -39,6 +42,7 @@ namespace tier::journal {
 struct TensorImage {
   TensorCreated meta;  // with the current RAM placement (arena_id 0: no RAM copy)
   std::optional<NvmeCopyWritten> nvme;
+  std::optional<WriteLeaseHeld> write_lease;  // held by a client now
   bool operator==(const TensorImage&) const = default;
 };
 
@@ -68,7 +72,7 @@ class CatalogImage {
   [[nodiscard]] RecordVisitor replayer();
 
   // Emits the live state: Watermarks, then per pool PoolCreated, its ArenaCreated, per tensor
-  // TensorCreated (+ NvmeCopyWritten), per snapshot SnapshotBegun (+ SnapshotDurable).
+  // TensorCreated (+ NvmeCopyWritten, + WriteLeaseHeld), per snapshot SnapshotBegun (+ SnapshotDurable).
   [[nodiscard]] Status emit_live(const Journal::Emit& emit) const;
 
   const std::map<uint64_t, PoolImage>& pools() const noexcept { return pools_; }

@@ -54,6 +54,8 @@ std::string_view record_type_name(RecordType t) noexcept {
     case RecordType::kArenaCreated: return "ArenaCreated";
     case RecordType::kManifestBegin: return "ManifestBegin";
     case RecordType::kManifestEnd: return "ManifestEnd";
+    case RecordType::kWriteLeaseHeld: return "WriteLeaseHeld";
+    case RecordType::kWriteLeaseEnded: return "WriteLeaseEnded";
   }
   return "unknown";
 }

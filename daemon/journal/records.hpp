@@ -40,8 +40,10 @@ enum class RecordType : uint16_t {
   kArenaCreated = 13,
   kManifestBegin = 14,
   kManifestEnd = 15,
+  kWriteLeaseHeld = 16,
+  kWriteLeaseEnded = 17,
 };
-inline constexpr uint16_t kMaxRecordType = 15;
+inline constexpr uint16_t kMaxRecordType = 17;
 [[nodiscard]] std::string_view record_type_name(RecordType t) noexcept;
 
 // PoolCreated::flags (on-disk layout: bits never change meaning).
@@ -225,10 +227,41 @@ struct ManifestEnd {
   bool operator==(const ManifestEnd&) const = default;
 };
 
+// A client holds a write lease on the tensor's RAM copy and may be storing into it through
+// its mapping (docs/daemon.md, "Leases across a restart"). A restarted daemon keeps that
+// extent reserved for the holder until it reclaims the lease (naming `lease_id`), is known to
+// be gone, or the reclaim timeout passes. A later record for the same tensor replaces it (a
+// reclaim grants a new lease id). The holder as tierd saw it: uid and pid from SO_PEERCRED,
+// the process's start time (field 22 of /proc/<pid>/stat, clock ticks after boot; 0 unknown)
+// and the inode of tierd's own pid namespace, in which `pid` means that process.
+// Appended at grant, before the reply; not fsynced on its own (a lease cannot outlive a power
+// loss: its holder dies too).
+struct WriteLeaseHeld {
+  static constexpr RecordType kType = RecordType::kWriteLeaseHeld;
+  uint64_t tensor_id = 0;
+  uint64_t lease_id = 0;
+  uint32_t uid = 0;
+  int32_t pid = 0;
+  uint64_t pid_start = 0;
+  uint64_t pid_ns = 0;
+  template <class V> void visit(V& v) { v(tensor_id); v(lease_id); v(uid); v(pid); v(pid_start); v(pid_ns); }
+  bool operator==(const WriteLeaseHeld&) const = default;
+};
+
+// The tensor's write lease ended (released, its client's connection closed, or a restarted
+// daemon gave up waiting for the holder). No-op when the tensor has none.
+struct WriteLeaseEnded {
+  static constexpr RecordType kType = RecordType::kWriteLeaseEnded;
+  uint64_t tensor_id = 0;
+  template <class V> void visit(V& v) { v(tensor_id); }
+  bool operator==(const WriteLeaseEnded&) const = default;
+};
+
 using Record = std::variant<PoolCreated, PoolDropped, TensorCreated, TensorDeleted,
                             NvmeCopyWritten, NvmeCopyDropped, SnapshotBegun, SnapshotDurable,
                             SnapshotDropped, Watermarks, TensorRamPlaced, TensorRamDropped,
-                            ArenaCreated, ManifestBegin, ManifestEnd>;
+                            ArenaCreated, ManifestBegin, ManifestEnd, WriteLeaseHeld,
+                            WriteLeaseEnded>;
 static_assert(std::variant_size_v<Record> == kMaxRecordType, "one alternative per RecordType");
 
 [[nodiscard]] RecordType record_type(const Record& r) noexcept;

@@ -9,6 +9,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -70,11 +71,19 @@ Result<bool> probe_direct_io(const std::string& dir, std::string& why) {
   return true;
 }
 
+WrapBackend& default_wrap_backend() {
+  static WrapBackend wrap;
+  return wrap;
+}
+
 }  // namespace
+
+void set_default_wrap_backend(WrapBackend wrap) { default_wrap_backend() = std::move(wrap); }
 
 struct Engine::Op {
   bool write = false;
   bool submitting = false;  // spill()/fetch() is still issuing: completion must wait
+  bool syncing = false;     // a spill whose writes and hashes are done, waiting for fdatasync
   uint64_t tensor_id = 0;
   std::byte* base = nullptr;
   NvmeLocation loc;
@@ -156,7 +165,8 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
                 dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth,
                 o.request_size / 1024, dc.numa_node);
     }
-    if (o.wrap_backend) backend = o.wrap_backend(static_cast<uint16_t>(i), std::move(backend));
+    const WrapBackend& wrap = o.wrap_backend ? o.wrap_backend : default_wrap_backend();
+    if (wrap) backend = wrap(static_cast<uint16_t>(i), std::move(backend));
     Dir d;
     d.direct = direct;
     d.queue = std::make_unique<IoQueue>(std::move(backend), IoQueueOptions{o.request_size, 1000});
@@ -271,7 +281,7 @@ void Engine::hash_done(uint64_t tag, uint64_t hash) {
       op.error = Status(Code::kCorruption, std::move(msg));
   }
   --op.outstanding;
-  if (op.outstanding == 0 && !op.submitting) finish(op_id);
+  if (op.outstanding == 0 && !op.submitting) settle(op_id);
 }
 
 void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone done,
@@ -310,7 +320,8 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
     start_extent_io(id, i, raw->base + raw->parts[i].pos, true);
   raw->submitting = false;
-  if (raw->outstanding == 0) finish(id);
+  if (raw->outstanding == 0) settle(id);
+  issue_syncs();
   signal_if_ready();
 }
 
@@ -352,7 +363,7 @@ void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone 
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
     start_extent_io(id, i, raw->base + raw->parts[i].pos, false);
   raw->submitting = false;
-  if (raw->outstanding == 0) finish(id);
+  if (raw->outstanding == 0) settle(id);
   signal_if_ready();
 }
 
@@ -378,7 +389,76 @@ void Engine::io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result) {
   // The extent's bytes are all in: verify them on a hash worker.
   if (!op.write && part.pending == 0 && !part.failed) hash_extent(op_id, ext);
   --op.outstanding;
-  if (op.outstanding == 0 && !op.submitting) finish(op_id);
+  if (op.outstanding == 0 && !op.submitting) settle(op_id);
+}
+
+void Engine::settle(uint64_t op_id) {
+  Op& op = *ops_.at(op_id);
+  if (op.write && op.error.is_ok() && !op.syncing && !op.loc.extents.empty()) start_sync(op_id);
+  else finish(op_id);
+}
+
+// Group commit. A spill whose writes are done waits for one fdatasync of every data file it
+// wrote; each file has at most one sync in flight, and every spill that finished its writes
+// meanwhile waits for the next one, so one flush covers all the writes of a batch. Syncs are
+// issued from issue_syncs() at the end of poll(), after every completion reaped in it, so the
+// spills completing in one poll share a sync even when none is in flight.
+void Engine::start_sync(uint64_t op_id) {
+  Op& op = *ops_.at(op_id);
+  op.syncing = true;
+  std::vector<uint64_t> keys;
+  for (const Extent& e : op.loc.extents) {
+    uint64_t key = (uint64_t{e.dir} << 32) | e.file;
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    keys.push_back(key);
+    FileSync& f = syncs_[key];
+    f.waiting.push_back(op_id);
+    ++op.outstanding;
+    if (!f.in_flight && f.waiting.size() == 1) sync_due_.push_back(key);
+  }
+}
+
+void Engine::issue_syncs() {
+  auto due = std::move(sync_due_);
+  sync_due_.clear();
+  for (uint64_t key : due) {
+    FileSync& f = syncs_[key];
+    if (f.in_flight || f.waiting.empty()) continue;
+    f.covered = std::move(f.waiting);
+    f.waiting.clear();
+    f.in_flight = true;
+    auto dir = static_cast<uint16_t>(key >> 32);
+    auto file = static_cast<uint32_t>(key & 0xffffffffu);
+    dirs_[dir].queue->submit(IoOp::kSync, store_->dir(dir).backend_file(file), 0, nullptr, 0,
+                             [this, key](int64_t r) { sync_done(key, r); });
+  }
+}
+
+void Engine::sync_done(uint64_t key, int64_t result) {
+  FileSync& f = syncs_[key];
+  f.in_flight = false;
+  std::vector<uint64_t> done = std::move(f.covered);
+  f.covered.clear();
+  Status err;
+  if (result < 0) {
+    ++counters_.io_errors;
+    auto dir = static_cast<uint16_t>(key >> 32);
+    auto file = static_cast<uint32_t>(key & 0xffffffffu);
+    err = Status::from_errno(static_cast<int>(-result),
+                             fmt::format("fdatasync {}", store_->dir(dir).file_path(file)));
+    nlog_error("{}", err.message());
+    // Writes that completed while the failed sync ran may have been written back by it, their
+    // error consumed by it: a later sync could report success for bytes that never landed.
+    done.insert(done.end(), f.waiting.begin(), f.waiting.end());
+    f.waiting.clear();
+  } else if (!f.waiting.empty()) {
+    sync_due_.push_back(key);
+  }
+  for (uint64_t op_id : done) {
+    Op& op = *ops_.at(op_id);
+    if (!err.is_ok() && op.error.is_ok()) op.error = err;
+    if (--op.outstanding == 0) finish(op_id);
+  }
 }
 
 void Engine::finish(uint64_t op_id) {
@@ -422,6 +502,7 @@ size_t Engine::poll() {
   hashed_.clear();
   hasher_->take(hashed_);
   for (const HashPool::Result& r : hashed_) hash_done(r.tag, r.hash);
+  issue_syncs();
   size_t n = 0;
   while (!ready_.empty()) {
     auto batch = std::move(ready_);
@@ -470,6 +551,7 @@ EngineStats Engine::stats() const {
     d.file_bytes = ds.file_bytes();
     d.bytes_read = q.counters().bytes_read;
     d.bytes_written = q.counters().bytes_written;
+    d.syncs = q.counters().syncs;
     d.requests = q.counters().requests;
     d.short_retries = q.counters().short_retries;
     d.eagain_retries = q.counters().eagain_retries;

@@ -17,6 +17,13 @@
 // RAM tier's tensor offsets are) go straight to the device; an unaligned last request, or every
 // request of an unaligned buffer, goes through a bounce buffer of at most request_size (a memcpy).
 //
+// Durability: a spill's callback runs only once its copy is durable: every write completed,
+// then an fdatasync of each data file it wrote completed after those writes (group commit:
+// see Engine::start_sync; one sync per file in flight, shared by every spill whose writes
+// finished meanwhile). A replaced copy is freed only then. A failed sync fails the spill
+// (kIo "fdatasync <file>: ..."), frees its extents and keeps the replaced copy. Callers may
+// therefore journal the location the callback hands them as surviving a power loss.
+//
 // Checksums run beside the I/O on a small HashPool: a spill submits its writes at once and hashes
 // its extents (at most max_extent each) on the workers meanwhile; a fetch verifies each extent
 // on a worker as soon as its last chunk lands. The loop thread never hashes (with hash_threads
@@ -41,6 +48,15 @@ namespace tier::nvme {
 
 enum class BackendChoice : uint8_t { kAuto = 0, kUring = 1, kPread = 2 };
 
+// Wraps a directory's backend (e.g. in a FaultBackend); see EngineOptions::wrap_backend.
+using WrapBackend = std::function<std::unique_ptr<IoBackend>(uint16_t dir, std::unique_ptr<IoBackend>)>;
+
+// Test hook for engines that code under test opens itself (the daemon's TierManager): while
+// set, Engine::open wraps each directory's backend with it unless the options give their own
+// wrap_backend. Process-wide and not synchronized: set it before the open, clear it (empty)
+// when done.
+void set_default_wrap_backend(WrapBackend wrap);
+
 struct EngineOptions {
   std::vector<DirConfig> dirs;
   uint64_t file_size = uint64_t{1} << 30;   // each preallocated data file
@@ -53,7 +69,7 @@ struct EngineOptions {
   BackendChoice backend = BackendChoice::kAuto;
   bool format = false;  // delete existing data files at open
   // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
-  std::function<std::unique_ptr<IoBackend>(uint16_t dir, std::unique_ptr<IoBackend>)> wrap_backend;
+  WrapBackend wrap_backend;
 };
 
 struct DirStats {
@@ -63,6 +79,7 @@ struct DirStats {
   bool direct_io = false, registered_buffers = false;
   uint64_t capacity = 0, used = 0, file_bytes = 0;
   uint64_t bytes_read = 0, bytes_written = 0;  // device bytes, padding included
+  uint64_t syncs = 0;          // fdatasyncs of data files completed (shared by spills)
   uint64_t requests = 0, short_retries = 0, eagain_retries = 0;
   uint64_t in_flight = 0;      // requests in flight now
   uint32_t queue_depth = 0, request_size = 0;
@@ -95,8 +112,9 @@ class Engine {
   // pinned, so I/O to a new mapping at a reused address would go to the old pages.
   bool register_memory(std::span<const MemRegion> regions);
 
-  // Writes `src` to newly allocated extents; on success `done` gets the new location. When
-  // `replaces` is given, its extents are freed only after the new copy is complete; on failure
+  // Writes `src` to newly allocated extents; on success `done` gets the new location, once it
+  // is durable (written and fdatasync'd, see "Durability" above). When `replaces` is given,
+  // its extents are freed only after the new copy is durable; on failure
   // the new extents are freed and `replaces` stays intact (nothing already stored is lost).
   // Errors: kResourceExhausted (tier full / ENOSPC), kIo (device error, naming file and offset).
   void spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone done,
@@ -140,7 +158,18 @@ class Engine {
   void hash_done(uint64_t tag, uint64_t hash);
   void hash_extent(uint64_t op_id, size_t ext);
   void signal_if_ready();
+  void settle(uint64_t op_id);      // an op's I/O and hashes are done: sync a spill, else finish
+  void start_sync(uint64_t op_id);
+  void issue_syncs();
+  void sync_done(uint64_t key, int64_t result);
   void finish(uint64_t op_id);
+
+  // Group commit state of one data file; key = dir << 32 | file.
+  struct FileSync {
+    bool in_flight = false;
+    std::vector<uint64_t> waiting;  // spills whose writes to the file completed: the next sync
+    std::vector<uint64_t> covered;  // spills the sync in flight covers
+  };
 
   EngineOptions opts_;
   std::unique_ptr<ExtentStore> store_;
@@ -151,6 +180,8 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;
   uint64_t next_op_ = 1;
   std::vector<std::function<void()>> ready_;  // callbacks to run at the end of poll()
+  std::unordered_map<uint64_t, FileSync> syncs_;
+  std::vector<uint64_t> sync_due_;  // files with waiting spills, maybe without a sync in flight
   EngineStats counters_;
   double busy_since_ = 0;  // when ops_ last became non-empty
 };

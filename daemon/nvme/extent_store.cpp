@@ -96,6 +96,17 @@ DirStore::~DirStore() {
     if (f.fd >= 0) ::close(f.fd);
 }
 
+Status DirStore::sync_new_file(int fd, const std::string& p) const {
+  if (::fsync(fd) != 0) return Status::from_errno(errno, "fsync " + p);
+  int dfd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Status::from_errno(errno, "open directory " + path_);
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0) return Status::from_errno(err, "fsync directory " + path_);
+  return Status::ok();
+}
+
 Status DirStore::open_file(uint32_t n, bool create) {
   std::string p = file_path(n);
   int flags = O_RDWR | O_CLOEXEC | (direct_ ? O_DIRECT : 0) | (create ? O_CREAT | O_EXCL : 0);
@@ -116,6 +127,13 @@ Status DirStore::open_file(uint32_t n, bool create) {
                 fmt::format("NVMe directory {} is full: cannot preallocate {} for {}: {}", path_,
                             file_size_, p, strerror(err))};
       return Status::from_errno(err, "fallocate " + p);
+    }
+    // A spill's fdatasync covers its bytes and the extent conversion, not the file's existence:
+    // the new file's size and allocation, and its name in the directory, are made durable now.
+    if (Status st = sync_new_file(fd, p); !st) {
+      ::close(fd);
+      ::unlink(p.c_str());
+      return st;
     }
   } else {
     struct stat st;

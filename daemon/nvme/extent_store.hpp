@@ -5,8 +5,8 @@
 // with the most free space.
 //
 // On-disk layout of a directory: data-000000.tier, data-000001.tier, ... each exactly
-// file_size bytes (fallocate'd when created; files are created on demand up to the directory's
-// capacity). Nothing else is written: which extents are in use is the daemon's catalog (it
+// file_size bytes (fallocate'd when created, then the file and the directory fsync'd; files
+// are created on demand up to the directory's capacity). Nothing else is written: which extents are in use is the daemon's catalog (it
 // replays them with reserve() after a restart).
 //
 // Not thread-safe: the daemon's loop serializes calls.
@@ -71,6 +71,7 @@ class DirStore {
   DirStore() : alloc_(kExtentAlign, 0) {}
   Status add_file();
   Status open_file(uint32_t n, bool create);
+  Status sync_new_file(int fd, const std::string& p) const;  // fsync of the file and directory
 
   struct File {
     int fd = -1;

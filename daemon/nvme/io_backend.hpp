@@ -1,9 +1,19 @@
 // Block I/O backends of the NVMe tier: the raw layer under IoQueue.
 //
-// A backend issues single reads and writes on files it was given (add_file) and reports each
-// one's raw result exactly once: bytes transferred (possibly fewer than asked: a short transfer)
-// or -errno (including -EAGAIN). It does not split, retry or resubmit; IoQueue does that once
-// for every backend, so the retry logic is shared and driven in tests by FaultBackend.
+// A backend issues single reads, writes and syncs on files it was given (add_file) and reports
+// each one's raw result exactly once: bytes transferred (possibly fewer than asked: a short
+// transfer; 0 for a completed sync) or -errno (including -EAGAIN). It does not split, retry or
+// resubmit; IoQueue does that once for every backend, so the retry logic is shared and driven
+// in tests by FaultBackend.
+//
+// Durability: a completed write is not yet durable. It may sit in the drive's volatile cache,
+// and with O_DIRECT into preallocated (unwritten) extents the file system has not yet committed
+// the unwritten -> written conversion, so after a power loss the range reads as zeros. A
+// kSync request (fdatasync: io_uring IORING_OP_FSYNC with IORING_FSYNC_DATASYNC, or
+// ::fdatasync) makes durable every write to its file that had completed when the sync was
+// submitted; writes still in flight at that moment are not covered. Nothing orders a sync
+// after writes submitted together with it: the caller submits a sync only after the
+// completions of the writes it must cover.
 //
 // Threading: a backend is driven by one thread (the daemon's event loop or a test): submit,
 // flush, reap, add_file and register_memory must not be called concurrently. Backends that use
@@ -12,8 +22,9 @@
 // level-triggered epoll does not spin.
 //
 // Implementations: UringBackend (io_uring, O_DIRECT files, registered buffers and files),
-// ThreadPoolBackend (pread/pwrite workers; tmpfs or kernels without io_uring), FaultBackend
-// (wraps another and injects errors, short transfers and delays).
+// ThreadPoolBackend (pread/pwrite/fdatasync workers; tmpfs or kernels without io_uring),
+// FaultBackend (wraps another and injects errors, short transfers and delays; models the
+// volatile write cache for power-loss tests).
 #pragma once
 
 #include <cstddef>
@@ -28,9 +39,10 @@
 
 namespace tier::nvme {
 
-enum class IoOp : uint8_t { kRead = 0, kWrite = 1 };
+// kSync: fdatasync of the whole file (offset, buf and len are ignored; len must be 0).
+enum class IoOp : uint8_t { kRead = 0, kWrite = 1, kSync = 2 };
 
-// One raw operation: one pread or pwrite's worth.
+// One raw operation: one pread's, pwrite's or fdatasync's worth.
 struct IoRequest {
   IoOp op = IoOp::kRead;
   int file = -1;           // index returned by add_file()
@@ -42,7 +54,7 @@ struct IoRequest {
 
 struct IoCompletion {
   uint64_t user_data = 0;
-  int32_t result = 0;  // >= 0: bytes transferred; < 0: -errno
+  int32_t result = 0;  // >= 0: bytes transferred (0 for a sync that succeeded); < 0: -errno
 };
 
 // Memory that I/O buffers will come from (the RAM tier's arenas, bounce buffers).

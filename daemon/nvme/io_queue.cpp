@@ -24,19 +24,23 @@ void IoQueue::submit(IoOp op, int file, uint64_t offset, std::byte* buf, uint64_
   }
   Transfer& tr = transfers_[t];
   tr = Transfer{};
+  bool sync = op == IoOp::kSync;
   tr.op = op;
   tr.file = file;
-  tr.offset = offset;
-  tr.len = len;
-  tr.buf = buf;
+  tr.offset = sync ? 0 : offset;
+  tr.len = sync ? 0 : len;
+  tr.buf = sync ? nullptr : buf;
   tr.done = std::move(done);
   tr.live = true;
   ++live_;
-  if (len == 0) {
+  if (tr.len == 0 && !sync) {
     maybe_finish(t);
     return;
   }
-  backlog_.push_back(t);
+  // A sync goes ahead of queued transfers: the writes it covers are done, and spills wait for
+  // it, while the transfers behind it have only just been queued.
+  if (sync) backlog_.push_front(t);
+  else backlog_.push_back(t);
   pump();
 }
 
@@ -77,13 +81,21 @@ void IoQueue::pump() {
     if (backlog_.empty()) break;
     uint32_t t = backlog_.front();
     Transfer& tr = transfers_[t];
-    if (tr.error != 0 || tr.issued >= tr.len) {  // failed transfers issue nothing more
+    if (tr.error != 0 || fully_issued(tr)) {  // failed transfers issue nothing more
       backlog_.pop_front();
       maybe_finish(t);
       continue;
     }
     Chunk c;
     c.transfer = t;
+    if (tr.op == IoOp::kSync) {  // one request, no bytes
+      tr.sync_issued = true;
+      ++tr.outstanding;
+      backlog_.pop_front();
+      issue(c);
+      any = true;
+      continue;
+    }
     c.pos = tr.issued;
     c.len = static_cast<uint32_t>(std::min<uint64_t>(opts_.request_size, tr.len - tr.issued));
     tr.issued += c.len;
@@ -116,7 +128,8 @@ void IoQueue::on_completion(const IoCompletion& comp) {
     if (tr.error == 0) tr.error = res;
   } else {
     if (tr.op == IoOp::kRead) counters_.bytes_read += static_cast<uint64_t>(res);
-    else counters_.bytes_written += static_cast<uint64_t>(res);
+    else if (tr.op == IoOp::kWrite) counters_.bytes_written += static_cast<uint64_t>(res);
+    else ++counters_.syncs;
     if (static_cast<uint32_t>(res) < c.len && tr.error == 0) {
       ++counters_.short_retries;
       c.pos += static_cast<uint64_t>(res);
@@ -133,7 +146,7 @@ void IoQueue::on_completion(const IoCompletion& comp) {
 void IoQueue::maybe_finish(uint32_t t) {
   Transfer& tr = transfers_[t];
   if (!tr.live || tr.outstanding != 0) return;
-  if (tr.error == 0 && tr.issued < tr.len) return;
+  if (tr.error == 0 && !fully_issued(tr)) return;
   if (tr.error != 0 && std::find(backlog_.begin(), backlog_.end(), t) != backlog_.end()) {
     backlog_.erase(std::find(backlog_.begin(), backlog_.end(), t));
   }

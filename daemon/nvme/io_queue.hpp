@@ -7,6 +7,12 @@
 // callback gets the full length, or the first -errno (only after every request of the transfer
 // already issued has completed, so the buffer is no longer in use by the device).
 //
+// A sync (op kSync, length 0, no buffer) is one request: an fdatasync of the file, queued ahead
+// of transfers still waiting in the backlog, resubmitted on -EAGAIN like any request; its
+// callback gets 0 or -errno. It covers the writes to the file
+// whose callbacks ran before it was submitted (see IoBackend), so callers submit it from (or
+// after) those callbacks.
+//
 // Threading: single driver thread. Callbacks run from poll()/wait()/drain(), never from inside
 // submit(); they may submit new transfers. The destructor drains.
 #pragma once
@@ -31,6 +37,7 @@ struct IoQueueCounters {
   uint64_t short_retries = 0;  // remainders resubmitted after a short transfer
   uint64_t eagain_retries = 0;
   uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t syncs = 0;          // syncs that completed successfully
 };
 
 class IoQueue {
@@ -43,7 +50,7 @@ class IoQueue {
   IoQueue(const IoQueue&) = delete;
   IoQueue& operator=(const IoQueue&) = delete;
 
-  // `buf` must stay valid until `done` runs.
+  // `buf` must stay valid until `done` runs. For kSync, offset, buf and len are ignored.
   void submit(IoOp op, int file, uint64_t offset, std::byte* buf, uint64_t len, Done done);
   // Reaps what the backend has, resubmits, runs callbacks; never blocks. Returns callbacks run.
   size_t poll();
@@ -65,6 +72,7 @@ class IoQueue {
     IoOp op{};
     int file = -1;
     uint64_t offset = 0, len = 0, issued = 0;
+    bool sync_issued = false;  // kSync: its one request was issued
     std::byte* buf = nullptr;
     uint32_t outstanding = 0;  // requests issued or waiting to be retried, not yet finished
     int32_t error = 0;
@@ -83,6 +91,9 @@ class IoQueue {
   void issue(Chunk c);
   void on_completion(const IoCompletion& c);
   void maybe_finish(uint32_t t);
+  static bool fully_issued(const Transfer& tr) noexcept {
+    return tr.op == IoOp::kSync ? tr.sync_issued : tr.issued >= tr.len;
+  }
 
   std::unique_ptr<IoBackend> backend_;
   IoQueueOptions opts_;

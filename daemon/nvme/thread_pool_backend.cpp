@@ -1,4 +1,4 @@
-// ThreadPoolBackend: pread/pwrite on worker threads, for filesystems that refuse O_DIRECT
+// ThreadPoolBackend: pread/pwrite/fdatasync on worker threads, for filesystems that refuse O_DIRECT
 // (tmpfs on older kernels) and kernels without io_uring. Same contract as every backend:
 // raw results (short transfers and -EAGAIN are reported, not retried), an eventfd for the loop.
 #include <errno.h>
@@ -93,9 +93,18 @@ class ThreadPoolBackend final : public IoBackend {
       }
       ssize_t n;
       do {
-        n = j.req.op == IoOp::kRead
-                ? ::pread(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset))
-                : ::pwrite(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
+        switch (j.req.op) {
+          case IoOp::kRead:
+            n = ::pread(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
+            break;
+          case IoOp::kWrite:
+            n = ::pwrite(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
+            break;
+          case IoOp::kSync:
+          default:
+            n = ::fdatasync(j.fd);  // 0 or -1
+            break;
+        }
       } while (n < 0 && errno == EINTR);
       IoCompletion c{j.req.user_data, n < 0 ? -errno : static_cast<int32_t>(n)};
       {

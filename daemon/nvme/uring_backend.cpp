@@ -1,4 +1,5 @@
 // UringBackend: io_uring with registered files and buffers and an eventfd for the event loop.
+// Syncs are IORING_OP_FSYNC with IORING_FSYNC_DATASYNC.
 #include <errno.h>
 #include <liburing.h>
 #include <numa.h>
@@ -117,8 +118,12 @@ class UringBackend final : public IoBackend {
     int fd = fds_.at(static_cast<size_t>(req.file));
     bool fixed_file = fixed_[static_cast<size_t>(req.file)];
     int target = fixed_file ? req.file : fd;
-    int buf_index = find_region(req.buf, req.len);
-    if (req.op == IoOp::kRead) {
+    int buf_index = req.op == IoOp::kSync ? -1 : find_region(req.buf, req.len);
+    if (req.op == IoOp::kSync) {
+      // fdatasync: commits the file system metadata the data needs (O_DIRECT into fallocated,
+      // unwritten extents converts them to written) and flushes the drive's volatile cache.
+      io_uring_prep_fsync(sqe, target, IORING_FSYNC_DATASYNC);
+    } else if (req.op == IoOp::kRead) {
       if (buf_index >= 0) io_uring_prep_read_fixed(sqe, target, req.buf, req.len, req.offset, buf_index);
       else io_uring_prep_read(sqe, target, req.buf, req.len, req.offset);
     } else {

@@ -5,11 +5,14 @@
 #include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -17,6 +20,7 @@
 #include <sstream>
 
 #include "daemon/log.hpp"
+#include "daemon/ram/fault_guard.hpp"
 #include "daemon/ram/prefault.hpp"
 #include "tier/types.hpp"
 
@@ -36,10 +40,6 @@ std::string arena_prefix(const std::string& state_dir) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "tierd-%08x", h);
   return buf;
-}
-
-std::string arena_object_name(const std::string& prefix, uint64_t pool_id, int32_t node) {
-  return prefix + "-p" + std::to_string(pool_id) + "-n" + std::to_string(node);
 }
 
 int os_node_for(int32_t node) {
@@ -102,122 +102,234 @@ Status check_hugepages(HugePages h, const std::string& mount) {
   return Status::ok();
 }
 
+namespace {
+
+constexpr size_t kIdentityHex = 32;
+
+uint64_t round_up(uint64_t n, uint64_t g) { return (n + g - 1) / g * g; }
+
+Status fill_identity(std::array<uint8_t, 16>& id) {
+  size_t got = 0;
+  while (got < id.size()) {
+    ssize_t n = ::getrandom(id.data() + got, id.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::from_errno(errno, "getrandom for an arena identity");
+    got += static_cast<size_t>(n);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string arena_object_name(const std::string& prefix, uint64_t pool_id, int32_t node,
+                              const std::array<uint8_t, 16>& identity) {
+  std::string s = prefix + "-p" + std::to_string(pool_id) + "-n" + std::to_string(node) + "-";
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (uint8_t b : identity) {
+    s += kHex[b >> 4];
+    s += kHex[b & 15];
+  }
+  return s;
+}
+
+bool arena_name_matches(const std::string& name, const std::string& prefix, uint64_t pool_id, int32_t node) {
+  std::string head = prefix + "-p" + std::to_string(pool_id) + "-n" + std::to_string(node) + "-";
+  if (name.size() != head.size() + kIdentityHex || !name.starts_with(head)) return false;
+  for (size_t i = head.size(); i < name.size(); ++i) {
+    char c = name[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+Status check_arena_identity(const struct stat& sb, uid_t euid) {
+  if (!S_ISREG(sb.st_mode)) return Status(Code::kPermissionDenied, "it is not a regular file");
+  if (sb.st_uid != euid)
+    return Status(Code::kPermissionDenied, "it is owned by uid " + std::to_string(sb.st_uid) +
+                                               ", not tierd's uid " + std::to_string(euid));
+  if ((sb.st_mode & 07777) != 0600) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(sb.st_mode & 07777));
+    return Status(Code::kPermissionDenied, std::string("its mode is ") + mode + ", not 0600");
+  }
+  if (sb.st_nlink != 1)
+    return Status(Code::kPermissionDenied, "it has " + std::to_string(sb.st_nlink) + " links, not 1");
+  return Status::ok();
+}
+
+Status check_shm_capacity(uint64_t ram, HugePages h, const std::string& shm_dir) {
+  if (h != HugePages::kNone) return Status::ok();  // arenas live on hugetlbfs
+  struct statfs fs;
+  if (::statfs(shm_dir.c_str(), &fs) != 0)
+    return Status(Code::kInvalidArgument, shm_dir + " is not usable (" + std::strerror(errno) +
+                                              "): arenas are POSIX shared memory and need a tmpfs there");
+  uint64_t size = static_cast<uint64_t>(fs.f_blocks) * static_cast<uint64_t>(fs.f_bsize);
+  // 0: a tmpfs without a size limit. The slack of 1/64 lets the usual defaults (ram = "50%",
+  // /dev/shm half the RAM in pages) pass, which differ by rounding only.
+  if (size == 0 || size + ram / 64 >= ram) return Status::ok();
+  std::string want = std::to_string((ram + (1ull << 30) - 1) >> 30) + "G";
+  return Status(Code::kInvalidArgument,
+                "the RAM tier (" + format_size(ram) + ") does not fit in " + shm_dir + " (a " +
+                    format_size(size) + " tmpfs): arenas past its size would fail with SIGBUS in "
+                    "clients. Raise it now with `mount -o remount,size=" + want + " " + shm_dir +
+                    "` and for good with the fstab line `tmpfs " + shm_dir + " tmpfs defaults,size=" +
+                    want + " 0 0` (or a systemd dev-shm.mount drop-in with Options=size=" + want +
+                    "), or lower `ram` to at most " + format_size(size));
+}
+
 Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) { return open_object(spec, false); }
 
 Result<std::unique_ptr<Arena>> Arena::attach(const ArenaSpec& spec) { return open_object(spec, true); }
+
+bool Arena::remove_object(const std::string& path, bool huge) {
+  return (huge ? ::unlink(path.c_str()) : ::shm_unlink(path.c_str())) == 0;
+}
 
 Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool attach) {
   std::unique_ptr<Arena> a(new Arena());
   a->id_ = arena_id(spec.pool_id, spec.node);
   a->node_ = spec.node;
-  std::string name = arena_object_name(spec.prefix, spec.pool_id, spec.node);
+  a->prefault_ = spec.prefault;
+  std::string dir;  // the hugetlbfs mount, or empty for shm
   uint64_t granule = kArenaSizeGranule;
   if (spec.hugepages != HugePages::kNone) {
     granule = std::max(granule, hugepage_bytes(spec.hugepages));
-    std::string mnt = spec.hugetlbfs_mount;
-    if (mnt.empty()) {
+    dir = spec.hugetlbfs_mount;
+    if (dir.empty()) {
       auto m = find_hugetlbfs(spec.hugepages);
       if (!m) return fail(m.error());
-      mnt = *m;
+      dir = *m;
     }
-    uint64_t need = (spec.size + granule - 1) / granule;
-    uint64_t have = free_hugepages(spec.hugepages);
-    if (!attach && have < need)
-      return fail(Code::kResourceExhausted,
-                  "an arena of " + format_size(need * granule) + " needs " + std::to_string(need) +
-                      " free " + std::string(hugepages_name(spec.hugepages)) +
-                      " huge pages but " + std::to_string(have) +
-                      " are reserved and free (see /proc/sys/vm/nr_hugepages)");
     a->huge_ = true;
-    a->path_ = mnt + "/" + name;
-  } else {
-    a->path_ = "/" + name;
   }
-  a->size_ = (spec.size + granule - 1) / granule * granule;
+  a->granule_ = granule;
+  a->size_ = round_up(spec.size, granule);
   if (a->size_ == 0) a->size_ = granule;
 
   if (attach) {
-    int fd = a->huge_ ? ::open(a->path_.c_str(), O_RDWR | O_CLOEXEC)
-                      : ::shm_open(a->path_.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    a->path_ = spec.path;
+    std::string base = a->path_.substr(a->path_.rfind('/') + 1);
+    std::string parent = a->path_.substr(0, a->path_.size() - base.size());
+    bool where_ok = a->huge_ ? parent == dir + "/" : parent == "/";
+    if (!where_ok || !arena_name_matches(base, spec.prefix, spec.pool_id, spec.node))
+      return fail(Code::kPermissionDenied,
+                  "arena " + a->path_ + " is not named as tierd names the arenas of this pool");
+    // O_NOFOLLOW: never through a symlink; O_NONBLOCK: a FIFO squatting the name cannot block
+    // the start. Nothing is mapped before the identity checks pass.
+    int flags = O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    int fd = a->huge_ ? ::open(a->path_.c_str(), flags) : ::shm_open(a->path_.c_str(), flags, 0600);
     if (fd < 0) {
       if (errno == ENOENT) return fail(Code::kNotFound, "arena " + a->path_ + " is gone");
+      if (errno == ELOOP) return fail(Code::kPermissionDenied, "arena " + a->path_ + " is a symlink");
       return fail(Status::from_errno(errno, "attach arena " + a->path_));
     }
     a->fd_ = fd;
     struct stat sb;
     if (::fstat(fd, &sb) != 0) return fail(Status::from_errno(errno, "stat arena " + a->path_));
-    if (static_cast<uint64_t>(sb.st_size) != a->size_)
-      return fail(Code::kCorruption, "arena " + a->path_ + " has " + std::to_string(sb.st_size) +
-                                         " bytes, the journal recorded " + std::to_string(a->size_));
-    void* p = ::mmap(nullptr, a->size_, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | (a->huge_ ? 0 : MAP_NORESERVE), fd, 0);
-    if (p == MAP_FAILED) return fail(Status::from_errno(errno, "map arena " + a->path_));
-    a->base_ = static_cast<std::byte*>(p);
-    // The object keeps the NUMA policy the creating daemon set (shared memory carries it).
+    if (Status id = check_arena_identity(sb, ::geteuid()); !id)
+      return fail(id.code(), "arena " + a->path_ + " is not one tierd created: " + id.message());
+    auto have = static_cast<uint64_t>(sb.st_size);
+    if (have < spec.min_size || have > a->size_)
+      return fail(Code::kCorruption, "arena " + a->path_ + " has " + std::to_string(have) +
+                                         " bytes, the journal needs " + std::to_string(spec.min_size) +
+                                         " to " + std::to_string(a->size_));
+    a->committed_ = have;
+    if (Status st = a->map_and_guard(); !st) return fail(std::move(st));
+    // The object keeps the NUMA policy the creating daemon set on its whole reservation
+    // (shared memory carries it), so pages committed later land on the node too.
     a->os_node_ = os_node_for(spec.node);
     return a;
   }
-  auto open_obj = [&]() -> int {
-    if (a->huge_)
-      return ::open(a->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    return ::shm_open(a->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  };
-  int fd = open_obj();
-  if (fd < 0 && errno == EEXIST) {
-    // A leftover the journal does not describe (a restarted daemon re-attaches the arenas its
-    // journal names with attach() and removes unknown ones first): start from an empty object.
-    log_warn("replacing stale arena {}", a->path_);
-    if (a->huge_) ::unlink(a->path_.c_str());
-    else ::shm_unlink(a->path_.c_str());
-    fd = open_obj();
+  std::array<uint8_t, 16> identity;
+  if (Status st = fill_identity(identity); !st) return fail(std::move(st));
+  std::string name = arena_object_name(spec.prefix, spec.pool_id, spec.node, identity);
+  a->path_ = a->huge_ ? dir + "/" + name : "/" + name;
+  if (a->huge_) {
+    uint64_t need = a->size_ / granule;
+    uint64_t have = free_hugepages(spec.hugepages);
+    if (have < need)
+      return fail(Code::kResourceExhausted,
+                  "an arena of " + format_size(a->size_) + " needs " + std::to_string(need) +
+                      " free " + std::string(hugepages_name(spec.hugepages)) +
+                      " huge pages but " + std::to_string(have) +
+                      " are reserved and free (see /proc/sys/vm/nr_hugepages)");
   }
+  int oflags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = a->huge_ ? ::open(a->path_.c_str(), oflags, 0600) : ::shm_open(a->path_.c_str(), oflags, 0600);
   if (fd < 0) return fail(Status::from_errno(errno, "create arena " + a->path_));
   a->fd_ = fd;
   auto cleanup_fail = [&](Status st) {
-    if (a->huge_) ::unlink(a->path_.c_str());
-    else ::shm_unlink(a->path_.c_str());
+    remove_object(a->path_, a->huge_);
     return fail(std::move(st));
   };
-  if (::fchown(fd, spec.owner, static_cast<gid_t>(-1)) != 0 && geteuid() == 0)
-    return cleanup_fail(Status::from_errno(errno, "chown arena " + a->path_));
+  // The object stays tierd's (created with its euid); 0600 whatever the umask.
   if (::fchmod(fd, 0600) != 0) return cleanup_fail(Status::from_errno(errno, "chmod arena " + a->path_));
-  if (::ftruncate(fd, static_cast<off_t>(a->size_)) != 0)
+  // hugetlbfs: a writable shared mapping sizes the file to the mapping anyway.
+  a->committed_ = a->huge_ ? a->size_ : 0;
+  if (a->committed_ > 0 && ::ftruncate(fd, static_cast<off_t>(a->committed_)) != 0)
     return cleanup_fail(Status::from_errno(errno, "size arena " + a->path_));
-  int flags = MAP_SHARED | (a->huge_ ? 0 : MAP_NORESERVE);
-  void* p = ::mmap(nullptr, a->size_, PROT_READ | PROT_WRITE, flags, fd, 0);
-  if (p == MAP_FAILED) return cleanup_fail(Status::from_errno(errno, "map arena " + a->path_));
-  a->base_ = static_cast<std::byte*>(p);
+  if (Status st = a->map_and_guard(); !st) return cleanup_fail(std::move(st));
   a->os_node_ = os_node_for(spec.node);
   if (a->os_node_ >= 0) {
-    // Shared memory carries its policy in the object, so binding the daemon's mapping before
-    // any page is touched places the pages every client later faults in.
+    // Shared memory carries its policy in the object, so binding the daemon's mapping of the
+    // whole reservation before any page is touched places the pages every client later faults
+    // in, however far the object grows.
     struct bitmask* mask = numa_allocate_nodemask();
     numa_bitmask_setbit(mask, static_cast<unsigned>(a->os_node_));
-    long r = ::mbind(p, a->size_, MPOL_BIND, mask->maskp, mask->size + 1, 0);
+    long r = ::mbind(a->base_, a->size_, MPOL_BIND, mask->maskp, mask->size + 1, 0);
     int err = errno;
     numa_free_nodemask(mask);
-    if (r != 0) {
-      ::munmap(p, a->size_);
-      a->base_ = nullptr;
+    if (r != 0)
       return cleanup_fail(Status::from_errno(err, "mbind arena " + a->path_ + " to node " +
                                                       std::to_string(a->os_node_)));
-    }
   }
-  if (spec.prefault) {
-    auto pf = prefault(a->base_, a->size_, a->os_node_, 0, a->huge_ ? granule : 4096);
-    if (!pf) {
-      ::munmap(p, a->size_);
-      a->base_ = nullptr;
-      return cleanup_fail(Status(Code::kResourceExhausted, pf.error().message()));
-    }
-    log_info("arena {}: {} prefaulted in {:.2f} s ({:.2f} s/GiB, {})", a->path_, format_size(a->size_),
-             pf->seconds, pf->seconds / (static_cast<double>(a->size_) / (1ull << 30)),
-             pf->populate_write ? "MADV_POPULATE_WRITE" : "page writes");
+  if (a->huge_ && spec.prefault) {
+    auto pf = prefault(a->base_, a->size_, a->os_node_, 0, granule);
+    if (!pf) return cleanup_fail(Status(Code::kResourceExhausted, pf.error().message()));
+    log_info("arena {}: {} prefaulted in {:.2f} s", a->path_, format_size(a->size_), pf->seconds);
   }
   return a;
 }
 
+Status Arena::map_and_guard() {
+  // The whole reservation is mapped; only [0, committed) is backed by the object. Nothing
+  // touches the rest before commit() grew the object over it.
+  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | (huge_ ? 0 : MAP_NORESERVE), fd_, 0);
+  if (p == MAP_FAILED) return Status::from_errno(errno, "map arena " + path_);
+  base_ = static_cast<std::byte*>(p);
+  fault_guard::install();
+  guard_slot_ = fault_guard::add(base_, size_, fd_, committed_, path_.c_str());
+  if (guard_slot_ < 0) log_warn("arena {}: no SIGBUS guard slot left; a truncation of it would stop tierd", path_);
+  return Status::ok();
+}
+
+Status Arena::commit(uint64_t end) {
+  if (end <= committed_) return Status::ok();
+  if (end > size_)
+    return Status(Code::kInvalidArgument, "arena " + path_ + ": commit of " + std::to_string(end) +
+                                              " bytes past its reservation of " + std::to_string(size_));
+  uint64_t want = std::min(size_, round_up(std::max(end, committed_ + committed_ / 4), granule_));
+  if (::ftruncate(fd_, static_cast<off_t>(want)) != 0)
+    return Status::from_errno(errno, "grow arena " + path_ + " to " + std::to_string(want) + " bytes");
+  if (prefault_) {
+    auto pf = prefault(base_ + committed_, want - committed_, os_node_, 0, huge_ ? granule_ : 4096);
+    if (!pf) {
+      (void)!::ftruncate(fd_, static_cast<off_t>(committed_));
+      return Status(Code::kResourceExhausted, pf.error().message());
+    }
+    log_info("arena {}: {} prefaulted in {:.2f} s ({:.2f} s/GiB, {})", path_, format_size(want - committed_),
+             pf->seconds, pf->seconds / (static_cast<double>(want - committed_) / (1ull << 30)),
+             pf->populate_write ? "MADV_POPULATE_WRITE" : "page writes");
+  }
+  committed_ = want;
+  fault_guard::set_committed(guard_slot_, committed_);
+  return Status::ok();
+}
+
+uint64_t Arena::repairs() const noexcept { return fault_guard::repairs(guard_slot_); }
+
 Arena::~Arena() {
+  fault_guard::remove(guard_slot_);
   if (base_) ::munmap(base_, size_);
   if (fd_ >= 0) ::close(fd_);
 }

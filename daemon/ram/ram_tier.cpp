@@ -52,13 +52,13 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
   uint64_t id = arena_id(pool.id, node);
   auto it = arenas_.find(id);
   if (it == arenas_.end()) {
-    ArenaSpec spec{opts_.prefix, pool.id, node, pool.ram_quota, pool.owner_uid, opts_.hugepages,
-                   opts_.hugetlbfs_mount, opts_.prefault};
+    ArenaSpec spec{opts_.prefix, pool.id, node, pool.ram_quota, opts_.hugepages,
+                   opts_.hugetlbfs_mount, opts_.prefault, {}, 0};
     auto a = Arena::create(spec);
     if (!a) return fail(a.error());
     uint64_t cap = (*a)->size();
-    log_info("pool '{}': arena {} on node {} ({} sparse{})", pool.name, (*a)->path(), node,
-             format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
+    log_info("pool '{}': arena {} on node {} ({} reserved, grown as placed{})", pool.name, (*a)->path(),
+             node, format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
     it = arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)}).first;
     ++generation_;
   }
@@ -68,6 +68,13 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
                 "pool '" + pool.name + "': no free range of " + format_size(need) + " in its arena on node " +
                     std::to_string(node) + " (" + format_size(it->second.alloc.free_bytes()) +
                     " free, largest " + format_size(it->second.alloc.largest_free()) + ")");
+  Arena& arena = *it->second.arena;
+  uint64_t before = arena.committed();
+  if (Status st = arena.commit(*off + need); !st) {
+    (void)it->second.alloc.free(*off, need);
+    return fail(Code::kResourceExhausted, "pool '" + pool.name + "': " + st.message());
+  }
+  if (arena.committed() != before) ++generation_;
   pool.ram_used += need;
   nu->used += need;
   nu->tensors += 1;
@@ -88,22 +95,43 @@ void RamTier::release(Pool& pool, const RamLocation& loc) {
   }
 }
 
-Result<bool> RamTier::attach_arena(const Pool& pool, int32_t node, uint64_t size) {
+Result<RamTier::Attach> RamTier::attach_arena(const Pool& pool, int32_t node, const std::string& path,
+                                              uint64_t size, uint64_t min_size) {
   uint64_t id = arena_id(pool.id, node);
-  if (arenas_.contains(id)) return true;
-  ArenaSpec spec{opts_.prefix, pool.id, node, size, pool.owner_uid, opts_.hugepages,
-                 opts_.hugetlbfs_mount};
-  bool existed = true;
+  if (arenas_.contains(id)) return Attach::kAttached;
+  ArenaSpec spec{opts_.prefix, pool.id, node, size, opts_.hugepages, opts_.hugetlbfs_mount, opts_.prefault,
+                 path, min_size};
+  Attach outcome = Attach::kAttached;
   auto a = Arena::attach(spec);
-  if (!a && a.error().code() == Code::kNotFound) {
-    existed = false;
+  if (!a) {
+    outcome = a.error().code() == Code::kNotFound ? Attach::kGone : Attach::kRefused;
+    if (outcome == Attach::kRefused) {
+      // Never used: not mapped, its bytes never read. Removed so the name is free and the
+      // object (a squatter's or a damaged one) cannot come back at the next start.
+      bool removed = Arena::remove_object(path, opts_.hugepages != HugePages::kNone);
+      log_error("pool '{}': {}; it is not used{}, the pool's tensors come from its snapshot or NVMe copies",
+                pool.name, a.error().message(), removed ? " and was removed" : "");
+    }
     a = Arena::create(spec);
   }
   if (!a) return fail(a.error());
   uint64_t cap = (*a)->size();
   arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)});
   ++generation_;
-  return existed;
+  return outcome;
+}
+
+uint64_t RamTier::arena_repairs(uint64_t pool_id) const noexcept {
+  uint64_t n = 0;
+  for (auto it = arenas_.lower_bound(arena_id(pool_id, 0)); it != arenas_.end() && arena_pool(it->first) == pool_id; ++it)
+    n += it->second.arena->repairs();
+  return n;
+}
+
+bool RamTier::has_object(const std::string& path) const noexcept {
+  for (const auto& [id, e] : arenas_)
+    if (e.arena->path() == path) return true;
+  return false;
 }
 
 Status RamTier::reserve(Pool& pool, const RamLocation& loc) {
@@ -114,6 +142,13 @@ Status RamTier::reserve(Pool& pool, const RamLocation& loc) {
     return Status(Code::kCorruption, "extent [" + std::to_string(loc.offset) + ", +" +
                                          std::to_string(loc.length) + ") of arena " +
                                          std::to_string(loc.arena_id) + " overlaps another or lies outside it");
+  // A re-created arena (gone in a reboot, or refused) is empty: commit what the snapshot
+  // restore writes into.
+  if (Status st = it->second.arena->commit(loc.offset + loc.length); !st) {
+    (void)it->second.alloc.free(loc.offset, loc.length);
+    return st;
+  }
+  ++generation_;
   pool.ram_used += loc.length;
   if (NodeUsage* nu = usage(loc.node)) {
     nu->used += loc.length;
@@ -146,7 +181,8 @@ void RamTier::drop_pool(uint64_t pool_id) {
 
 std::vector<std::pair<std::byte*, uint64_t>> RamTier::arena_spans() const {
   std::vector<std::pair<std::byte*, uint64_t>> out;
-  for (const auto& [id, e] : arenas_) out.emplace_back(e.arena->base(), e.arena->size());
+  for (const auto& [id, e] : arenas_)
+    if (e.arena->committed() > 0) out.emplace_back(e.arena->base(), e.arena->committed());
   return out;
 }
 

@@ -2,8 +2,9 @@
 //
 // Capacity: the configured RAM tier is split across the topology's nodes in proportion to
 // their memory. Usage counts allocated bytes (tensor sizes rounded to the allocation granule).
-// A pool's arena on a node is created on its first tensor there, sized to the pool's RAM
-// quota (sparse: only touched pages use memory), and destroyed with the pool.
+// A pool's arena on a node is created on its first tensor there, reserving the pool's RAM quota
+// of address space; its object grows as extents are placed (Arena::commit), so a pool's arenas
+// together hold what is placed on each node, not a quota per node; it is destroyed with the pool.
 // Not thread-safe: owned by the daemon's event loop.
 #pragma once
 
@@ -46,11 +47,20 @@ class RamTier {
   // creates the arena on first use. kResourceExhausted with the reason when it does not fit.
   [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
   void release(Pool& pool, const RamLocation& loc);
-  // Restart: re-attaches the pool's arena on `node` (`size` bytes, as journaled). Returns true
-  // when the object existed and was attached with its bytes, false when it was gone (a reboot)
-  // and an empty one was created in its place. Errors: the object exists with another size, or
-  // creating it failed.
-  [[nodiscard]] Result<bool> attach_arena(const Pool& pool, int32_t node, uint64_t size);
+  // Restart: re-attaches the pool's arena on `node` from the journaled object `path` (`size`
+  // bytes reserved, at least `min_size` committed: the end of its last journaled extent).
+  // kAttached: the object is tierd's own and was attached with its bytes. kGone: it did not
+  // exist (a reboot). kRefused: it exists but Arena::attach() refused it (not tierd's: a
+  // squatter; or truncated/grown through a tenant's fd): it is logged and removed. In both
+  // latter cases an empty arena is created in its place (the caller restores the pool's
+  // tensors from its snapshot). Errors: creating that arena failed.
+  enum class Attach { kAttached, kGone, kRefused };
+  [[nodiscard]] Result<Attach> attach_arena(const Pool& pool, int32_t node, const std::string& path,
+                                            uint64_t size, uint64_t min_size);
+  // Faults in the pool's arenas that the SIGBUS guard repaired (daemon/ram/fault_guard.hpp).
+  [[nodiscard]] uint64_t arena_repairs(uint64_t pool_id) const noexcept;
+  // Whether `path` is the object of a mapped arena.
+  [[nodiscard]] bool has_object(const std::string& path) const noexcept;
   // Restart: marks a journaled extent of an attached arena used (pool quota and node usage
   // count it). kCorruption when it overlaps another or lies outside the arena.
   [[nodiscard]] Status reserve(Pool& pool, const RamLocation& loc);
@@ -67,10 +77,10 @@ class RamTier {
   uint64_t capacity() const noexcept { return opts_.capacity; }
   uint64_t used() const noexcept;
   size_t arena_count() const noexcept { return arenas_.size(); }
-  // Bumped whenever an arena is mapped or unmapped: memory registered elsewhere (io_uring fixed
+  // Bumped whenever an arena is mapped, unmapped or grown: memory registered elsewhere (io_uring fixed
   // buffers) must be re-registered before it is used again.
   uint64_t arena_generation() const noexcept { return generation_; }
-  // Every mapped arena as (base, size).
+  // Every mapped arena as (base, committed bytes).
   std::vector<std::pair<std::byte*, uint64_t>> arena_spans() const;
   const RamTierOptions& options() const noexcept { return opts_; }
 

@@ -54,11 +54,12 @@ struct StagerOptions {
   // several pieces (some drivers and IOMMU setups refuse very large single registrations).
   // A refused piece is retried in halves down to 64 MiB before the stager gives up on it.
   uint64_t register_chunk_bytes = 1ull << 40;
-  // false: create() registers every mapped arena whole (a one-time cost that grows with the
-  // RAM tier). true: nothing is registered up front; the first copy that touches an arena
-  // registers the aligned register_chunk_bytes pieces of it that the copy covers (set
-  // register_chunk_bytes to e.g. 1 GiB), so only the part of the tier this rank uses is pinned.
-  bool register_on_demand = false;
+  // true (the default): nothing is registered up front; the first copy that touches part of
+  // an arena registers the 2 MiB granules of it that the copy covers, so a rank pins only what
+  // it copies (its leased ranges). false: create() registers every mapped arena whole (the
+  // pool's RAM quota per arena: a one-time cost that grows with the tier, and it fails where
+  // tierd has not grown the arena over its whole reservation yet, falling back to pageable).
+  bool register_on_demand = true;
   // When a span is not inside registered memory (registration refused, or memory not from an
   // arena), copy it anyway as pageable memory (CUDA stages it; slower, counted in
   // Stats::pageable_bytes). false: such a copy fails with kInvalidArgument.

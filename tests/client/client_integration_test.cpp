@@ -12,26 +12,16 @@
 #include <thread>
 
 #include "support/daemon_fixture.hpp"
+#include "support/tier_test_util.hpp"
 #include "tier/client.hpp"
 
 using namespace tier;
+using tier::test::connect_to;
 using tier::test::DaemonOptions;
+using tier::test::desc;
 using tier::test::TestDaemon;
 
 namespace {
-
-std::unique_ptr<Client> connect_to(const TestDaemon& d, const char* name = "client-test") {
-  auto c = Client::connect(d.socket(), {.client_name = name, .connect_timeout = std::chrono::seconds(5)});
-  REQUIRE(c.has_value());
-  return std::move(*c);
-}
-
-TensorDesc desc(std::string name, uint64_t size) {
-  TensorDesc d;
-  d.name = std::move(name);
-  d.size = size;
-  return d;
-}
 
 uint64_t make_tensor(Client& c, const std::string& pool, const std::string& name, uint64_t size) {
   auto t = c.create_tensor(pool, desc(name, size));

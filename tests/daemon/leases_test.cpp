@@ -147,3 +147,33 @@ TEST_CASE("catalog: a pool of 1M tensors; lookups by id and name") {
   CHECK(cat.tensor_count() == 0);
   CHECK(cat.next_tensor_id() == kN + 1);  // ids are never reused
 }
+
+TEST_CASE("leases: transfer moves a lease to another session under a new id, and ends are reported") {
+  Fixture f;
+  std::vector<uint64_t> ended;
+  f.table.on_write_end = [&](const LeaseTable::Lease& l) { ended.push_back(l.tensor_id); };
+  std::vector<uint64_t> w, r;
+  REQUIRE(f.lease(f.s1, LeaseMode::kWrite, {f.t[0]}, &w));
+  REQUIRE(f.lease(f.s1, LeaseMode::kRead, {f.t[1]}, &r));
+  auto moved = f.table.transfer(f.s1, f.s2, w[0]);
+  REQUIRE(moved.has_value());
+  CHECK(*moved != w[0]);
+  CHECK(f.table.find(w[0]) == nullptr);  // the old id is stale
+  REQUIRE(f.table.find(*moved));
+  CHECK(f.table.find(*moved)->session_id == 2);
+  CHECK(f.t[0]->writer);  // the tensor stayed write-leased throughout
+  CHECK(ended.empty());   // a transfer is no end
+  CHECK(f.s1.count == 1);
+  CHECK(f.s2.count == 1);
+  CHECK(f.table.live() == 2);
+  CHECK(f.table.transfer(f.s1, f.s2, *moved).error().code() == Code::kNotFound);  // not s1's
+  CHECK(f.table.release(f.s1, *moved, f.cat).code() == Code::kNotFound);
+  REQUIRE(f.table.release(f.s2, *moved, f.cat));
+  CHECK_FALSE(f.t[0]->writer);
+  CHECK(ended == std::vector<uint64_t>{f.t[0]->id});
+  REQUIRE(f.table.release(f.s1, r[0], f.cat));  // a read lease's end is not reported
+  CHECK(ended.size() == 1);
+  REQUIRE(f.lease(f.s2, LeaseMode::kOverwrite, {f.t[2], f.t[3]}));
+  CHECK(f.table.release_all(f.s2, f.cat) == 2);
+  CHECK(ended.size() == 3);
+}

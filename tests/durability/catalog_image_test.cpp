@@ -69,8 +69,12 @@ class Churn {
         if (p->second.tensors.empty()) return std::nullopt;
         auto t = pick(p->second.tensors);
         uint64_t tid = t->first;
-        switch (rng_() % 7) {
+        switch (rng_() % 8) {
           case 0: return TensorDeleted{p->first, tid};
+          case 6:
+            if (t->second.write_lease) return WriteLeaseEnded{tid};
+            return WriteLeaseHeld{tid, (rng_() % 9) << 32 | (tid % 64), 1000, int32_t(tid % 30000 + 2),
+                                  rng_() % 1000000, 4026531836ull};
           case 1: return TensorRamPlaced{tid, 1, (p->first << 16) | 1, tid * 4096, 4096};
           case 2: return TensorRamDropped{tid};
           case 3:
@@ -104,6 +108,9 @@ TEST_CASE("records change the catalog image as documented", "[journal][image]") 
   CatalogImage img;
   REQUIRE(img.apply(PoolCreated{1, "job", 1000, 1000, 0, 1 << 30, 0}).is_ok());
   REQUIRE(img.apply(ArenaCreated{1, 65536, 0, "tierd-x-p1-n0", 1 << 30}).is_ok());
+  // Again for the same pool's arena: re-created under a new name at a start-up.
+  REQUIRE(img.apply(ArenaCreated{1, 65536, 0, "tierd-x-p1-n0-2", 1 << 30}).is_ok());
+  CHECK(img.pools().at(1).arenas.at(65536).shm_name == "tierd-x-p1-n0-2");
   REQUIRE(img.apply(TensorCreated{1, 5, "w", 4096, 3, {64, 32}, 0, 65536, 8192, 4096}).is_ok());
   REQUIRE(img.apply(NvmeCopyWritten{5, 3, {Extent{"/nvme", "d", 0, 4096, 9}}}).is_ok());
   REQUIRE(img.apply(TensorRamDropped{5}).is_ok());
@@ -119,6 +126,16 @@ TEST_CASE("records change the catalog image as documented", "[journal][image]") 
   CHECK(img.tensor(5)->nvme);
   REQUIRE(img.apply(NvmeCopyDropped{5, 3}).is_ok());
   CHECK_FALSE(img.tensor(5)->nvme);
+  // A write lease: held, replaced by a reclaim's new id, ended; an end without one is a no-op.
+  REQUIRE(img.apply(WriteLeaseHeld{5, 7, 1000, 42, 99, 4026531836ull}).is_ok());
+  REQUIRE(img.tensor(5)->write_lease);
+  CHECK(img.tensor(5)->write_lease->lease_id == 7);
+  REQUIRE(img.apply(WriteLeaseHeld{5, (1ull << 32) | 3, 1000, 42, 99, 4026531836ull}).is_ok());
+  CHECK(img.tensor(5)->write_lease->lease_id == ((1ull << 32) | 3));
+  REQUIRE(img.apply(WriteLeaseEnded{5}).is_ok());
+  CHECK_FALSE(img.tensor(5)->write_lease);
+  REQUIRE(img.apply(WriteLeaseEnded{5}).is_ok());
+  REQUIRE(img.apply(WriteLeaseHeld{5, 8, 1000, 42, 99, 1}).is_ok());  // emitted by compaction
   REQUIRE(img.apply(SnapshotBegun{1, 2, "/s/2"}).is_ok());
   CHECK_FALSE(img.pools().at(1).snapshots.at(2).durable);
   REQUIRE(img.apply(SnapshotDurable{1, 2, "/s/2", 4096}).is_ok());
@@ -145,6 +162,8 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
   CatalogImage img;
   REQUIRE(img.apply(PoolCreated{1, "job", 0, 0, 0, 1, 1}).is_ok());
   REQUIRE(img.apply(TensorCreated{1, 5, "w", 4096, 3, {}, 0, 0, 0, 0}).is_ok());
+  REQUIRE(img.apply(PoolCreated{2, "two", 0, 0, 0, 1, 1}).is_ok());
+  REQUIRE(img.apply(ArenaCreated{2, 7, 0, "a", 1}).is_ok());
   const CatalogImage before = img;
   std::vector<Record> bad = {
       PoolCreated{1, "other", 0, 0, 0, 1, 1},        // id exists
@@ -157,7 +176,10 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
       TensorRamDropped{6},
       NvmeCopyWritten{6, 1, {}},
       NvmeCopyDropped{6, 1},
+      WriteLeaseHeld{6, 1, 0, 1, 1, 1},
+      WriteLeaseEnded{6},
       ArenaCreated{9, 1, 0, "n", 1},
+      ArenaCreated{1, 7, 0, "b", 1},  // another pool's arena id
       SnapshotBegun{9, 1, "p"},
       SnapshotDropped{1, 1},
       ManifestBegin{1, 1, 1},

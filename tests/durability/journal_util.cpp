@@ -45,6 +45,8 @@ std::vector<Record> sample_records(uint64_t salt) {
   v.push_back(ArenaCreated{7 + salt, 1 + salt, 0, "/tier.state.n0", 1ull << 34});
   v.push_back(ManifestBegin{7 + salt, 5 + salt, 1700000000000ull + salt});
   v.push_back(ManifestEnd{3, 1 << 20});
+  v.push_back(WriteLeaseHeld{100 + salt, (1ull << 32) | (4 + salt), 1000, -7, 123456 + salt, 4026531836ull});
+  v.push_back(WriteLeaseEnded{100 + salt});
   return v;
 }
 

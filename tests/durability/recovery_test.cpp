@@ -313,7 +313,9 @@ TEST_CASE("a truncated journal recovers its valid records, a corrupted one is re
   {
     auto c = connect_to(d);
     REQUIRE(c->create_pool("j", {.ram_quota = 8 << 20}).has_value());
-    for (int i = 0; i < 10; ++i) REQUIRE(put(*c, "j", "x" + std::to_string(i), 4096));
+    for (int i = 0; i < 9; ++i) REQUIRE(put(*c, "j", "x" + std::to_string(i), 4096));
+    // Created only (no write lease, whose records would follow): its create is the last record.
+    REQUIRE(c->create_tensor("j", TensorDesc{.name = "x9", .size = 4096}).has_value());
   }
   d.kill9();
   std::string jp = journal_path(d);

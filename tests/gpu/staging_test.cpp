@@ -126,13 +126,14 @@ TEST_CASE("a leased tensor round-trips through the device from the arena", "[gpu
   auto st = tier::gpu::Stager::create(c, {.chunk_bytes = 3 << 20});
   REQUIRE(st.has_value());
   CHECK((*st)->stats().registration_error.empty());
-  CHECK((*st)->is_registered(bytes.data(), bytes.size()));
+  CHECK_FALSE((*st)->is_registered(bytes.data(), bytes.size()));  // on demand: the first copy pins
 
   void* dev = nullptr;
   REQUIRE(cudaMalloc(&dev, size) == cudaSuccess);
   auto up = (*st)->copy_to_device(*wa, dev);
   REQUIRE(up.has_value());
   CHECK(up->direct());  // straight from the arena: no bounce buffer
+  CHECK((*st)->is_registered(bytes.data(), bytes.size()));
   REQUIRE(up->wait().is_ok());
 
   auto rb = c.lease(b->id, tier::LeaseMode::kRead);

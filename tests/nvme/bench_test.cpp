@@ -50,6 +50,11 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and plan figures with the
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(seen["nvme.spill"] == 2);  // 1 and 16 MiB
   CHECK(seen["nvme.fetch"] == 2);
+  CHECK(seen["nvme.spill_syncs"] == 2);  // spills are synced: at least one flush, at most one each
+  if (last.contains("nvme.spill_syncs")) {
+    CHECK(last["nvme.spill_syncs"].at("value") > 0.0);
+    CHECK(last["nvme.spill_syncs"].at("value") <= 1.0);
+  }
   for (const char* n : {"nvme.plan.misses", "nvme.plan.stall", "nvme.plan.moved", "nvme.plan.step",
                         "nvme.plan.lru_step"})
     CHECK(seen[n] == 1);

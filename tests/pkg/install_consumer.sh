@@ -94,12 +94,13 @@ if [ -x "$prefix/$sbindir_rel/tierd" ]; then
     "$prefix/bin/tierctl" --socket "$tmp/d/tierd.sock" status >/dev/null || fail "installed tierctl status"
   fi
   # The installed Python module (when built) loads the installed libtier and talks to tierd.
-  pymod=$(ls "$prefix"/lib/python3/dist-packages/tierd*.so 2>/dev/null | head -1 || true)
+  pymod=$(ls "$prefix"/lib/python3/dist-packages/tierd/_native*.so 2>/dev/null | head -1 || true)
   if [ -n "$pymod" ] && [ -x /usr/bin/python3 ]; then
     loads_installed_libtier "$pymod" || fail "installed Python module does not load the installed libtier"
-    PYTHONPATH=$(dirname "$pymod") /usr/bin/python3 -c '
-import sys, tierd
-assert tierd.__file__ == sys.argv[1], tierd.__file__
+    PYTHONPATH=$(dirname "$(dirname "$pymod")") /usr/bin/python3 -c '
+import sys, tierd, tierd._native
+assert tierd._native.__file__ == sys.argv[1], tierd._native.__file__
+assert callable(tierd.adamw_step)
 c = tierd.connect(sys.argv[2])
 c.create_pool("pkg-py")
 assert "pkg-py" in [p.name for p in c.list_pools()]

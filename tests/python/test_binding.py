@@ -40,9 +40,45 @@ class Errors(unittest.TestCase):
 
     def test_every_code_has_a_subclass(self):
         for name in ("InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied",
-                     "ResourceExhausted", "Busy", "Timeout", "IOError", "Corruption",
+                     "ResourceExhausted", "Busy", "Timeout", "IoError", "Corruption",
                      "ProtocolError", "Unavailable", "Unsupported", "Internal"):
             self.assertTrue(issubclass(getattr(tierd, name), tierd.Error), name)
+
+    def test_errors_also_derive_from_the_matching_builtins(self):
+        for name, builtin in (("PermissionDenied", PermissionError), ("NotFound", LookupError),
+                              ("Unavailable", ConnectionError), ("Timeout", TimeoutError),
+                              ("InvalidArgument", ValueError), ("IoError", OSError),
+                              ("AlreadyExists", FileExistsError)):
+            self.assertTrue(issubclass(getattr(tierd, name), builtin), name)
+        # No class of the module shadows a builtin name (tierd.IOError would shadow OSError's alias).
+        import builtins
+        for name in dir(tierd):
+            if isinstance(getattr(tierd, name), type) and issubclass(getattr(tierd, name), BaseException):
+                self.assertFalse(hasattr(builtins, name), name)
+        with self.assertRaises(ConnectionError):
+            tierd.connect(os.path.join(daemon.dir, "nobody-here.sock"))
+
+    def test_the_type_stubs_declare_every_public_name(self):
+        import ast
+        import tierd._native as native
+        stub = os.path.join(os.path.dirname(tierd.__file__), "_native.pyi")
+        tree = ast.parse(open(stub).read())
+        declared, members = set(), {}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                declared.add(node.name)
+                members[node.name] = {n.name if isinstance(n, ast.FunctionDef) else n.target.id
+                                      for n in node.body if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+            elif isinstance(node, ast.FunctionDef):
+                declared.add(node.name)
+            elif isinstance(node, ast.AnnAssign):
+                declared.add(node.target.id)
+        public = {n for n in dir(native) if not n.startswith("_")} | {"__version__"}
+        self.assertEqual(public - declared, set())
+        for cls in ("Client", "Lease", "PoolInfo", "TensorInfo"):
+            names = {n for n in dir(getattr(native, cls)) if not n.startswith("_")}
+            self.assertEqual(names - members[cls], set(), cls)
+        self.assertTrue(os.path.exists(os.path.join(os.path.dirname(tierd.__file__), "py.typed")))
 
     def test_bad_arguments_are_python_errors(self):
         with tierd.connect(daemon.socket) as c:

@@ -197,6 +197,32 @@ class RoundTrip(unittest.TestCase):
         self.check_dtype("f16", torch.float16)
 
 
+class DLPack(unittest.TestCase):
+    def test_from_dlpack_is_zero_copy_with_the_tensors_dtype_and_shape(self):
+        import gc
+        c = tierd.connect(daemon.socket)
+        c.create_pool("py-dlpack", exist_ok=True)
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            name = str(dtype).split(".")[1]
+            t = c.create_tensor("py-dlpack", name, shape=(3, 4), dtype=dtype, exist_ok=True)
+            with c.lease(t, "w") as lease:
+                self.assertEqual(lease.__dlpack_device__(), (1, 0))  # kDLCPU
+                x = torch.from_dlpack(lease)
+                self.assertEqual((x.dtype, tuple(x.shape)), (dtype, (3, 4)))
+                self.assertEqual(x.data_ptr(), lease.address)
+                x.copy_(torch.arange(12).view(3, 4).to(dtype))
+                with self.assertRaises(BufferError):  # the DLPack tensor counts as a view
+                    lease.release()
+                del x
+                gc.collect()
+                self.assertEqual(lease.exports, 0)
+            with c.lease(t, "r") as lease:
+                self.assertTrue(torch.equal(lease.torch(), torch.arange(12).view(3, 4).to(dtype)))
+        with self.assertRaises(BufferError):
+            lease.__dlpack__()  # released
+        c.close()
+
+
 class AdamStateInTierd(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

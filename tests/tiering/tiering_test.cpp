@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "support/daemon_fixture.hpp"
+#include "support/tier_test_util.hpp"
 #include "tier/client.hpp"
 
 using namespace tier;
@@ -22,81 +23,6 @@ using namespace tier::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A temporary directory removed at scope exit.
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& base = "/tmp") {
-    std::string t = base + "/tiering-test-XXXXXX";
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-// A daemon with an NVMe directory `nvme` and `ram` of RAM tier; `config` is extra TOML.
-DaemonOptions nvme_opts(const std::string& nvme, const std::string& ram, const std::string& config = "") {
-  DaemonOptions o;
-  o.ram = ram;
-  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
-  if (!config.empty()) {
-    std::string cfg = nvme + "/../tierd-test.toml";
-    std::ofstream(cfg) << config;
-    o.extra_args.push_back("--config");
-    o.extra_args.push_back(cfg);
-  }
-  return o;
-}
-
-std::unique_ptr<Client> connect_to(const TestDaemon& d) {
-  auto c = Client::connect(d.socket(), {.client_name = "tiering-test", .connect_timeout = std::chrono::seconds(5)});
-  REQUIRE(c);
-  return std::move(*c);
-}
-
-TensorDesc desc(std::string name, uint64_t size) {
-  TensorDesc d;
-  d.name = std::move(name);
-  d.size = size;
-  return d;
-}
-
-uint64_t fnv(std::span<const std::byte> b) {
-  uint64_t h = 1469598103934665603ull;
-  for (std::byte x : b) h = (h ^ static_cast<uint8_t>(x)) * 1099511628211ull;
-  return h;
-}
-
-void fill(std::span<std::byte> b, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  size_t i = 0;
-  for (; i + 8 <= b.size(); i += 8) {
-    uint64_t v = g();
-    std::memcpy(b.data() + i, &v, 8);
-  }
-  for (; i < b.size(); ++i) b[i] = static_cast<std::byte>(g());
-}
-
-// Writes `seed`'s bytes into the tensor; returns their hash.
-uint64_t write_tensor(Client& c, uint64_t id, uint64_t seed) {
-  auto l = c.lease(id, LeaseMode::kWrite, {LeaseWait::kForever});
-  REQUIRE(l);
-  fill(l->bytes(), seed);
-  uint64_t h = fnv(l->bytes());
-  REQUIRE(l->release().is_ok());
-  return h;
-}
-
-uint64_t read_hash(Client& c, uint64_t id) {
-  auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
-  REQUIRE(l);
-  uint64_t h = fnv(l->bytes());
-  REQUIRE(l->release().is_ok());
-  return h;
-}
 
 NodeStatus status_of(Client& c) {
   auto s = c.status();
@@ -527,15 +453,7 @@ TEST_CASE("a flipped byte on NVMe is kCorruption to the client and the daemon ke
   uint64_t hb = write_tensor(*c, b->id, 2);
   uint64_t ida = a->id;
   REQUIRE(c->evict("p", {&ida, 1}).is_ok());  // the only copy on NVMe: at offset 0 of file 0
-  std::string file = nvme.path + "/data-000000.tier";
-  int fd = ::open(file.c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  unsigned char x = 0;
-  REQUIRE(::pread(fd, &x, 1, 1000) == 1);
-  x ^= 0x40;
-  REQUIRE(::pwrite(fd, &x, 1, 1000) == 1);
-  ::fsync(fd);
-  ::close(fd);
+  flip_byte(nvme.path + "/data-000000.tier", 1000);
 
   auto l = c->lease(ida, LeaseMode::kRead, {LeaseWait::kForever});
   REQUIRE_FALSE(l);
@@ -560,16 +478,7 @@ TEST_CASE("an NVMe quota that is full gives a clear error and loses nothing") {
   po.nvme_quota = 2u << 20;  // room for two of the 1 MiB tensors on NVMe
   REQUIRE(c->create_pool("q", po));
   std::vector<uint64_t> ids, hashes;
-  Status last;
-  for (int i = 0; i < 16; ++i) {
-    auto t = c->create_tensor("q", desc("t" + std::to_string(i), 1u << 20));
-    if (!t) {
-      last = t.error();
-      break;
-    }
-    ids.push_back(t->id);
-    hashes.push_back(write_tensor(*c, t->id, 100 + i));
-  }
+  Status last = fill_until_refused(*c, "q", 16, 1u << 20, 100, ids, hashes);
   // 8 MiB of RAM and 2 MiB of NVMe hold 10 tensors at most.
   REQUIRE_FALSE(last.is_ok());
   CHECK(last.code() == Code::kResourceExhausted);
@@ -599,16 +508,7 @@ TEST_CASE("a full NVMe tier (nvme_capacity) gives a clear error and loses nothin
   auto c = connect_to(d);
   REQUIRE(c->create_pool("f"));
   std::vector<uint64_t> ids, hashes;
-  Status last;
-  for (int i = 0; i < 12; ++i) {
-    auto t = c->create_tensor("f", desc("t" + std::to_string(i), 512u << 10));
-    if (!t) {
-      last = t.error();
-      break;
-    }
-    ids.push_back(t->id);
-    hashes.push_back(write_tensor(*c, t->id, 200 + i));
-  }
+  Status last = fill_until_refused(*c, "f", 12, 512u << 10, 200, ids, hashes);
   REQUIRE_FALSE(last.is_ok());
   CHECK(last.code() == Code::kResourceExhausted);
   CHECK_THAT(last.message(), Catch::Contains("write-back"));

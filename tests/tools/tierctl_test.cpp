@@ -7,8 +7,11 @@
 
 #include "run_binary.hpp"
 #include "support/daemon_fixture.hpp"
+#include "tierctl_run.hpp"
 
 using tier::test::bin_path;
+using tier::test::ctl;
+using tier::test::write_random_file;
 using tier::test::read_text;
 using tier::test::run_binary;
 using tier::test::RunResult;
@@ -16,19 +19,6 @@ using tier::test::TestDaemon;
 using nlohmann::json;
 
 namespace {
-
-RunResult ctl(const TestDaemon& d, std::vector<std::string> args) {
-  args.insert(args.begin(), {"--socket", d.socket()});
-  return run_binary(bin_path("tierctl"), args);
-}
-
-std::string write_random_file(const std::string& path, size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string data(n, '\0');
-  for (auto& c : data) c = static_cast<char>(rng());
-  std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
-  return data;
-}
 
 size_t lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
 

@@ -4,7 +4,11 @@
 //   nvme.spill / nvme.fetch   GB/s for each tensor size; the baseline writes/reads the same
 //                             bytes sequentially with the same queue depth and request size.
 //                             Every transfer is O_DIRECT, so the page cache cannot flatter
-//                             either side; fetch includes checksum verification.
+//                             either side; fetch includes checksum verification. A spill
+//                             counts until the engine reports it, i.e. durable: its writes and
+//                             the fdatasync of its data file (the baseline does not sync).
+//   nvme.spill_syncs          fdatasyncs per spilled tensor (group commit shares one per data
+//                             file among the spills of a batch); baseline 1, one per tensor.
 //   nvme.plan.*               a cyclic plan over a working set twice the RAM budget, run on the
 //                             real directory with the tiering policy (Belady eviction + timed
 //                             prefetch) and with plain LRU on demand, against the ideal: the
@@ -230,6 +234,7 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
   for (uint64_t size : sizes) {
     uint64_t n = std::max(total / size, uint64_t{1}) * size;
     std::vector<double> es, ef, rw, rr;
+    const uint64_t syncs_before = e.stats().dirs[0].syncs;
     for (int s = 0; s < samples; ++s) {
       double a, b, c, d;
       if (s % 2 == 0) {
@@ -256,6 +261,8 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     double vs = median(es), vw = median(rw), vr = median(rr), vf = median(ef);
     emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", vw / 1e9, vs / vw});
     emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", vr / 1e9, vf / vr});
+    double per_tensor = double(e.stats().dirs[0].syncs - syncs_before) / double(samples * (n / size));
+    emit(o, {"nvme.spill_syncs", size, per_tensor, "syncs/tensor", 1.0, per_tensor});
     raw.write_bw = vw;
     raw.read_bw = vr;
   }

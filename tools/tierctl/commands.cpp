@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -263,26 +264,52 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size == 0) return Status(Code::kInvalidArgument, file + " is empty; a tensor holds at least one byte");
 
-  auto pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
+  // What this put creates goes again when a later step fails: a failed put leaves nothing
+  // behind (the daemon refuses up front a tensor that could never be leased; a lease can still
+  // time out or find RAM and NVMe full, and the file can shrink while it is read).
+  // Whether this put creates the pool is decided by a create without exist_ok; the list only
+  // spares an existing pool that refusal (an error answer in the daemon's status). A pool the
+  // list misses (another uid's, or past what one reply holds) is refused and then opened.
+  bool pool_created = false, created = false;
+  auto pools = c.list_pools();
+  if (!pools) return pools.error();
+  const bool listed = std::any_of(pools->begin(), pools->end(), [&](const PoolInfo& x) { return x.name == pool; });
+  Result<PoolInfo> pi = fail(Code::kAlreadyExists, "");
+  if (!listed) {
+    pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/false);
+    pool_created = pi.has_value();
+  }
+  if (!pi && pi.error().code() == Code::kAlreadyExists)
+    pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
   if (!pi) return pi.error();
+  auto undo = [&](Status st) {
+    if (created) (void)c.delete_tensor(pool, name);
+    if (pool_created) (void)c.drop_pool(pool);
+    return st;
+  };
   // In an empty pool the tensor is new: no lookup first (its kNotFound would count as an error
   // answer in the daemon's status).
   auto t = pi->tensor_count == 0 ? Result<TensorInfo>(fail(Code::kNotFound, "")) : c.open_tensor(pool, name);
-  bool created = false;
   if (!t && t.error().code() == Code::kNotFound) {
-    t = c.create_tensor(pool, TensorDesc{.name = name, .size = size, .shape = {}, .placement = {}}, /*exist_ok=*/true);
-    created = true;
+    t = c.create_tensor(pool, TensorDesc{.name = name, .size = size, .shape = {}, .placement = {}}, /*exist_ok=*/false);
+    created = t.has_value();
   }
-  if (!t) return t.error();
+  if (!t) return undo(t.error());
   if (t->size != size)
     return Status(Code::kInvalidArgument,
                   "tensor '" + name + "' in pool '" + pool + "' is " + std::to_string(t->size) +
                       " bytes but " + file + " is " + std::to_string(size) +
                       " bytes; delete it first (tierctl rm) or put a file of the same size");
-  auto lease = c.lease(t->id, LeaseMode::kWrite, LeaseWait{p.wait_ms});
-  if (!lease) return lease.error();
-  TIER_RETURN_IF_ERROR(read_all(in.fd, lease->bytes().data(), size, file));
-  TIER_RETURN_IF_ERROR(lease->release());
+  // An overwrite lease: every byte is written from the file, so the tensor's old bytes are never
+  // read (a tensor only on NVMe is not fetched, and one whose NVMe copy is corrupt can be
+  // replaced). The lease is released before any undo.
+  auto write = [&]() -> Status {
+    auto lease = c.lease(t->id, LeaseMode::kOverwrite, LeaseWait{p.wait_ms});
+    if (!lease) return lease.error();
+    TIER_RETURN_IF_ERROR(read_all(in.fd, lease->bytes().data(), size, file));
+    return lease->release();
+  };
+  if (Status st = write(); !st) return undo(std::move(st));
   if (o.json) {
     print_json({{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", size},
                 {"created", created}, {"file", file}});
