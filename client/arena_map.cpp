@@ -65,12 +65,16 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
                                      " tierd announced");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   // A group reader gets a read-only fd (daemon/access.hpp): map it read-only.
-  if (p == MAP_FAILED && errno == EACCES) p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  bool read_only = false;
+  if (p == MAP_FAILED && errno == EACCES) {
+    p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    read_only = true;
+  }
   if (p == MAP_FAILED)
     return fail(Status::from_errno(errno, "mmap of arena " + std::to_string(id) + " (" +
                                               std::to_string(size) + " bytes)"));
   return Arena{id, static_cast<std::byte*>(p), size, numa_node, static_cast<uint64_t>(st.st_dev),
-               static_cast<uint64_t>(st.st_ino)};
+               static_cast<uint64_t>(st.st_ino), read_only};
 }
 
 }  // namespace tier::client

@@ -20,6 +20,7 @@ struct Arena {
   uint64_t size = 0;
   int32_t numa_node = -1;
   uint64_t dev = 0, ino = 0;  // the shared-memory object (a restarted tierd passes the same one)
+  bool read_only = false;     // mapped PROT_READ (the fd was read-only: a group reader)
 };
 
 class ArenaMap {

@@ -90,6 +90,9 @@ struct Client::Impl {
   wire::LeaseRep lease_rep;
   wire::ReleaseReq release_req;
   wire::Empty empty;
+  // Ranges this client told tierd are pinned for DMA (pin_for_dma), re-sent after a reconnect
+  // for arenas that are still the same object. Guarded by mu.
+  std::vector<wire::ArenaPinReq> dma_pins;
 
   // Runs `attempt` (one request/reply on conn); when it finds the daemon gone, reconnects
   // (re-acquiring the held leases) and runs it once more. A request that is not idempotent and
@@ -282,6 +285,12 @@ Status Client::Impl::reconnect(const Status& why) {
     replaced.push_back(id);
     (void)arenas.replace(id, fd, rep.size, rep.numa_node);
   }
+  // DMA pins die with the old connection: pin again what is still registered in the same
+  // arena object (a replaced arena's registration points at the retired mapping, not at it).
+  std::erase_if(dma_pins, [&](const wire::ArenaPinReq& p) {
+    return std::ranges::find(replaced, p.arena_id) != replaced.end() ||
+           !conn.call(MsgType::kArenaPin, p, empty).is_ok();
+  });
   // Leases.
   std::string lost;
   size_t n_lost = 0;
@@ -788,8 +797,34 @@ std::vector<Client::ArenaMapping> Client::mapped_arenas() const {
   return guarded<std::vector<Client::ArenaMapping>>([&]() -> std::vector<Client::ArenaMapping> {
     std::lock_guard g(impl_->mu);
     std::vector<ArenaMapping> out;
-    for (const auto& a : impl_->arenas.all()) out.push_back({a.id, a.base, a.size, a.numa_node});
+    for (const auto& a : impl_->arenas.all())
+      out.push_back({a.id, a.base, a.size, a.numa_node, a.read_only});
     return out;
+  });
+}
+
+Status Client::pin_for_dma(std::span<const std::byte> range, bool pinned) {
+  return guarded<Status>([&]() -> Status {
+    std::lock_guard g(impl_->mu);
+    const auto p = reinterpret_cast<uintptr_t>(range.data());
+    for (const auto& a : impl_->arenas.all()) {
+      const auto base = reinterpret_cast<uintptr_t>(a.base);
+      if (range.empty() || p < base || p - base > a.size || range.size() > a.size - (p - base)) continue;
+      wire::ArenaPinReq req{a.id, p - base, range.size(), true};
+      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kArenaPin, wire::ArenaPinReq{req.arena_id, req.offset, req.length, pinned},
+                                       impl_->empty));
+      auto& pins = impl_->dma_pins;
+      if (pinned) {
+        pins.push_back(req);
+      } else if (auto it = std::ranges::find_if(pins, [&](const wire::ArenaPinReq& q) {
+                   return q.arena_id == req.arena_id && q.offset == req.offset && q.length == req.length;
+                 });
+                 it != pins.end()) {
+        pins.erase(it);
+      }
+      return Status::ok();
+    }
+    return Status(Code::kNotFound, "pin_for_dma: the range is not inside one mapped arena");
   });
 }
 

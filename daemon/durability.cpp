@@ -5,10 +5,12 @@
 #include <dirent.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <type_traits>
 
 #include "daemon/lease_reclaim.hpp"
@@ -50,8 +52,8 @@ void set_nvme(Opt& dst, const NvmeCopyWritten& w) {
 }  // namespace
 
 Durability::~Durability() {
-  for (auto& j : jobs_)
-    if (j && j->thread.joinable()) j->thread.join();
+  jobs_.clear();  // cancels and joins the snapshot writers
+  for (Remover& r : removers_) r.thread.join();
   if (efd_ >= 0) ::close(efd_);
 }
 
@@ -59,12 +61,11 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<Durability> d(new Durability(st));
   d->state_dir_ = st.config.state_dir;
-  std::error_code ec;
   std::string jdir = d->state_dir_ + "/journal";
-  fs::create_directories(jdir, ec);
-  if (ec) return fail(Code::kIo, "cannot create " + jdir + ": " + ec.message());
-  fs::create_directories(d->snapshot_root(), ec);
-  if (ec) return fail(Code::kIo, "cannot create " + d->snapshot_root() + ": " + ec.message());
+  // 0700, also when an older tierd made them 0755: snapshot directories name pools.
+  if (Status st = make_private_dir(jdir); !st) return fail(Code::kIo, "cannot create " + jdir + ": " + st.message());
+  if (Status st = make_private_dir(d->snapshot_root()); !st)
+    return fail(Code::kIo, "cannot create " + d->snapshot_root() + ": " + st.message());
   d->efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d->efd_ < 0) return fail(Status::from_errno(errno, "eventfd"));
 
@@ -83,6 +84,7 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
     log_warn("journal: dropped a torn tail of {} bytes (a record being written when tierd died)",
              orep.dropped_tail_bytes);
   if (Status st = d->rebuild(); !st) return fail(std::move(st));
+  d->clean_snapshot_dirs();
   // Write leases held when the previous tierd died stay reserved for their holders.
   st.reclaims.adopt(st, *d, std::chrono::steady_clock::now());
   // The rebuild may have journaled losses; make them durable before serving.
@@ -91,9 +93,9 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
   if (!r.fresh)
     log_info("recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
              "re-attached, {} recreated (gone: reboot), {} refused (not tierd's or damaged), {} tensors restored from snapshots, {} "
-             "from NVMe, {} lost",
+             "from NVMe, {} lost; {} partial snapshots removed",
              r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost, r.arenas_refused,
-             r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors);
+             r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors, r.partial_snapshots_removed);
   if (report) *report = r;
   return d;
 }
@@ -226,6 +228,48 @@ void Durability::remove_stale_arenas() {
   }
 }
 
+void Durability::clean_snapshot_dirs() {
+  // Keep, per pool, the newest snapshot the journal records as durable (its manifest and
+  // directories were fsynced before SnapshotDurable was appended); anything else under the
+  // snapshot root is a snapshot being written when tierd died, or one already superseded.
+  std::set<std::pair<std::string, std::string>> keep;  // (pool directory, snapshot id)
+  for (const auto& [pid, pi] : image_.pools()) {
+    const SnapshotImage* latest = nullptr;
+    for (const auto& [sid, s] : pi.snapshots)
+      if (s.durable) latest = &s;
+    std::vector<uint64_t> drop;
+    for (const auto& [sid, s] : pi.snapshots)
+      if (&s != latest) drop.push_back(sid);
+    for (uint64_t sid : drop) append(SnapshotDropped{pid, sid});
+    if (latest) {
+      fs::path lp(latest->path);
+      keep.emplace(lp.parent_path().filename().string(), lp.filename().string());
+    }
+  }
+  std::error_code ec;
+  for (const auto& pool_dir : fs::directory_iterator(snapshot_root(), ec)) {
+    if (!pool_dir.is_directory(ec)) continue;
+    std::string pool_name = pool_dir.path().filename().string();
+    (void)::chmod(pool_dir.path().c_str(), 0700);
+    std::vector<fs::path> gone;
+    for (const auto& snap : fs::directory_iterator(pool_dir.path(), ec)) {
+      if (keep.contains({pool_name, snap.path().filename().string()})) (void)::chmod(snap.path().c_str(), 0700);
+      else gone.push_back(snap.path());
+    }
+    for (const fs::path& g : gone) {
+      std::error_code rec;
+      fs::remove_all(g, rec);
+      if (rec) {
+        log_warn("cannot remove the partial snapshot {}: {}", g.string(), rec.message());
+        continue;
+      }
+      report_.partial_snapshots_removed++;
+      log_warn("removed snapshot directory {}: not a complete snapshot the journal keeps", g.string());
+    }
+    if (fs::is_empty(pool_dir.path(), ec) && !st_.catalog.find_pool(pool_name)) fs::remove(pool_dir.path(), ec);
+  }
+}
+
 void Durability::append(const Record& r) {
   if (!failed_.is_ok()) return;
   bool ack = std::holds_alternative<PoolCreated>(r) || std::holds_alternative<PoolDropped>(r) ||
@@ -286,9 +330,36 @@ void Durability::pool_created(const Pool& p) {
 
 void Durability::pool_dropped(const Pool& p) {
   append(PoolDropped{p.id});
+  // A snapshot of it stops before its directory goes (poll() then answers its request).
+  for (auto& j : jobs_)
+    if (j->pool_id == p.id) j->writer->cancel();
+  remove_later(snapshot_root() + "/" + p.name);
+}
+
+void Durability::remove_later(const std::string& path) {
+  std::erase_if(removers_, [](Remover& r) {
+    if (!r.done->load()) return false;
+    r.thread.join();
+    return true;
+  });
+  std::string trash = snapshot_root() + "/.removing-" + std::to_string(::getpid()) + "-" + std::to_string(++removals_);
   std::error_code ec;
-  fs::remove_all(snapshot_root() + "/" + p.name, ec);
-  if (ec) log_warn("pool '{}': removing its snapshots: {}", p.name, ec.message());
+  if (::rename(path.c_str(), trash.c_str()) != 0) {
+    if (errno == ENOENT) return;
+    trash = path;  // cannot rename: remove it where it is
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  try {
+    removers_.push_back({std::thread([trash, done] {
+                           std::error_code e;
+                           fs::remove_all(trash, e);
+                           if (e) log_warn("removing {}: {}", trash, e.message());
+                           done->store(true);
+                         }),
+                         done});
+  } catch (const std::system_error&) {
+    fs::remove_all(trash, ec);
+  }
 }
 
 void Durability::tensor_created(const Tensor& t) {

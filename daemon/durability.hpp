@@ -19,23 +19,38 @@
 // journaled NVMe copy are lost: deleted from the catalog (journaled), counted and logged.
 // Arena objects of this state dir that the journal does not name are removed.
 //
-// Snapshots: start_snapshot() copies the pool's RAM-resident tensors into a private staging
-// buffer on the event loop (the stall: no lease can be granted meanwhile; it refuses while a
-// write lease is held) and a background thread writes them to
-// <state-dir>/snapshots/<pool>/<id>/{data,manifest}, fsyncing files and directories. poll() (the
-// event_fd() became readable) journals SnapshotDurable, commits, then answers the request and
-// removes the pool's older snapshots.
+// Snapshots (docs/daemon.md "Snapshots"): a snapshot is the point-in-time image of every
+// tensor of the pool whatever tier it is on (RAM, NVMe only, or in no tier: zeros), streamed to
+// <state-dir>/snapshots/<pool>/<id>/{data,manifest} by a SnapshotWriter thread in bounded
+// chunks while the loop keeps serving. Consistency: it starts only when no write lease is held
+// on the pool (kBusy otherwise); from then on no tensor of that point is written before it is
+// copied. The loop hands the writer a few tensors at a time (kSnapshotWindow bytes, at most
+// kSnapshotWindowTensors) and pins
+// each one while it is copied (a read pin: Tensor::readers, so it is neither evicted, deleted
+// nor write-leased meanwhile); a write lease on a tensor not copied yet (copy_before_write(),
+// called by the lease path) hands it to the writer first and waits like any conflicting lease
+// until its pin goes. Tensors created after the point are not in it; tensors deleted before
+// they are copied are left out (the journal no longer has them, so no restore asks for them).
+// Eviction and fetches meanwhile only move unchanged bytes, so a tensor is copied from wherever
+// it is when its turn comes. poll() (event_fd() readable) releases pins, feeds the writer, and
+// once the manifest and directories are fsynced journals SnapshotDurable, commits, answers the
+// request and removes the pool's older snapshots.
 //
-// Thread-safety: everything runs on the event-loop thread except each snapshot's writer thread,
-// which touches only its own job (staging buffer, files) and publishes completion through an
-// atomic flag and the eventfd.
+// Start-up (open()): snapshot directories the journal does not record as durable (a snapshot
+// that was being written when tierd died: no manifest, or no SnapshotDurable) and those
+// superseded by a newer durable one are removed; every directory under the state dir that
+// tierd made is mode 0700.
+//
+// Thread-safety: everything runs on the event-loop thread except the snapshot writers
+// (snapshot_writer.hpp), which touch only their own files and buffer.
 #pragma once
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
+#include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,6 +60,7 @@
 
 #include "daemon/journal/catalog_image.hpp"
 #include "daemon/journal/journal.hpp"
+#include "daemon/snapshot_writer.hpp"
 #include "tier/status.hpp"
 
 namespace tier::nvme {
@@ -73,6 +89,7 @@ struct RecoveryReport {
   uint64_t restored_from_nvme = 0;
   uint64_t lost_tensors = 0;         // RAM-only tensors not in a snapshot: gone
   uint64_t stale_arenas_removed = 0;
+  uint64_t partial_snapshots_removed = 0;  // snapshot dirs not recorded durable, or superseded
   double ms = 0;                     // time open() took
 };
 
@@ -125,50 +142,70 @@ class Durability {
   const Status& health() const noexcept { return failed_; }
 
   // --- snapshots ---
-  // Takes the point-in-time copy of `pool` and starts persisting it; the reply to
-  // (session, request_id) comes through poll()'s sink once durable. kBusy while a write lease
-  // is held on the pool or another snapshot of it is running.
+  // Starts the point-in-time snapshot of `pool`; the reply to (session, request_id) comes
+  // through poll()'s sink once durable. kBusy while a write lease is held on the pool or
+  // another snapshot of it is running.
   [[nodiscard]] Status start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id);
+  // Before a write lease on `tensors` is decided: those a running snapshot has not copied yet
+  // are handed to its writer now and pinned, so the lease waits (conflict) until they are in
+  // the snapshot. Cheap when no snapshot runs.
+  void copy_before_write(std::span<Tensor* const> tensors);
+  // Whether a running snapshot pins one of `tensors` now (it is being copied). Such a lease
+  // conflict is waited out even by a fail-fast lease: the pin goes once that tensor is copied.
+  [[nodiscard]] bool pinned(std::span<Tensor* const> tensors) const;
   int event_fd() const noexcept { return efd_; }
-  // Finishes completed snapshots: journal, commit, reply, remove older ones.
-  [[nodiscard]] Status poll(const Sink& sink);
+  // Releases the pins of copied tensors, feeds the writers, finishes completed snapshots
+  // (journal, commit, reply, remove older ones). Returns the journal's health; `released`
+  // (when given) is set when pins went (lease waiters may now be granted).
+  [[nodiscard]] Status poll(const Sink& sink, bool* released = nullptr);
   size_t snapshots_running() const noexcept { return jobs_.size(); }
 
   const RecoveryReport& recovery() const noexcept { return report_; }
   std::string snapshot_root() const { return state_dir_ + "/snapshots"; }
 
  private:
-  // One snapshot in flight. The writer thread owns `staging` and the files; the loop thread
-  // reads `result` only after `done` is set (release/acquire).
+  // One snapshot in flight (loop thread only; the writer has its own state).
   struct Job {
+    enum class State : uint8_t { kPending, kInFlight, kDone, kLeftOut };
+    struct Entry {
+      journal::TensorCreated meta;  // as of the snapshot's point
+      uint64_t offset = 0;          // in the data file
+      State state = State::kPending;
+      uint64_t checksum = 0;
+    };
     uint64_t pool_id = 0, snapshot_id = 0, session_id = 0;
     uint32_t request_id = 0;
     std::string dir;  // <state-dir>/snapshots/<pool>/<id>
     journal::PoolCreated pool;
-    std::vector<journal::TensorCreated> tensors;  // offsets: in `staging` and in the data file
-    std::vector<uint64_t> offsets;
-    // Anonymous mapping, populated when made (one kernel call instead of a page fault per
-    // 4 KiB during the copy, which is the stall).
-    struct Staging {
-      std::byte* p = nullptr;
-      uint64_t n = 0;
-      ~Staging() { reset(); }
-      void reset() noexcept;
-      std::byte* get() const noexcept { return p; }
-      explicit operator bool() const noexcept { return p != nullptr; }
-    } staging;
+    std::map<uint64_t, Entry> entries;  // by tensor id: the tensors of the point
+    std::vector<uint64_t> order;        // the copy order (pool order)
+    size_t next = 0;                    // first of `order` not handed out yet
+    uint64_t in_flight = 0, in_flight_bytes = 0;
+    bool finishing = false;
     uint64_t bytes = 0, stall_us = 0;
-    int efd = -1;
-    std::thread thread;
-    std::atomic<bool> done{false};
-    Status result;
+    std::unique_ptr<SnapshotWriter> writer;
   };
+  // Most bytes handed to a writer and not yet copied (the pins held at once), beyond the
+  // first tensor.
+  static constexpr uint64_t kSnapshotWindow = uint64_t{32} << 20;
+  static constexpr uint64_t kSnapshotWindowTensors = 64;  // and at most this many
   explicit Durability(DaemonState& st) : st_(st) {}
   void append(const journal::Record& r);
   [[nodiscard]] Status rebuild();
   [[nodiscard]] Status restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need);
   void remove_stale_arenas();
-  static void write_job(Job& job);
+  // Start-up: removes partial and superseded snapshot directories, makes the rest 0700.
+  void clean_snapshot_dirs();
+  // Hands tensor `id` of `job` to its writer (pinned), or leaves it out when it is gone.
+  void hand_out(Job& job, uint64_t id, bool urgent);
+  void feed(Job& job);
+  // Removes a snapshot directory off the event loop (unlinking a multi-GiB file takes the file
+  // system hundreds of ms): renamed at once to <snapshots>/.removing-<n> (so the name is free
+  // again), deleted by a background thread. Leftovers of a crash go at the next start-up.
+  void remove_later(const std::string& path);
+  void unpin(Job& job, uint64_t id);
+  // Finishes `job` (its writer ended): journal, reply, cleanup.
+  void complete(Job& job, const Sink& sink);
 
   DaemonState& st_;
   std::string state_dir_;
@@ -181,6 +218,12 @@ class Durability {
   RecoveryReport report_;
   int efd_ = -1;
   std::vector<std::unique_ptr<Job>> jobs_;
+  struct Remover {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Remover> removers_;  // joined when done (remove_later) and in the destructor
+  uint64_t removals_ = 0;
 };
 
 }  // namespace tier::daemon

@@ -190,6 +190,7 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_metrics,
       &RequestHandler::on_discard,
       &RequestHandler::on_lease_reclaim,
+      &RequestHandler::on_arena_pin,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
 }
@@ -450,6 +451,8 @@ Status RequestHandler::resolve_for_lease(const Session& s, std::span<const uint6
       return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
     scratch_tensors_.push_back(t);
   }
+  // A running snapshot copies these first; the lease then waits for its pins (durability.hpp).
+  if (is_write(mode) && state_.durable) state_.durable->copy_before_write(scratch_tensors_);
   return Status::ok();
 }
 
@@ -544,7 +547,8 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
     lease_latency_.observe(now_ns() - t_receipt);
     return;
   }
-  if (st.code() != Code::kBusy || req.timeout_ms == 0) return reply_err(h, st, out);
+  // A snapshot's pin is not a client's lease: a fail-fast lease waits for it (one tensor copy).
+  if (st.code() != Code::kBusy || (req.timeout_ms == 0 && !snapshot_pinned())) return reply_err(h, st, out);
   if (s.waiting >= state_.config.max_waiters_per_client)
     return reply_err(h, Status(Code::kResourceExhausted,
                                "this client has " + std::to_string(s.waiting) +
@@ -558,6 +562,7 @@ void RequestHandler::on_lease(Session& s, const Header& h, std::span<const std::
   w.mode = mode;
   w.tensor_ids = req.tensor_ids;
   if (req.timeout_ms > 0) w.deadline = Clock::now() + std::chrono::milliseconds(req.timeout_ms);
+  w.fail_fast = req.timeout_ms == 0;
   state_.leases.add_waiter(std::move(w));
   state_.counters.lease_waits++;
   state_.counters.stalls++;
@@ -602,7 +607,7 @@ void RequestHandler::retry_waiters() {
       }
     }
     if (st) st = grant(s, w.mode, w.request_id, deferred_buf_);
-    if (!st && st.code() == Code::kBusy && !w.fail_fast) {
+    if (!st && st.code() == Code::kBusy && (!w.fail_fast || snapshot_pinned())) {
       if (state_.tiering) state_.tiering->pin(w.tensor_ids);
       return false;  // still waiting
     }
@@ -637,12 +642,12 @@ void RequestHandler::expire(Clock::time_point now) {
 void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const std::byte> payload,
                                   Reply& out) {
   TIER_DECODE(MapArenaReq, req);
-  Pool* p = state_.catalog.find_pool(arena_pool(req.arena_id));
-  Arena* a = p ? state_.ram->arena(req.arena_id) : nullptr;
-  if (!a) return reply_err(h, Status(Code::kNotFound, "no arena " + std::to_string(req.arena_id)), out);
-  if (s.uid != p->owner_uid) {
-    // Group readers get a read-only fd; anyone else is refused.
-    if (Status st = check_right(creds(s), *p, Right::kRead, state_.admin_gid); !st) return reply_err(h, st, out);
+  bool owner = false;
+  auto ar = arena_for(s, req.arena_id, owner);
+  if (!ar) return reply_err(h, ar.error(), out);
+  Arena* a = *ar;
+  if (!owner) {
+    // Group readers get a read-only fd.
     int fd = read_only_fd(*a);
     if (fd < 0) return reply_err(h, Status::from_errno(errno, "read-only arena fd"), out);
     reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
@@ -651,6 +656,34 @@ void RequestHandler::on_map_arena(Session& s, const Header& h, std::span<const s
   }
   reply_ok(h, MapArenaRep{a->id(), a->size(), a->node()}, out);
   out.fd = a->fd();
+}
+
+Result<Arena*> RequestHandler::arena_for(const Session& s, uint64_t id, bool& owner) {
+  Pool* p = state_.catalog.find_pool(arena_pool(id));
+  Arena* a = p ? state_.ram->arena(id) : nullptr;
+  if (!a) return fail(Code::kNotFound, "no arena " + std::to_string(id));
+  owner = s.uid == p->owner_uid;
+  if (!owner)  // group readers may map it read-only; anyone else is refused
+    if (Status st = check_right(creds(s), *p, Right::kRead, state_.admin_gid); !st) return fail(std::move(st));
+  return a;
+}
+
+void RequestHandler::on_arena_pin(Session& s, const Header& h, std::span<const std::byte> payload,
+                                  Reply& out) {
+  TIER_DECODE(ArenaPinReq, req);
+  bool owner = false;
+  auto a = arena_for(s, req.arena_id, owner);
+  if (!a) return reply_err(h, a.error(), out);
+  if (req.length == 0 || req.offset > (*a)->size() || req.length > (*a)->size() - req.offset)
+    return reply_err(h, Status(Code::kInvalidArgument, "pinned range is empty or outside the arena"), out);
+  // Without an NVMe tier nothing is ever punched out of an arena: there is nothing to keep.
+  if (state_.tiering) {
+    DmaPins& pins = state_.tiering->dma_pins();
+    Status st = req.pinned ? pins.add(s.id, req.arena_id, req.offset, req.length)
+                           : pins.remove(s.id, req.arena_id, req.offset, req.length);
+    if (!st) return reply_err(h, st, out);
+  }
+  reply_ok(h, Empty{}, out);
 }
 
 int RequestHandler::read_only_fd(const Arena& a) {

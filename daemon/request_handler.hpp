@@ -81,6 +81,9 @@ class RequestHandler {
   // NVMe tier: runs its completions and timers, then answers the lease waiters they unblocked.
   // The server calls it when the tier's event fd is readable and after each batch of events.
   void tier_poll();
+  // Snapshots: finishes and feeds them (Durability::poll), then answers the lease waiters
+  // their released pins unblocked. An error is the journal's: the server stops.
+  [[nodiscard]] Status snapshot_poll();
 
   [[nodiscard]] wire::StatusRep status() const;
   [[nodiscard]] wire::TopoRep topo() const;
@@ -108,6 +111,7 @@ class RequestHandler {
   void on_lease_reclaim(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   [[nodiscard]] LeaseHolder holder_of(const Session& s) const;
   void on_map_arena(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_arena_pin(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_status(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_topo(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_metrics(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
@@ -131,6 +135,8 @@ class RequestHandler {
   [[nodiscard]] bool is_admin(const Session& s) const noexcept;
   [[nodiscard]] Status may_use(const Session& s, const Pool& p) const;
   [[nodiscard]] Status may_inspect(const Session& s, const Pool& p) const;
+  // Arena `id` when `s` may map it: its pool's owner (owner = true), or a group reader.
+  [[nodiscard]] Result<Arena*> arena_for(const Session& s, uint64_t id, bool& owner);
   [[nodiscard]] Result<Pool*> pool_named(const std::string& name);
   // pool_named() and the check that the session may use (or inspect) it, in one place.
   enum class PoolAccess { kUse, kInspect };
@@ -148,6 +154,8 @@ class RequestHandler {
   [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
                              std::vector<std::byte>& out);
   void retry_waiters();
+  // Whether a running snapshot pins one of scratch_tensors_ while it copies it.
+  [[nodiscard]] bool snapshot_pinned() const;
 
   DaemonState& state_;
   DeferredSink sink_;

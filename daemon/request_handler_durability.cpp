@@ -18,4 +18,20 @@ void RequestHandler::on_snapshot(Session& s, const Header& h, std::span<const st
   out.deferred = true;  // answered by Durability::poll once the snapshot is durable
 }
 
+Status RequestHandler::snapshot_poll() {
+  if (!state_.durable) return Status::ok();
+  bool released = false;
+  Status st = state_.durable->poll(sink_, &released);
+  if (released && state_.leases.waiter_count() > 0) retry_waiters();
+  return st;
+}
+
+}  // namespace tier::daemon
+
+namespace tier::daemon {
+
+bool RequestHandler::snapshot_pinned() const {
+  return state_.durable && state_.durable->pinned(scratch_tensors_);
+}
+
 }  // namespace tier::daemon

@@ -443,10 +443,7 @@ Status Server::run() {
       } else if (tag == kTagTier) {
         // NVMe completions and prefetch timers: handled by tier_poll() after this batch.
       } else if (tag == kTagDurable) {
-        Status ds = m.st.durable->poll([&m](uint64_t sid, std::span<const std::byte> b) {
-          if (auto it = m.conns.find(sid); it != m.conns.end()) m.send(*it->second, b, -1);
-        });
-        if (!ds) return ds;
+        if (Status ds = m.handler.snapshot_poll(); !ds) return ds;
       } else if (tag == kTagTick) {
         uint64_t x;
         while (::read(m.tick_timer, &x, sizeof x) == sizeof x) {}

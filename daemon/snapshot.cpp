@@ -1,7 +1,6 @@
 // Durability: pool snapshots (start_snapshot/poll, the writer thread) and the reboot restore
 // from the latest snapshot. See durability.hpp.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -9,11 +8,11 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <new>
 
 #include "daemon/durability.hpp"
 #include "daemon/journal/manifest.hpp"
 #include "daemon/log.hpp"
+#include "daemon/nvme/location.hpp"
 #include "daemon/state.hpp"
 #include "wire/messages.hpp"
 
@@ -26,20 +25,6 @@ namespace {
 
 constexpr const char* kDataName = "data";
 constexpr const char* kManifestName = "manifest";
-
-Status write_all(int fd, const std::byte* p, uint64_t n, uint64_t off, const std::string& what) {
-  while (n > 0) {
-    ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 64ull << 20), static_cast<off_t>(off));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Status::from_errno(errno, "write " + what);
-    }
-    p += w;
-    n -= static_cast<uint64_t>(w);
-    off += static_cast<uint64_t>(w);
-  }
-  return Status::ok();
-}
 
 Status read_all(int fd, std::byte* p, uint64_t n, uint64_t off, const std::string& what) {
   while (n > 0) {
@@ -64,11 +49,6 @@ uint64_t now_unix_ms() {
 
 }  // namespace
 
-void Durability::Job::Staging::reset() noexcept {
-  if (p) ::munmap(p, n);
-  p = nullptr;
-}
-
 Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id) {
   if (!failed_.is_ok()) return failed_;
   for (const auto& j : jobs_)
@@ -88,148 +68,206 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   job->request_id = request_id;
   job->dir = snapshot_root() + "/" + pool.name + "/" + std::to_string(job->snapshot_id);
   job->pool = pool_record(pool);
-  job->efd = efd_;
-  uint64_t total = 0;
-  for (const auto& [id, t] : pool.tensors)
-    if (t.ram) total += t.size;
-  job->staging.n = total ? total : 1;
-  void* mem = ::mmap(nullptr, job->staging.n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (mem != MAP_FAILED) {
-    job->staging.p = static_cast<std::byte*>(mem);
-  }
-  if (!job->staging)
-    return Status(Code::kResourceExhausted, "snapshot of pool '" + pool.name + "' needs " +
-                                                format_size(total) + " of staging memory");
-  // The point-in-time copy: the event loop grants no lease while it runs and no write lease is
-  // held, so every tensor is copied as of this instant.
+  // The point: every tensor of the pool now, wherever its bytes are. Offsets are fixed here,
+  // so tensors can be copied in any order (a write lease moves its tensor first).
   uint64_t off = 0;
+  job->order.reserve(pool.tensors.size());
   for (const auto& [id, t] : pool.tensors) {
-    if (!t.ram) continue;  // only on NVMe: restored from its journaled NVMe copy
-    Arena* a = st_.ram->arena(t.ram->arena_id);
-    if (!a) continue;
-    // pread from the shared-memory object rather than memcpy from the daemon's mapping: the
-    // daemon never touched most of these pages (clients wrote them through their own mappings),
-    // and faulting them in one by one would dominate the stall.
-    if (Status rs = read_all(a->fd(), job->staging.get() + off, t.size, t.ram->offset, a->path()); !rs) {
-      job->staging.reset();
-      return rs;
-    }
-    TensorCreated m;
-    m.pool_id = pool.id;
-    m.tensor_id = t.id;
-    m.name = t.name;
-    m.size = t.size;
-    m.dtype = static_cast<uint8_t>(t.dtype);
-    m.shape = t.shape;
-    m.numa_node = t.ram->node;
-    m.arena_id = t.ram->arena_id;
-    m.offset = t.ram->offset;
-    m.ram_length = t.ram->length;
-    job->tensors.push_back(std::move(m));
-    job->offsets.push_back(off);
+    Job::Entry e;
+    e.meta.pool_id = pool.id;
+    e.meta.tensor_id = t.id;
+    e.meta.name = t.name;
+    e.meta.size = t.size;
+    e.meta.dtype = static_cast<uint8_t>(t.dtype);
+    e.meta.shape = t.shape;
+    e.meta.numa_node = t.ram ? t.ram->node : t.node;
+    e.offset = off;
     off += t.size;
+    job->entries.emplace(id, std::move(e));
+    job->order.push_back(id);
   }
-  job->bytes = off;
+  auto w = SnapshotWriter::start(job->dir, off, efd_);
+  if (!w) return w.error();
+  job->writer = std::move(*w);
+  append(SnapshotBegun{pool.id, job->snapshot_id, job->dir});
+  feed(*job);
   job->stall_us = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
-  append(SnapshotBegun{pool.id, job->snapshot_id, job->dir});
-  Job* raw = job.get();
-  try {
-    job->thread = std::thread([raw] { write_job(*raw); });
-  } catch (const std::system_error& e) {
-    append(SnapshotDropped{pool.id, raw->snapshot_id});
-    return Status(Code::kResourceExhausted, std::string("cannot start the snapshot writer: ") + e.what());
-  }
-  log_info("pool '{}': snapshot {} of {} tensors ({}) copied in {} us; persisting", pool.name,
-           job->snapshot_id, job->tensors.size(), format_size(job->bytes), job->stall_us);
+  log_info("pool '{}': snapshot {} of {} tensors ({}) started; streaming", pool.name, job->snapshot_id,
+           job->entries.size(), format_size(off));
   jobs_.push_back(std::move(job));
   return Status::ok();
 }
 
-// The writer thread: data file, checksums, manifest, each fsynced, then the directories.
-void Durability::write_job(Job& job) {
-  auto run = [&]() -> Status {
-    std::error_code ec;
-    fs::remove_all(job.dir, ec);  // a leftover of a crashed attempt with this id
-    fs::create_directories(job.dir, ec);
-    if (ec) return Status(Code::kIo, "create " + job.dir + ": " + ec.message());
-    std::string data = job.dir + "/" + kDataName;
-    int fd = ::open(data.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return Status::from_errno(errno, "create " + data);
-    Status st = write_all(fd, job.staging.get(), job.bytes, 0, data);
-    if (st && ::fdatasync(fd) != 0) st = Status::from_errno(errno, "fdatasync " + data);
-    ::close(fd);
-    TIER_RETURN_IF_ERROR(st);
-    std::vector<Record> body;
-    body.reserve(1 + 2 * job.tensors.size());
-    body.push_back(job.pool);
-    for (size_t i = 0; i < job.tensors.size(); ++i) {
-      const TensorCreated& m = job.tensors[i];
-      uint64_t sum = XXH3_64bits(job.staging.get() + job.offsets[i], m.size);
-      body.push_back(m);
-      body.push_back(NvmeCopyWritten{m.tensor_id, job.snapshot_id,
-                                     {Extent{job.dir, kDataName, job.offsets[i], m.size, sum}}});
+void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
+  auto it = job.entries.find(id);
+  if (it == job.entries.end() || it->second.state != Job::State::kPending) return;
+  Job::Entry& e = it->second;
+  Tensor* t = st_.catalog.find_tensor(id);
+  if (!t || t->pool_id != job.pool_id) {  // deleted since the point: no restore asks for it
+    e.state = Job::State::kLeftOut;
+    return;
+  }
+  SnapshotWriter::Task task;
+  task.tensor_id = id;
+  task.size = t->size;
+  task.data_offset = e.offset;
+  if (t->ram) {
+    Arena* a = st_.ram->arena(t->ram->arena_id);
+    int fd = a ? ::fcntl(a->fd(), F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd < 0) {
+      log_error("pool '{}': snapshot {}: tensor '{}' left out: its arena cannot be read ({})", job.pool.name,
+                job.snapshot_id, t->name, a ? std::strerror(errno) : "no such arena");
+      e.state = Job::State::kLeftOut;
+      return;
     }
-    job.staging.reset();  // the bytes are on disk: give the memory back early
-    TIER_RETURN_IF_ERROR(write_manifest(job.dir + "/" + kManifestName,
-                                        ManifestBegin{job.pool.pool_id, job.snapshot_id, now_unix_ms()}, body));
-    TIER_RETURN_IF_ERROR(fsync_dir_of(job.dir));                                   // <pool>/<id>
-    TIER_RETURN_IF_ERROR(fsync_dir_of(fs::path(job.dir).parent_path().string()));  // <pool>
-    return Status::ok();
-  };
-  job.result = run();
-  job.done.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  (void)!::write(job.efd, &one, sizeof one);
+    // Read from the shared-memory object, not the daemon's mapping: clients wrote most of
+    // these pages through their own mappings, and faulting them into ours would be the cost.
+    task.pieces.push_back({fd, {}, t->ram->offset, t->size, std::nullopt});
+    e.meta.arena_id = t->ram->arena_id;
+    e.meta.numa_node = t->ram->node;
+    e.meta.offset = t->ram->offset;
+    e.meta.ram_length = t->ram->length;
+  } else if (t->nvme) {
+    if (!st_.tiering) {  // journaled on NVMe, but no NVMe tier configured now: not zeros
+      log_error("pool '{}': snapshot {}: tensor '{}' left out: its bytes are on NVMe and this tierd has "
+                "no NVMe tier", job.pool.name, job.snapshot_id, t->name);
+      e.state = Job::State::kLeftOut;
+      return;
+    }
+    // Only on NVMe: its extents, each verified against its checksum as it is read.
+    for (const nvme::Extent& x : t->nvme->extents)
+      task.pieces.push_back({-1, st_.tiering->engine().file_path(x), x.offset, x.length, x.checksum});
+  }  // else in no tier: zeros
+  t->readers++;  // the pin: no eviction, delete or write lease until it is copied
+  e.state = Job::State::kInFlight;
+  job.in_flight++;
+  job.in_flight_bytes += t->size;
+  job.writer->submit(std::move(task), urgent);
 }
 
-Status Durability::poll(const Sink& sink) {
+void Durability::feed(Job& job) {
+  while (job.next < job.order.size() &&
+         (job.in_flight == 0 || (job.in_flight_bytes < kSnapshotWindow && job.in_flight < kSnapshotWindowTensors)))
+    hand_out(job, job.order[job.next++], false);
+}
+
+void Durability::unpin(Job& job, uint64_t id) {
+  auto it = job.entries.find(id);
+  if (it == job.entries.end() || it->second.state != Job::State::kInFlight) return;
+  Tensor* t = st_.catalog.find_tensor(id);
+  if (t && t->readers > 0) t->readers--;
+  job.in_flight--;
+  job.in_flight_bytes -= std::min(job.in_flight_bytes, it->second.meta.size);
+}
+
+void Durability::copy_before_write(std::span<Tensor* const> tensors) {
+  if (jobs_.empty()) return;
+  for (Tensor* t : tensors)
+    for (auto& job : jobs_)
+      if (job->pool_id == t->pool_id && !job->finishing) hand_out(*job, t->id, true);
+}
+
+bool Durability::pinned(std::span<Tensor* const> tensors) const {
+  for (const auto& job : jobs_)
+    for (const Tensor* t : tensors)
+      if (t->pool_id == job->pool_id)
+        if (auto it = job->entries.find(t->id); it != job->entries.end() && it->second.state == Job::State::kInFlight)
+          return true;
+  return false;
+}
+
+Status Durability::poll(const Sink& sink, bool* released) {
   uint64_t x;
   while (::read(efd_, &x, sizeof x) == sizeof x) {}
   for (size_t i = 0; i < jobs_.size();) {
     Job& job = *jobs_[i];
-    if (!job.done.load(std::memory_order_acquire)) {
+    for (SnapshotWriter::Done& d : job.writer->take_done()) {
+      unpin(job, d.tensor_id);
+      if (released) *released = true;
+      Job::Entry& e = job.entries.at(d.tensor_id);
+      if (d.status) {
+        e.state = Job::State::kDone;
+        e.checksum = d.checksum;
+        job.bytes += e.meta.size;
+      } else {
+        e.state = Job::State::kLeftOut;
+        if (d.status.code() == Code::kCorruption) {
+          log_error("pool '{}': snapshot {}: tensor '{}' left out: {}", job.pool.name, job.snapshot_id,
+                    e.meta.name, d.status.message());
+        } else if (!job.finishing) {  // the data file failed: the writer ends with that error
+          job.finishing = true;
+          job.writer->finish({}, {});
+        }
+      }
+    }
+    bool ended = job.writer->finished();
+    if (!ended && !job.finishing) {
+      feed(job);
+      if (job.next == job.order.size() && job.in_flight == 0) {
+        std::vector<Record> body;
+        body.reserve(1 + 2 * job.entries.size());
+        body.push_back(job.pool);
+        for (const auto& [id, e] : job.entries) {
+          if (e.state != Job::State::kDone) continue;
+          body.push_back(e.meta);
+          body.push_back(NvmeCopyWritten{id, job.snapshot_id, {Extent{job.dir, kDataName, e.offset, e.meta.size, e.checksum}}});
+        }
+        job.finishing = true;
+        job.writer->finish(ManifestBegin{job.pool_id, job.snapshot_id, now_unix_ms()}, std::move(body));
+      }
+    }
+    if (!ended) {
       ++i;
       continue;
     }
-    job.thread.join();
-    Pool* pool = st_.catalog.find_pool(job.pool_id);
-    Status st = job.result;
-    if (st && !pool) st = Status(Code::kNotFound, "pool '" + job.pool.name + "' was dropped during its snapshot");
-    std::vector<std::byte> reply;
-    if (st) {
-      append(SnapshotDurable{job.pool_id, job.snapshot_id, job.dir, job.bytes});
-      st = commit();  // durable in the journal before the caller hears so
-      if (st) {
-        // Older snapshots of the pool go once this one is durable.
-        std::vector<std::pair<uint64_t, std::string>> old;
-        if (auto it = image_.pools().find(job.pool_id); it != image_.pools().end())
-          for (const auto& [sid, s] : it->second.snapshots)
-            if (sid != job.snapshot_id) old.emplace_back(sid, s.path);
-        for (const auto& [sid, path] : old) {
-          append(SnapshotDropped{job.pool_id, sid});
-          std::error_code ec;
-          fs::remove_all(path, ec);
-        }
-        log_info("pool '{}': snapshot {} durable ({}, stall {} us)", job.pool.name, job.snapshot_id,
-                 format_size(job.bytes), job.stall_us);
-        (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id,
-                                 Status::ok(), wire::SnapshotRep{job.snapshot_id, job.bytes, job.stall_us},
-                                 reply);
+    // Tasks it never reported (it stopped on an error) hold pins: release them.
+    for (auto& [id, e] : job.entries)
+      if (e.state == Job::State::kInFlight) {
+        unpin(job, id);
+        e.state = Job::State::kLeftOut;
+        if (released) *released = true;
       }
-    }
-    if (!st) {
-      log_warn("pool '{}': snapshot {} failed: {}", job.pool.name, job.snapshot_id, st.message());
-      if (pool) append(SnapshotDropped{job.pool_id, job.snapshot_id});
-      std::error_code ec;
-      fs::remove_all(job.dir, ec);
-      (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id, st,
-                               wire::Empty{}, reply);
-    }
-    if (sink) sink(job.session_id, reply);
+    complete(job, sink);
     jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
   }
   return failed_;
+}
+
+void Durability::complete(Job& job, const Sink& sink) {
+  Pool* pool = st_.catalog.find_pool(job.pool_id);
+  Status st = job.writer->result();
+  job.writer.reset();  // joins the thread
+  if (!pool) st = Status(Code::kNotFound, "pool '" + job.pool.name + "' was dropped during its snapshot");
+  std::vector<std::byte> reply;
+  if (st) {
+    append(SnapshotDurable{job.pool_id, job.snapshot_id, job.dir, job.bytes});
+    st = commit();  // durable in the journal before the caller hears so
+    if (st) {
+      // Older snapshots of the pool go once this one is durable.
+      std::vector<std::pair<uint64_t, std::string>> old;
+      if (auto it = image_.pools().find(job.pool_id); it != image_.pools().end())
+        for (const auto& [sid, s] : it->second.snapshots)
+          if (sid != job.snapshot_id) old.emplace_back(sid, s.path);
+      for (const auto& [sid, path] : old) {
+        append(SnapshotDropped{job.pool_id, sid});
+        remove_later(path);
+      }
+      log_info("pool '{}': snapshot {} durable ({}, loop time {} us)", job.pool.name, job.snapshot_id,
+               format_size(job.bytes), job.stall_us);
+      (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id,
+                               Status::ok(), wire::SnapshotRep{job.snapshot_id, job.bytes, job.stall_us},
+                               reply);
+    }
+  }
+  if (!st) {
+    log_warn("pool '{}': snapshot {} failed: {}", job.pool.name, job.snapshot_id, st.message());
+    if (pool) append(SnapshotDropped{job.pool_id, job.snapshot_id});
+    remove_later(job.dir);
+    (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id, st,
+                             wire::Empty{}, reply);
+  }
+  if (sink) sink(job.session_id, reply);
 }
 
 Status Durability::restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need) {

@@ -180,10 +180,13 @@ void TierManager::release_ram(Pool& pool, const RamLocation& loc, bool punch) {
   // On hugetlbfs only whole huge pages can be punched; a refusal just keeps the pages.
   // Not when the extent is about to be reused in the same arena (keep_pages): the pages would
   // be faulted back in and zeroed by the kernel only to be overwritten.
+  // Ranges a client pinned for DMA keep their pages (daemon/dma_pins.hpp): only the rest of
+  // the extent is punched.
   if (Arena* a = punch && !fixed_buffers_ ? ram_.arena(loc.arena_id) : nullptr) {
-    if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                    static_cast<off_t>(loc.offset), static_cast<off_t>(loc.length)) != 0)
-      log_debug("punching {} bytes at {} of {}: {}", loc.length, loc.offset, a->path(), std::strerror(errno));
+    for (auto [off, len] : dma_pins_.unpinned(loc.arena_id, loc.offset, loc.length))
+      if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
+                      static_cast<off_t>(len)) != 0)
+        log_debug("punching {} bytes at {} of {}: {}", len, off, a->path(), std::strerror(errno));
   }
   ram_.release(pool, loc);
 }
@@ -916,7 +919,10 @@ Status TierManager::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t>
   return Status::ok();
 }
 
-void TierManager::session_closed(uint64_t session) { plans_.erase(session); }
+void TierManager::session_closed(uint64_t session) {
+  plans_.erase(session);
+  dma_pins_.drop_session(session);
+}
 
 // --- the loop ---
 

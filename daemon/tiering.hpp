@@ -31,6 +31,7 @@
 
 #include "daemon/catalog.hpp"
 #include "daemon/config.hpp"
+#include "daemon/dma_pins.hpp"
 #include "daemon/leases.hpp"
 #include "daemon/ram/ram_tier.hpp"
 #include "nvme/engine.hpp"
@@ -128,6 +129,8 @@ class TierManager {
   [[nodiscard]] Status set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget,
                                 std::vector<uint8_t> overwrite = {});
   void session_closed(uint64_t session);
+  // Arena ranges clients pinned for DMA (ArenaPin): release_ram never punches them.
+  DmaPins& dma_pins() noexcept { return dma_pins_; }
 
   // NVMe entries, RAM dirty bytes and the tiering counters of a status reply.
   void fill_status(wire::StatusRep& r) const;
@@ -286,6 +289,7 @@ class TierManager {
   // they are never punched (a punched page would be replaced in the file while I/O kept using
   // the pinned old one). Off for sparse arenas: pinning would populate them whole.
   bool fixed_buffers_ = false;
+  DmaPins dma_pins_;
   uint64_t registered_generation_ = UINT64_MAX;
   Status last_spill_error_;  // the last failed write-back (named in allocation errors)
   double nvme_freed_at_ = -1e9;  // when an NVMe copy was last freed (spill_backed_off())

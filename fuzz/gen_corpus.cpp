@@ -59,6 +59,7 @@ void wire_corpus() {
   put(t, "release", req(MsgType::kRelease, ReleaseReq{{7, 8}}));
   put(t, "lease_reclaim", req(MsgType::kLeaseReclaim, LeaseReclaimReq{2, (1ull << 32) | 5}));
   put(t, "map_arena", req(MsgType::kMapArena, MapArenaReq{3}));
+  put(t, "arena_pin", req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 4096, 1 << 20, true}));
   put(t, "prefetch", req(MsgType::kPrefetch, TensorIdsReq{"job-a", {1, 2}}));
   put(t, "discard", req(MsgType::kDiscard, TensorIdsReq{"job-a", {2, 3}}));
   put(t, "plan_set", req(MsgType::kPlanSet, PlanSetReq{"job-a", {1, 2, 1, 3}, 1 << 20, {0, 1, 0, 0}}));
@@ -237,6 +238,15 @@ void request_corpus() {
                          req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0, {}}, 6),
                          req(MsgType::kSnapshot, PoolNameReq{"p"}, 7),
                          req(MsgType::kDiscard, TensorIdsReq{"p", {1}}, 8)}));
+  // Pin the first pool's arena (pool 1, node 0) around an eviction, unpin, unpin again.
+  put(t, "arena_pin", seq(0, {hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
+                              req(MsgType::kMapArena, MapArenaReq{1 << 16}, 5),
+                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, true}, 6),
+                              req(MsgType::kRelease, ReleaseReq{{1}}, 7),
+                              req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 8),
+                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, false}, 9),
+                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, false}, 10),
+                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, ~0ull, 2, true}, 11)}));
 }
 
 }  // namespace

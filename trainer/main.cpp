@@ -21,7 +21,7 @@ using namespace tier::train;
 
 #ifdef TIER_TRAIN_HAVE_CUDA
 namespace tier::train {
-std::unique_ptr<Backend> make_cuda_backend(int local_rank);  // trainer/cuda/
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* pci);  // trainer/cuda/
 }
 #ifdef TIER_HAVE_NCCL
 #include "trainer/cuda/gpu_optimizer.hpp"
@@ -96,7 +96,10 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", collectives,
                  "how layers are gathered and gradients reduce-scattered: nccl (on the GPU: "
                  "shards straight from the tier to the device, NCCL, the layer pipeline; needs "
-                 "--backend cuda and a build with NCCL), host (MPI on the host, staged uploads), "
+                 "--backend cuda and a build with NCCL), host (MPI on the host, staged uploads; with "
+                 "--backend cuda the slow baseline: each upload holds the host thread until its H2D "
+                 "is done and each download waits for all enqueued compute, so the host never "
+                 "runs ahead of the GPU), "
                  "auto (nccl with --backend cuda in a build with NCCL, else host)")
       ->capture_default_str();
   app.add_option("--state", state, "resident (private memory) or tier (tierd)")->capture_default_str();
@@ -189,7 +192,7 @@ int main(int argc, char** argv) {
     be = make_cpu_backend();
   } else if (backend == "cuda") {
 #ifdef TIER_TRAIN_HAVE_CUDA
-    be = make_cuda_backend(comm.local_rank());  // says why on stderr when it returns null
+    be = make_cuda_backend(comm.local_rank(), &o.gpu_pci);  // says why on stderr when it returns null
     if (!be) die(&comm, "--backend cuda: the CUDA backend could not start (above)", 2);
 #else
     die(&comm, "--backend cuda: this build has no CUDA backend", 2);

@@ -60,6 +60,7 @@ struct Pinned {
 
 struct StoreLayout {
   int rank = 0, ranks = 1, local_rank = 0;
+  std::string gpu_pci;               // the rank's GPU (PCI address), "" without one
   int buffers = 1;                   // 1 or 2
   std::vector<size_t> shard_floats;  // per layer: padded layer size / ranks
 };

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tier/client.hpp"
+#include "trainer/gpu_map.hpp"
 
 namespace tier::train {
 
@@ -41,11 +42,16 @@ class TierStore final : public ShardStore {
     // A daemon without an NVMe tier keeps every shard in RAM: plans and prefetch hints would
     // only be answered kUnsupported (and counted as errors in its status), so none are sent.
     if (auto st = client_->status(); st && st->nvme.empty()) no_tiering_.store(true, std::memory_order_relaxed);
-    // Near the rank's GPU when the node has one (local rank i drives GPU i), else anywhere:
-    // the daemon then uses the NUMA node of this process's CPU.
+    // Near the rank's GPU: the tierd GPU with the PCI address the backend computes on
+    // (trainer/gpu_map.hpp). Without one (CPU backend), near GPU local_rank when the node has
+    // that many; else anywhere: the daemon then uses the NUMA node of this process's CPU.
     placement_ = Placement::any();
-    if (auto topo = client_->topology(); topo && layout.local_rank < static_cast<int>(topo->gpus.size()))
-      placement_ = Placement::near_gpu(layout.local_rank);
+    if (auto topo = client_->topology(); topo) {
+      const int g = !layout.gpu_pci.empty() ? tierd_gpu_index(layout.gpu_pci, topo->gpus)
+                    : layout.local_rank < static_cast<int>(topo->gpus.size()) ? layout.local_rank
+                                                                                : -1;
+      if (g >= 0) placement_ = Placement::near_gpu(g);
+    }
     ids_.assign(layout.shard_floats.size() * 8, 0);
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {

@@ -131,6 +131,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   layout.rank = rank;
   layout.ranks = R;
   layout.local_rank = comm.local_rank();
+  layout.gpu_pci = opts.gpu_pci;
   layout.buffers = opts.buffers;
   layout.shard_floats = shard;
   if (auto s = store.open(layout); !s) return fail(s);

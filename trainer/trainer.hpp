@@ -71,6 +71,9 @@ struct TrainOptions {
   int64_t fault_step = 0;
   int fault_rank = 0;
   std::string fault_point;
+  // PCI address of the GPU this rank computes on ("" for the CPU backend): the tier state
+  // places its shards near that GPU in tierd's numbering (trainer/gpu_map.hpp).
+  std::string gpu_pci;
 };
 
 struct StepStats {

@@ -50,8 +50,9 @@ enum class MsgType : uint16_t {
   kMetrics = 19,
   kDiscard = 20,  // added within version 2: an older daemon answers it as an unknown type
   kLeaseReclaim = 21,  // added within version 2, likewise
+  kArenaPin = 22,  // added within version 2, likewise
 };
-inline constexpr uint16_t kMaxMsgType = 21;
+inline constexpr uint16_t kMaxMsgType = 22;
 
 struct Header {
   uint32_t magic = kMagic;
@@ -204,6 +205,18 @@ struct MapArenaRep {  // the arena's fd rides along as SCM_RIGHTS
   uint64_t size = 0;
   int32_t numa_node = -1;
   template <class V> void visit(V& v) { v(arena_id); v(size); v(numa_node); }
+};
+
+// The client pinned (pinned = true) or unpinned bytes [offset, offset+length) of an arena it
+// maps, e.g. with cudaHostRegister: a device DMAs to and from those physical pages, so tierd
+// must never punch them out of the arena (daemon/dma_pins.hpp). Pins belong to the connection.
+// Reply: Empty.
+struct ArenaPinReq {
+  uint64_t arena_id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool pinned = true;
+  template <class V> void visit(V& v) { v(arena_id); v(offset); v(length); v(pinned); }
 };
 
 struct NodeTierW {  // one NUMA node's RAM tier

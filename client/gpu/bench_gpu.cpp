@@ -4,9 +4,12 @@
 //   {"name":"gpu_h2d_arena","bytes":…,"value":GB/s,"unit":"GB/s","baseline":GB/s,"ratio":…}
 // Target: ratio >= 0.95 (DESIGN.md). Exit 0 ok, 1 error (message on stderr), 2 usage; without
 // a CUDA device it prints the reason and exits 1.
+// --info: one JSON object with the CUDA driver and runtime versions and every device's name,
+// PCI bus id, compute capability and memory (what the GPU check prints about the machine).
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -27,6 +30,34 @@ bool cuda_ok(cudaError_t e, const char* what) {
   return false;
 }
 
+// --info. Without a device: {"driver_version":…,"runtime_version":…,"error":"no CUDA device: …"}.
+int info() {
+  int driver = 0, runtime = 0;
+  (void)cudaDriverGetVersion(&driver);
+  (void)cudaRuntimeGetVersion(&runtime);
+  nlohmann::json j{{"driver_version", driver}, {"runtime_version", runtime}};
+  auto count = tier::gpu::device_count();
+  if (!count) {
+    j["error"] = count.error().to_string();
+    std::printf("%s\n", j.dump().c_str());
+    return 1;
+  }
+  j["devices"] = nlohmann::json::array();
+  for (int d = 0; d < *count; ++d) {
+    cudaDeviceProp p{};
+    char bus[32] = {};
+    if (!cuda_ok(cudaGetDeviceProperties(&p, d), "cudaGetDeviceProperties") ||
+        !cuda_ok(cudaDeviceGetPCIBusId(bus, sizeof bus, d), "cudaDeviceGetPCIBusId"))
+      return 1;
+    j["devices"].push_back({{"index", d}, {"name", p.name}, {"pci_bus_id", bus},
+                            {"compute_capability", std::to_string(p.major) + "." + std::to_string(p.minor)},
+                            {"memory_bytes", p.totalGlobalMem},
+                            {"numa_node", tier::gpu::device_numa_node(d).value_or(-1)}});
+  }
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 int run(const BenchOptions& o, int device) {
   auto count = tier::gpu::device_count();
   if (!count) {
@@ -35,7 +66,8 @@ int run(const BenchOptions& o, int device) {
   }
   const std::vector<uint64_t> sizes =
       o.quick ? std::vector<uint64_t>{64ull << 20}
-              : std::vector<uint64_t>{16ull << 20, 64ull << 20, 256ull << 20, 1ull << 30};
+              : std::vector<uint64_t>{1ull << 20,   4ull << 20,   16ull << 20,
+                                      64ull << 20, 256ull << 20, 1ull << 30};
   const uint64_t max_size = sizes.back();
 
   tier::bench::BenchDaemon daemon;
@@ -109,7 +141,7 @@ int run(const BenchOptions& o, int device) {
 
   int rc = 0;
   for (uint64_t n : sizes) {
-    const int iters = n >= (256ull << 20) ? 2 : 8;
+    const int iters = n >= (256ull << 20) ? 2 : n >= (16ull << 20) ? 8 : 32;
     const int samples = o.quick ? 4 : 10;
     auto arena_h2d = [&] {
       auto t = st.copy_to_device(std::span<const std::byte>(src->bytes().data(), n), dev, stream);
@@ -175,10 +207,12 @@ int main(int argc, char** argv) {
   app.add_option("--socket", o.socket, "a running tierd (default: start a private one)");
   app.add_flag("--quick", o.quick, "one size, fewer samples");
   app.add_option("--device", device, "CUDA device index");
+  bool want_info = false;
+  app.add_flag("--info", want_info, "print the driver, runtime and devices as JSON; measure nothing");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  return run(o, device);
+  return want_info ? info() : run(o, device);
 }

@@ -39,13 +39,13 @@ std::map<uintptr_t, Entry>::iterator lookup(Record& r, uintptr_t p) {
 }
 
 // Registers [base, base+size) as new pieces (none of it is in the record). Caller holds mu.
-Status register_span(Record& r, uintptr_t base, uint64_t size, uint64_t piece,
+Status register_span(Record& r, uintptr_t base, uint64_t size, uint64_t piece, unsigned flags,
                      std::vector<Piece>& acquired, uint64_t& newly, uint32_t& calls) {
   uint64_t off = 0;
   while (off < size) {
     const uint64_t n = std::min(piece, size - off);
     void* p = reinterpret_cast<void*>(base + off);
-    cudaError_t err = cudaHostRegister(p, n, cudaHostRegisterPortable);
+    cudaError_t err = cudaHostRegister(p, n, flags);
     if (err == cudaErrorHostMemoryAlreadyRegistered) {
       (void)cudaGetLastError();
       r.pieces[base + off] = Entry{n, 1, false};
@@ -54,11 +54,12 @@ Status register_span(Record& r, uintptr_t base, uint64_t size, uint64_t piece,
       if (n > kMinPiece && !is_no_device(err)) {
         // Split the refused piece and try the halves.
         TIER_RETURN_IF_ERROR(
-            register_span(r, base + off, n, std::max(kMinPiece, n / 2), acquired, newly, calls));
+            register_span(r, base + off, n, std::max(kMinPiece, n / 2), flags, acquired, newly, calls));
         off += n;
         continue;
       }
-      return from_cuda(err, "cudaHostRegister");
+      return from_cuda(err, (flags & cudaHostRegisterReadOnly) != 0 ? "cudaHostRegister (read-only)"
+                                                                  : "cudaHostRegister");
     } else {
       r.pieces[base + off] = Entry{n, 1, true};
       newly += n;
@@ -72,10 +73,22 @@ Status register_span(Record& r, uintptr_t base, uint64_t size, uint64_t piece,
 
 }  // namespace
 
-Status acquire(uintptr_t base, uint64_t size, uint64_t max_piece, std::vector<Piece>& acquired,
-               uint64_t& newly_registered, uint32_t& registrations) {
+Status acquire(uintptr_t base, uint64_t size, uint64_t max_piece, bool read_only,
+               std::vector<Piece>& acquired, uint64_t& newly_registered, uint32_t& registrations) {
   if (size == 0) return Status::ok();
   if (max_piece == 0) return Status(Code::kInvalidArgument, "register_chunk_bytes is 0");
+  unsigned flags = cudaHostRegisterPortable;
+  if (read_only) {
+    // Without the flag, registering a PROT_READ mapping fails; with it, the device must say
+    // it supports read-only registration.
+    int dev = 0, ok = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&ok, cudaDevAttrHostRegisterReadOnlySupported, dev) != cudaSuccess || !ok) {
+      (void)cudaGetLastError();
+      return Status(Code::kUnsupported, "cudaHostRegisterReadOnly is not supported by this device");
+    }
+    flags |= cudaHostRegisterReadOnly;
+  }
   Record& r = record();
   std::lock_guard lock(r.mu);
   const uintptr_t end = base + size;
@@ -93,7 +106,7 @@ Status acquire(uintptr_t base, uint64_t size, uint64_t max_piece, std::vector<Pi
     auto next = r.pieces.upper_bound(pos);
     const uintptr_t gap_end = next == r.pieces.end() ? end : std::min<uintptr_t>(end, next->first);
     TIER_RETURN_IF_ERROR(
-        register_span(r, pos, gap_end - pos, max_piece, acquired, newly_registered, registrations));
+        register_span(r, pos, gap_end - pos, max_piece, flags, acquired, newly_registered, registrations));
     pos = gap_end;
   }
   return Status::ok();

@@ -23,9 +23,12 @@ struct Piece {
 
 // Registers [base, base+size) in pieces of at most max_piece bytes, halving a refused piece
 // down to 64 MiB. Pieces already registered (by the registry or by others) gain a reference.
+// read_only: the memory is mapped without write access (a group reader's arena): registered
+// with cudaHostRegisterReadOnly, which the device must support (else the call fails; the
+// caller reports it, it never silently copies pageable).
 // `acquired` receives every piece this call took a reference on (to be released later), even
 // when the call fails part way; `newly_registered` the bytes actually registered now.
-[[nodiscard]] Status acquire(uintptr_t base, uint64_t size, uint64_t max_piece,
+[[nodiscard]] Status acquire(uintptr_t base, uint64_t size, uint64_t max_piece, bool read_only,
                              std::vector<Piece>& acquired, uint64_t& newly_registered,
                              uint32_t& registrations);
 // Drops one reference on each piece; unregisters a piece at zero when the registry owns it.

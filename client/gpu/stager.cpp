@@ -93,6 +93,8 @@ struct Stager::Impl {
   // address) is registered again rather than taken for the old mapping.
   std::set<std::tuple<uint64_t, uintptr_t, uint64_t>> arenas;
   std::vector<registry::Piece> acquired;  // references to release on destruction
+  // Arena ranges tierd was told are pinned (Client::pin_for_dma): unpinned after release.
+  std::vector<std::span<const std::byte>> daemon_pins;
   std::vector<Client::ArenaMapping> mapped;  // the client's arenas as last seen (NUMA nodes)
   Stats stats;
 
@@ -103,16 +105,38 @@ struct Stager::Impl {
       if (d2h) { (void)cudaStreamSynchronize(d2h); (void)cudaStreamDestroy(d2h); }
     }
     registry::release(acquired);
+    for (std::span<const std::byte> r : daemon_pins) (void)client->pin_for_dma(r, false);
   }
 
-  // Caller holds mu.
-  Status acquire_locked(uintptr_t base, uint64_t size) {
+  // Caller holds mu. Registers private memory (no arena, nothing for tierd to keep).
+  Status acquire_locked(uintptr_t base, uint64_t size, bool read_only = false) {
     uint64_t newly = 0;
     uint32_t calls = 0;
-    Status s = registry::acquire(base, size, opts.register_chunk_bytes, acquired, newly, calls);
+    Status s = registry::acquire(base, size, opts.register_chunk_bytes, read_only, acquired, newly, calls);
     stats.registered_bytes += newly;
     stats.registrations += calls;
     return s;
+  }
+
+  // Caller holds mu. Registers [base, base+size) of arena `a`: first tierd is told to keep
+  // the range's pages (it punches evicted extents otherwise, and the device would then DMA
+  // pages the arena no longer has), then the range is registered, read-only when the client
+  // maps the arena read-only. A refusal of either leaves the range unregistered, so its copies
+  // go through the pageable path, which always sees the arena's current pages. The pin stays
+  // until the stager is destroyed (after its registrations are released), even when the
+  // registration failed part way.
+  Status acquire_arena_locked(const Client::ArenaMapping& a, uintptr_t base, uint64_t size) {
+    std::span<const std::byte> range(reinterpret_cast<const std::byte*>(base), size);
+    if (Status p = client->pin_for_dma(range, true); !p.is_ok())
+      return Status(p.code(), "tierd did not take the pin that keeps the registered pages in arena " +
+                                  std::to_string(a.arena_id) + ": " + p.message());
+    daemon_pins.push_back(range);
+    return acquire_locked(base, size, a.read_only);
+  }
+
+  // Caller holds mu. Keeps the first registration failure for Stats::registration_error.
+  void note_error(const Status& s) {
+    if (!s.is_ok() && stats.registration_error.empty()) stats.registration_error = s.to_string();
   }
 
   Status register_arenas() {
@@ -123,7 +147,7 @@ struct Stager::Impl {
     for (const Client::ArenaMapping& a : mapped) {
       const auto key = std::make_tuple(a.arena_id, reinterpret_cast<uintptr_t>(a.base), a.size);
       if (arenas.contains(key) || a.base == nullptr || a.size == 0) continue;
-      Status s = acquire_locked(reinterpret_cast<uintptr_t>(a.base), a.size);
+      Status s = acquire_arena_locked(a, reinterpret_cast<uintptr_t>(a.base), a.size);
       if (s.is_ok()) {
         arenas.insert(key);
       } else if (first.is_ok()) {
@@ -131,6 +155,7 @@ struct Stager::Impl {
                                      s.message());
       }
     }
+    note_error(first);
     return first;
   }
 
@@ -152,7 +177,11 @@ struct Stager::Impl {
       const uint64_t lo = (p - base) / g * g;
       const uint64_t hi = std::min<uint64_t>(a.size, (p + n - base + g - 1) / g * g);
       std::lock_guard lock(mu);
-      return acquire_locked(base + lo, hi - lo);
+      // A pin of its own even where another stager registered the piece already: that one's
+      // pin goes when it is destroyed, this one's registration reference may outlive it.
+      Status s = acquire_arena_locked(a, base + lo, hi - lo);
+      note_error(s);
+      return s;
     }
     return Status(Code::kNotFound, "no mapped arena holds the copied range");
   }
@@ -279,13 +308,11 @@ Result<std::unique_ptr<Stager>> Stager::create(Client& client, const StagerOptio
   if (!impl) return fail(impl.error());
   std::unique_ptr<Stager> st(new Stager(std::move(*impl)));
   if (opts.register_on_demand) return st;
-  Status s = st->impl_->register_arenas();
-  if (!s.is_ok()) {
-    // Refused registrations only cost speed when pageable copies are allowed.
-    if (!opts.allow_pageable || s.code() == Code::kUnsupported) return fail(std::move(s));
-    std::lock_guard lock(st->impl_->mu);
-    st->impl_->stats.registration_error = s.to_string();
-  }
+  Status s = st->impl_->register_arenas();  // a failure is kept in stats().registration_error
+  // Refused registrations (by CUDA or by tierd) only cost speed when pageable copies are
+  // allowed; a missing device fails the stager.
+  if (!s.is_ok() && (!opts.allow_pageable || s.message().find("no CUDA device") != std::string::npos))
+    return fail(std::move(s));
   return st;
 }
 
@@ -300,7 +327,9 @@ Status Stager::register_arenas() { return impl_->register_arenas(); }
 Status Stager::register_range(std::span<std::byte> range) {
   if (range.empty()) return Status(Code::kInvalidArgument, "empty range");
   std::lock_guard lock(impl_->mu);
-  return impl_->acquire_locked(reinterpret_cast<uintptr_t>(range.data()), range.size());
+  Status s = impl_->acquire_locked(reinterpret_cast<uintptr_t>(range.data()), range.size());
+  impl_->note_error(s);
+  return s;
 }
 
 bool Stager::is_registered(const void* p, uint64_t n) const {

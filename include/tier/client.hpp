@@ -166,8 +166,24 @@ class Client {
   [[nodiscard]] Result<std::string> metrics();  // Prometheus text exposition
 
   // The arena mapping that backs a lease: base address and size (for cudaHostRegister).
-  struct ArenaMapping { uint64_t arena_id; std::byte* base; uint64_t size; int32_t numa_node; };
+  // read_only: mapped without write access (a group reader's mapping; register it with
+  // cudaHostRegisterReadOnly).
+  struct ArenaMapping {
+    uint64_t arena_id;
+    std::byte* base;
+    uint64_t size;
+    int32_t numa_node;
+    bool read_only = false;
+  };
   [[nodiscard]] std::vector<ArenaMapping> mapped_arenas() const;
+  // Tells tierd that `range` (inside one mapped arena) is pinned for DMA by this process, e.g.
+  // with cudaHostRegister (pinned = true), or no longer (false). tierd then never punches the
+  // range's pages out of the arena when it evicts, so a device keeps reading and writing the
+  // arena's own pages after an evict and refetch. Pin before registering, unpin after
+  // unregistering. The pin lasts until unpinned or until this client is destroyed; after a
+  // tierd restart the client pins again what it holds in arenas that are still the same
+  // object. kNotFound: no mapped arena holds the whole range, or (unpin) no such pin.
+  [[nodiscard]] Status pin_for_dma(std::span<const std::byte> range, bool pinned);
 
   const std::string& socket_path() const noexcept;
 

@@ -8,7 +8,12 @@
 //
 // What it does: every arena the Client maps is registered with CUDA (cudaHostRegister) once,
 // so the arena itself is pinned memory and a lease's bytes are the source or target of
-// cudaMemcpyAsync: no bounce buffer and no second pinned copy of the shard. Copies are split
+// cudaMemcpyAsync: no bounce buffer and no second pinned copy of the shard. Before registering
+// a range the stager tells tierd (Client::pin_for_dma), which then never punches those pages
+// out of the arena on eviction: the device keeps DMAing the arena's own pages after an evict
+// and refetch. An arena the client maps read-only (a group reader) is registered with
+// cudaHostRegisterReadOnly. A range that CUDA or tierd refuses is not registered, its copies
+// take CUDA's pageable path, and stats() says so (registration_error, pageable_bytes). Copies are split
 // into chunks of StagerOptions::chunk_bytes (and at registration boundaries) and enqueued on
 // the caller's stream, or on the stager's own H2D / D2H stream when none is given; each
 // copy records one event after its last chunk.
@@ -150,7 +155,10 @@ class Stager {
     // 0 when either node is unknown. Shards should be placed with Placement::near_gpu.
     uint64_t remote_node_bytes = 0;
     int32_t gpu_numa_node = -1;     // device_numa_node(device), -1 when unknown
-    std::string registration_error; // why create() could not register an arena; empty if none
+    // The first registration that was refused, at create() or on demand later (by CUDA,
+    // e.g. cudaHostRegisterReadOnly unsupported, or by tierd refusing the pin): its range is
+    // copied through the pageable path (pageable_bytes). Empty when none was refused.
+    std::string registration_error;
   };
   Stats stats() const;
 

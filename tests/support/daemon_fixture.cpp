@@ -18,7 +18,11 @@
 
 namespace tier::test {
 
-std::string bin_path(const std::string& name) { return std::string(TIER_BIN_DIR) + "/" + name; }
+std::string bin_path(const std::string& name) {
+  // A relocated test binary (the GPU bundle, tools/gpu-bundle) names its binaries' directory.
+  const char* dir = std::getenv("TIER_TEST_BIN_DIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : TIER_BIN_DIR) + "/" + name;
+}
 
 TestDaemon::TestDaemon(DaemonOptions opts) : opts_(std::move(opts)) {
   char tmpl[] = "/tmp/tierd-test.XXXXXX";

@@ -55,7 +55,7 @@ class TestDaemon {
   pid_t pid_ = -1;
 };
 
-// Path to a binary built into build/bin.
+// Path to a binary built into build/bin, or into $TIER_TEST_BIN_DIR when that is set.
 std::string bin_path(const std::string& name);
 
 }  // namespace tier::test

@@ -4,9 +4,11 @@
 
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -713,4 +715,113 @@ TEST_CASE("leases under a plan's prefetches always see the last committed bytes"
   INFO(s.prefetches << " prefetches, " << s.misses << " misses");
   CHECK(mismatches == 0);
   for (int i = 0; i < kTensors; ++i) CHECK(read_hash(*c, ids[i]) == want[i]);
+}
+
+namespace {
+
+// The whole pages inside `b` (a partial first or last page may be shared with a neighbour).
+std::span<std::byte> inner_pages(std::span<std::byte> b) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto lo = (reinterpret_cast<uintptr_t>(b.data()) + page - 1) / page * page;
+  const auto hi = (reinterpret_cast<uintptr_t>(b.data()) + b.size()) / page * page;
+  REQUIRE(hi > lo);
+  return {reinterpret_cast<std::byte*>(lo), hi - lo};
+}
+
+// How many of the pages of `b` (page-aligned) are in the arena's page cache (mincore).
+size_t resident_pages(std::span<std::byte> b) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v(b.size() / page);
+  REQUIRE(::mincore(b.data(), b.size(), v.data()) == 0);
+  return static_cast<size_t>(std::count_if(v.begin(), v.end(), [](unsigned char x) { return x & 1; }));
+}
+
+// The bytes of a lease on `id`, as this client maps them (the mapping outlives the lease).
+std::span<std::byte> mapped_bytes(Client& c, uint64_t id) {
+  auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
+  REQUIRE(l);
+  std::span<std::byte> b = l->bytes();
+  REQUIRE(l->release().is_ok());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("arena ranges pinned for DMA keep their pages on eviction; unpinned ranges are punched") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  const uint64_t n = 1u << 20;
+  auto a = c->create_tensor("p", desc("a", n));
+  auto b = c->create_tensor("p", desc("b", n));
+  REQUIRE(a);
+  REQUIRE(b);
+  const uint64_t ha = write_tensor(*c, a->id, 11);
+  write_tensor(*c, b->id, 12);
+  std::span<std::byte> ra = mapped_bytes(*c, a->id), rb = mapped_bytes(*c, b->id);
+  const size_t pages_a = inner_pages(ra).size() / static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+
+  // What a GPU stager does before cudaHostRegister: a's range is pinned, b's is not.
+  REQUIRE(c->pin_for_dma(ra, true).is_ok());
+  uint64_t ids[] = {a->id, b->id};
+  REQUIRE(c->evict("p", ids).is_ok());
+  REQUIRE(tiers_of(*c, "p", "a") == kTierNvme);
+  REQUIRE(tiers_of(*c, "p", "b") == kTierNvme);
+  // a's pages are still the arena's: resident, its bytes in place (a punched page would now
+  // be a hole, and a device registered on the old page would DMA bytes the arena lost).
+  CHECK(resident_pages(inner_pages(ra)) == pages_a);
+  CHECK(fnv(ra) == ha);
+  // b's were punched out.
+  CHECK(resident_pages(inner_pages(rb)) == 0);
+  CHECK(std::ranges::all_of(inner_pages(rb), [](std::byte x) { return x == std::byte{0}; }));
+  CHECK(read_hash(*c, a->id) == ha);  // refetched bit-exact
+
+  // Unpinned: punched again on the next eviction. A second unpin names no pin.
+  REQUIRE(c->pin_for_dma(ra, false).is_ok());
+  CHECK(c->pin_for_dma(ra, false).code() == Code::kNotFound);
+  std::span<std::byte> ra2 = mapped_bytes(*c, a->id);
+  REQUIRE(c->evict("p", {&a->id, 1}).is_ok());
+  CHECK(resident_pages(inner_pages(ra2)) == 0);
+
+  // A pin goes with its connection: another client pins a's range and disconnects.
+  std::span<std::byte> ra3 = mapped_bytes(*c, a->id);
+  {
+    auto c2 = connect_to(d);
+    std::span<std::byte> r2 = mapped_bytes(*c2, a->id);
+    REQUIRE(c2->pin_for_dma(r2, true).is_ok());
+  }
+  // The daemon sees the close asynchronously; a request on c after it is ordered after it only
+  // if the close was processed, so wait for the session count to drop.
+  for (int i = 0; i < 200 && status_of(*c).clients > 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(c->evict("p", {&a->id, 1}).is_ok());
+  CHECK(resident_pages(inner_pages(ra3)) == 0);
+
+  // Memory outside every mapped arena cannot be pinned.
+  std::vector<std::byte> mine(4096);
+  CHECK(c->pin_for_dma(mine, true).code() == Code::kNotFound);
+}
+
+TEST_CASE("a client pins its DMA ranges again after tierd restarts") {
+  TempDir nvme;
+  TestDaemon d(nvme_opts(nvme.path, "64M"));
+  auto c = connect_to(d);
+  REQUIRE(c->create_pool("p"));
+  auto a = c->create_tensor("p", desc("a", 1u << 20));
+  REQUIRE(a);
+  const uint64_t ha = write_tensor(*c, a->id, 21);
+  std::span<std::byte> ra = mapped_bytes(*c, a->id);
+  REQUIRE(c->pin_for_dma(ra, true).is_ok());
+  d.kill9();  // a crash keeps the arenas (a clean stop here removes them: --remove-arenas-on-exit)
+  d.start();
+  // The first request reconnects; the restarted tierd has the same arena object and the pin
+  // again, so evicting keeps the pages.
+  REQUIRE(tiers_of(*c, "p", "a") & kTierRam);
+  REQUIRE(c->evict("p", {&a->id, 1}).is_ok());
+  REQUIRE(tiers_of(*c, "p", "a") == kTierNvme);
+  const size_t pages = inner_pages(ra).size() / static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  CHECK(resident_pages(inner_pages(ra)) == pages);
+  CHECK(fnv(ra) == ha);
+  REQUIRE(c->pin_for_dma(ra, false).is_ok());
 }

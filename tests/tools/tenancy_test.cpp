@@ -300,3 +300,49 @@ TEST_CASE("per-uid RAM quota, connections per uid and waiting leases per client"
   std::error_code ec;
   std::filesystem::remove_all(tmpl, ec);
 }
+
+TEST_CASE("ArenaPin: the owner and group readers may pin an arena's range, strangers may not") {
+  char tmpl[] = "/tmp/tier-tenancy.XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string cfg = write_config(tmpl, "remove_arenas_on_exit = true\n");
+  std::string nvme = std::string(tmpl) + "/nvme";  // with an NVMe tier pins are recorded
+  std::filesystem::create_directories(nvme);
+  auto opts = tier::test::DaemonOptions::with_config(cfg);
+  opts.extra_args.insert(opts.extra_args.end(), {"--nvme-dir", nvme});
+  TestDaemon d(opts);
+  REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
+  const std::string sock = d.socket();
+  auto made = as(kOwner, [&]() -> std::vector<int64_t> {
+    auto cl = Client::connect(sock);
+    if (!cl) return {-1};
+    if (!(*cl)->create_pool("shared", {.ram_quota = 8 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true}))
+      return {-2};
+    auto t = (*cl)->create_tensor("shared", {.name = "t", .size = 4096, .shape = {}, .placement = {}});
+    if (!t) return {-3};
+    auto l = (*cl)->lease(t->id, LeaseMode::kWrite);
+    if (!l || !l->release().is_ok()) return {-4};
+    auto arenas = (*cl)->mapped_arenas();
+    if (arenas.size() != 1) return {-5};
+    // The owner pins through its own mapping; a range past the arena's end is refused.
+    Status mine = (*cl)->pin_for_dma({arenas[0].base, 4096}, true);
+    auto rc = RawClient::connect(sock);
+    if (!rc) return {-6};
+    auto past = rc->call<Empty>(MsgType::kArenaPin, ArenaPinReq{arenas[0].arena_id, arenas[0].size, 1, true});
+    return {static_cast<int64_t>(arenas[0].arena_id), code(mine), code(past)};
+  });
+  REQUIRE(made.size() == 3);
+  CHECK(made[1] == 0);
+  CHECK(made[2] == c(Code::kInvalidArgument));
+  const uint64_t arena = static_cast<uint64_t>(made[0]);
+  auto pin_as = [&](const Who& w) {
+    return as(w, [&]() -> std::vector<int64_t> {
+      auto rc = RawClient::connect(sock);
+      if (!rc) return {-1};
+      return {code(rc->call<Empty>(MsgType::kArenaPin, ArenaPinReq{arena, 0, 4096, true})),
+              code(rc->call<Empty>(MsgType::kArenaPin, ArenaPinReq{arena, 0, 4096, false}))};
+    });
+  };
+  CHECK(pin_as(kReader) == std::vector<int64_t>{0, 0});
+  CHECK(pin_as(kStranger) == std::vector<int64_t>{c(Code::kPermissionDenied), c(Code::kPermissionDenied)});
+  std::filesystem::remove_all(tmpl);
+}

@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <unordered_map>
 
 #include "trainer/cuda/kernels.hpp"
+#include "trainer/gpu_map.hpp"
 
 namespace tier::train::cuda {
 namespace {
@@ -404,14 +406,23 @@ void* backend_stream(const Backend& b) {
 
 namespace tier::train {
 
-std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* pci) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();
     n = 0;
   }
+  std::vector<std::string> bus(static_cast<size_t>(n));
+  for (int d = 0; d < n; ++d) {
+    char id[32] = {};
+    if (cudaDeviceGetPCIBusId(id, sizeof id, d) != cudaSuccess) (void)cudaGetLastError();
+    bus[static_cast<size_t>(d)] = id;
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const int dev = cuda_device_for_rank(local_rank, bus, visible != nullptr && *visible != '\0');
   cuda::CudaBackendOptions o;
-  o.device = n > 0 ? local_rank % n : 0;
+  o.device = dev >= 0 ? dev : 0;  // no device: the factory below says so
+  if (pci != nullptr) *pci = dev >= 0 ? normalize_pci(bus[static_cast<size_t>(dev)]) : std::string();
   std::string err;
   auto b = cuda::make_cuda_backend(o, &err);
   if (!b) std::fprintf(stderr, "tier-train: --backend cuda: %s\n", err.c_str());

@@ -48,10 +48,13 @@ void* backend_stream(const Backend& b);
 
 namespace tier::train {
 // What tier-train's main() calls for `--backend cuda` (declared there under
-// TIER_TRAIN_HAVE_CUDA): the backend on device local_rank % device count, fp32-storage with bf16
-// tensor-core GEMMs. Returns nullptr when no device can be used, after printing the reason to
-// stderr as one "tier-train: --backend cuda: ..." line (the caller has no other way to show it).
-std::unique_ptr<Backend> make_cuda_backend(int local_rank);
+// TIER_TRAIN_HAVE_CUDA): the backend on the device trainer/gpu_map.hpp picks for local_rank
+// by PCI address (cuda_device_for_rank; CUDA_VISIBLE_DEVICES honoured), fp32-storage with bf16
+// tensor-core GEMMs. `pci` (optional) receives that device's PCI bus id, which the tier state
+// matches against tierd's GPUs. Returns nullptr when no device can be used, after printing the
+// reason to stderr as one "tier-train: --backend cuda: ..." line (the caller has no other way
+// to show it).
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* pci = nullptr);
 
 // Page-locks host memory the trainer allocated itself (its gather slots and gradient buffers)
 // so Backend::upload / download DMA it directly instead of going through CUDA's pageable

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ class PipelineStream final : public LayerStream {
         if (s.code() == Code::kUnsupported) return s;  // otherwise: copied as pageable memory
       }
     }
+    // A refused registration is not an error but must not pass unseen: those shards are
+    // copied through CUDA's pageable path, far slower than the registered arena.
+    if (const std::string e = stager_->stats().registration_error; !e.empty())
+      std::fprintf(stderr, "tier-train: warning: %s; those shards are copied through CUDA's pageable path\n",
+                   e.c_str());
     PipelineOptions po;
     po.shard_floats = *std::max_element(shard_.begin(), shard_.end());
     po.depth = depth;

@@ -1,0 +1,31 @@
+// DmaPins (daemon/dma_pins.hpp): which parts of a freed extent tierd may punch.
+#include "daemon/dma_pins.hpp"
+
+#include <catch2/catch.hpp>
+
+using tier::Code;
+using tier::daemon::DmaPins;
+using Parts = std::vector<std::pair<uint64_t, uint64_t>>;
+
+TEST_CASE("DmaPins: the unpinned parts of an extent, pins widened to pages, per session") {
+  DmaPins p;
+  CHECK(p.unpinned(1, 0, 8192) == Parts{{0, 8192}});
+  // A pin of bytes 100..199 of arena 1 covers their whole page.
+  REQUIRE(p.add(7, 1, 100, 100).is_ok());
+  CHECK(p.unpinned(1, 0, 12288) == Parts{{4096, 8192}});
+  CHECK(p.unpinned(2, 0, 4096) == Parts{{0, 4096}});  // another arena: nothing pinned
+  // Overlapping and adjacent pins of two sessions merge for punching.
+  REQUIRE(p.add(8, 1, 8192, 8192).is_ok());
+  REQUIRE(p.add(7, 1, 12288, 8192).is_ok());
+  CHECK(p.unpinned(1, 0, 32768) == Parts{{4096, 4096}, {20480, 12288}});
+  CHECK(p.unpinned(1, 9000, 100).empty());  // inside a pin
+  // Removing needs the same (widened) range; a session's close drops all of its pins.
+  CHECK(p.remove(7, 1, 8192, 4096).code() == Code::kNotFound);
+  REQUIRE(p.remove(7, 1, 0, 4096).is_ok());
+  p.drop_session(8);
+  CHECK(p.unpinned(1, 0, 32768) == Parts{{0, 12288}, {20480, 12288}});
+  CHECK(p.size() == 1);
+  CHECK(p.pinned_bytes() == 8192);
+  CHECK(p.add(7, 1, 0, 0).code() == Code::kInvalidArgument);
+  CHECK(p.add(7, 1, UINT64_MAX - 10, 5).code() == Code::kInvalidArgument);
+}
