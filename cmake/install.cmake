@@ -3,17 +3,24 @@
 # every target exists; each target is guarded with if(TARGET ...) so a partial tree still builds.
 #
 # Layout under the install prefix (GNUInstallDirs: LIBDIR is lib, or lib/<multiarch> when the
-# build is configured with CMAKE_INSTALL_PREFIX=/usr on Debian):
-#   sbin/tierd                                 the daemon (an admin-run service, hence sbin)
-#   bin/tierctl bin/tier-bench bin/tier-train
-#   LIBDIR/libtier.so.X.Y.Z, .so.X, .so      libtier, SONAME libtier.so.X
-#   include/tier/{client,status,types}.hpp
-#   LIBDIR/cmake/tier/tierConfig*.cmake, tierTargets*.cmake
-#   LIBDIR/pkgconfig/tier.pc
-#   lib/systemd/system/tierd.service          ExecStart points at the installed sbin/tierd
-#   lib/systemd/system/tierd.service.d/10-user.conf   User=tierd
-#   share/doc/tierd/tierd.toml.example, docs
-#   lib/python3/dist-packages/tierd/           the Python package: _native*.so, __init__.py, torch.py
+# build is configured with CMAKE_INSTALL_PREFIX=/usr on Debian), by component (= .deb package,
+# cmake/cpack.cmake):
+#   daemon (tierd):
+#     sbin/tierd                                 the daemon (an admin-run service, hence sbin)
+#     bin/tierctl bin/tier-bench
+#     lib/systemd/system/tierd.service           ExecStart points at the installed sbin/tierd
+#     lib/systemd/system/tierd.service.d/10-user.conf     User=tierd
+#     lib/systemd/system-generators/tierd-generator       ReadWritePaths= for the NVMe dirs
+#     lib/sysusers.d/tierd.conf, lib/tmpfiles.d/tierd.conf  the tierd user, /etc/tierd
+#     share/tierd/tierd.toml.example             every key with its default
+#     share/man/man{1,5,8}/..., share/bash-completion/completions/tierctl
+#   conffile (tierd; only for the .deb, never by a plain cmake --install): /etc/tierd/tierd.toml
+#   libtier (libtier0): LIBDIR/libtier.so.X.Y.Z, .so.X   SONAME libtier.so.X
+#   dev (libtier-dev): include/tier/{client,status,types}.hpp, LIBDIR/libtier.so,
+#     LIBDIR/cmake/tier/tierConfig*.cmake, tierTargets*.cmake, LIBDIR/pkgconfig/tier.pc
+#   python (python3-tierd): lib/python3/dist-packages/tierd/ (_native*.so, __init__.py, torch.py; when built)
+#   trainer (tier-train): bin/tier-train, share/man/man1/tier-train.1
+#   every component: share/doc/<package>/copyright and changelog.Debian.gz
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -83,10 +90,13 @@ if(TARGET tierd)
   tier_install_rpath(tierd ${CMAKE_INSTALL_SBINDIR})
   install(TARGETS tierd RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR} COMPONENT daemon OPTIONAL)
 endif()
-foreach(prog tierctl tier-bench tier-train)
-  if(TARGET ${prog})
-    tier_install_rpath(${prog} ${CMAKE_INSTALL_BINDIR})
-    install(TARGETS ${prog} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools OPTIONAL)
+foreach(prog tierctl:daemon tier-bench:daemon tier-train:trainer)
+  string(REPLACE ":" ";" prog "${prog}")
+  list(GET prog 0 name)
+  list(GET prog 1 component)
+  if(TARGET ${name})
+    tier_install_rpath(${name} ${CMAKE_INSTALL_BINDIR})
+    install(TARGETS ${name} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ${component} OPTIONAL)
   endif()
 endforeach()
 
@@ -96,7 +106,8 @@ endforeach()
 # .deb /usr/sbin/tierd. The drop-in packaging/systemd/10-user.conf runs it as the tierd user.
 if(EXISTS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
   file(READ ${PROJECT_SOURCE_DIR}/daemon/tierd.service tier_unit_text)
-  string(REGEX REPLACE "(ExecStart[^=]*=[-@+!:]*)[^ \n]*tierd" "\\1@TIER_UNIT_TIERD@"
+  # Only the ExecStart= line itself (one that starts a line), never the word in a comment.
+  string(REGEX REPLACE "(\nExecStart[^=\n]*=[-@+!:]*)[^ \n]*tierd" "\\1@TIER_UNIT_TIERD@"
          tier_unit_text "${tier_unit_text}")
   set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
   file(WRITE ${PROJECT_BINARY_DIR}/pkg/tierd.service.in "${tier_unit_text}")
@@ -117,12 +128,61 @@ if(EXISTS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
 else()
   message(STATUS "tierd: daemon/tierd.service missing; no systemd unit is installed")
 endif()
-if(EXISTS ${PROJECT_SOURCE_DIR}/daemon/tierd.toml.example)
-  install(FILES ${PROJECT_SOURCE_DIR}/daemon/tierd.toml.example DESTINATION ${TIER_DOC_DIR} COMPONENT daemon)
+install(TARGETS tierd-generator RUNTIME DESTINATION lib/systemd/system-generators COMPONENT daemon)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/tierd.sysusers
+  DESTINATION lib/sysusers.d RENAME tierd.conf COMPONENT daemon)
+# tmpfiles.d's C line copies the example of this prefix to /etc/tierd/tierd.toml when missing.
+set(TIER_EXAMPLE_DIR "${CMAKE_INSTALL_DATADIR}/tierd")
+install(CODE "
+  file(READ \"${PROJECT_SOURCE_DIR}/packaging/systemd/tierd.tmpfiles.in\" tier_tmpfiles)
+  string(REPLACE \"@TIER_EXAMPLE_CONFIG@\" \"\${CMAKE_INSTALL_PREFIX}/${TIER_EXAMPLE_DIR}/tierd.toml.example\"
+         tier_tmpfiles \"\${tier_tmpfiles}\")
+  file(WRITE \"${PROJECT_BINARY_DIR}/pkg/tmpfiles/tierd.conf\" \"\${tier_tmpfiles}\")
+" COMPONENT daemon)
+install(FILES ${PROJECT_BINARY_DIR}/pkg/tmpfiles/tierd.conf DESTINATION lib/tmpfiles.d COMPONENT daemon)
+install(FILES ${PROJECT_SOURCE_DIR}/daemon/tierd.toml.example DESTINATION ${TIER_EXAMPLE_DIR} COMPONENT daemon)
+# The .deb's conffile. EXCLUDE_FROM_ALL: `cmake --install` (any prefix) never writes to /etc;
+# only `cmake --install --component conffile` and CPack, which installs component by component.
+install(FILES ${PROJECT_SOURCE_DIR}/daemon/tierd.toml.example DESTINATION /etc/tierd RENAME tierd.toml
+  COMPONENT conffile EXCLUDE_FROM_ALL)
+
+# Man pages and the bash completion.
+foreach(page tierd.8:daemon tierctl.8:daemon tierd.toml.5:daemon tier-bench.1:daemon tier-train.1:trainer)
+  string(REPLACE ":" ";" page "${page}")
+  list(GET page 0 file)
+  list(GET page 1 component)
+  string(REGEX REPLACE ".*\\.([0-9])$" "\\1" section "${file}")
+  install(FILES ${PROJECT_BINARY_DIR}/pkg/man/${file}.gz
+    DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section} COMPONENT ${component})
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/bash-completion/tierctl
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions COMPONENT daemon)
+
+# Documentation; Debian wants copyright and changelog.Debian.gz in every package's doc dir.
+foreach(doc README.md docs/install.md)
+  install(FILES ${PROJECT_SOURCE_DIR}/${doc} DESTINATION ${TIER_DOC_DIR} COMPONENT daemon)
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/docs/client.md DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/libtier-dev
+  COMPONENT dev)
+set(tier_doc_pkgs tierd:daemon libtier0:libtier libtier-dev:dev)
+if(TARGET tierd_python)
+  install(FILES ${PROJECT_SOURCE_DIR}/docs/python.md DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/python3-tierd
+    COMPONENT python)
+  list(APPEND tier_doc_pkgs python3-tierd:python)
 endif()
-foreach(doc README.md docs/install.md docs/python.md)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${doc})
-    install(FILES ${PROJECT_SOURCE_DIR}/${doc} DESTINATION ${TIER_DOC_DIR} COMPONENT dev)
+if(TARGET tier-train)
+  list(APPEND tier_doc_pkgs tier-train:trainer)
+endif()
+foreach(pkg IN LISTS tier_doc_pkgs)
+  string(REPLACE ":" ";" pkg "${pkg}")
+  list(GET pkg 0 name)
+  list(GET pkg 1 component)
+  install(FILES ${PROJECT_SOURCE_DIR}/packaging/debian/copyright ${TIER_DEB_CHANGELOG_GZ}
+    DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/${name} COMPONENT ${component})
+  # lintian overrides: each remaining warning with the reason it does not apply.
+  if(EXISTS ${PROJECT_SOURCE_DIR}/packaging/debian/${name}.lintian-overrides)
+    install(FILES ${PROJECT_SOURCE_DIR}/packaging/debian/${name}.lintian-overrides
+      DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides RENAME ${name} COMPONENT ${component})
   endif()
 endforeach()
 

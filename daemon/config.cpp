@@ -309,7 +309,7 @@ Status check_socket_path(const std::string& path) {
   return Status::ok();
 }
 
-Status check_paths(const Config& cfg) {
+Status check_paths(const Config& cfg, bool create_state_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& d : cfg.nvme) {
@@ -317,7 +317,13 @@ Status check_paths(const Config& cfg) {
       return Status(Code::kInvalidArgument, "nvme directory '" + d.path + "' is not a directory");
   }
   TIER_RETURN_IF_ERROR(check_nvme_dirs(cfg.nvme));
-  if (!fs::is_directory(cfg.state_dir, ec)) {
+  if (!create_state_dir) {
+    fs::path a = fs::absolute(cfg.state_dir, ec);
+    while (!a.empty() && !fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path()) a = a.parent_path();
+    if (!fs::is_directory(a, ec))
+      return Status(Code::kInvalidArgument, "cannot create state dir '" + cfg.state_dir + "': '" + a.string() +
+                                                "' is not a directory");
+  } else if (!fs::is_directory(cfg.state_dir, ec)) {
     fs::create_directories(cfg.state_dir, ec);
     if (ec)
       return Status(Code::kInvalidArgument,

@@ -107,8 +107,10 @@ struct Overrides {
 [[nodiscard]] Status apply_overrides(Config& cfg, const Overrides& o);
 
 // Checks what needs the file system: the NVMe directories exist and are directories (and
-// check_nvme_dirs), the state directory exists or can be created. Not pure.
-[[nodiscard]] Status check_paths(const Config& cfg);
+// check_nvme_dirs), the state directory exists or can be created. Not pure: creates a missing
+// state directory unless `create_state_dir` is false (--check-config writes nothing; it then
+// only checks that the nearest existing ancestor is a directory).
+[[nodiscard]] Status check_paths(const Config& cfg, bool create_state_dir = true);
 // The NVMe directories name distinct file systems: one directory listed twice (by any path
 // to it) or two on one file system (same st_dev) would count that file system's space twice.
 [[nodiscard]] Status check_nvme_dirs(const std::vector<NvmeDir>& dirs);

@@ -20,8 +20,9 @@ using namespace tier::daemon;
 
 namespace {
 
+// A bad option or configuration: one line at error priority (<3> under journald).
 int usage_error(const std::string& msg) {
-  std::fprintf(stderr, "tierd: %s\n", msg.c_str());
+  log_error("{}", msg);
   return 2;
 }
 
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
   }
   // The same checks the start makes, so that --check-config accepts only what starts.
   if (Status st = check_socket_path(resolve_socket(cfg)); !st) return usage_error(st.message());
-  if (Status st = check_paths(cfg); !st) return usage_error(st.message());
+  if (Status st = check_paths(cfg, !check_config); !st) return usage_error(st.message());
   auto mem = read_mem_total();
   if (!mem) {
     log_error("{}", mem.error().message());
@@ -130,7 +131,6 @@ int main(int argc, char** argv) {
   auto durable = Durability::open(**state, nullptr);
   if (!durable) {
     log_error("cannot recover the catalog: {}", durable.error().message());
-    std::fprintf(stderr, "tierd: cannot recover the catalog: %s\n", durable.error().message().c_str());
     return 1;
   }
   (*state)->durable = std::move(*durable);

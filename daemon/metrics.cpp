@@ -17,6 +17,9 @@ std::string label_escape(const std::string& s) {
 namespace {
 
 std::string esc(const std::string& s) { return label_escape(s); }
+// The node label of an NVMe directory: its NUMA node, or "unknown" when the topology does not
+// place the device (numa_node -1), which reads as a node number in queries.
+std::string node_label(int32_t node) { return node < 0 ? "unknown" : std::to_string(node); }
 
 struct Out {
   std::string s;
@@ -66,7 +69,7 @@ std::string render_metrics(const MetricsInput& in) {
     o.family(name, "gauge", help);
     for (const auto& d : st.nvme)
       o.s += fmt::format("{}{{tier=\"nvme\",path=\"{}\",node=\"{}\",backend=\"{}\"}} {}\n", name, esc(d.path),
-                         d.numa_node, esc(d.backend), get(d));
+                         node_label(d.numa_node), esc(d.backend), get(d));
   };
   per_dir("tierd_nvme_capacity_bytes", "NVMe tier capacity per directory.", [](const wire::NvmeTierW& d) { return d.capacity; });
   per_dir("tierd_nvme_used_bytes", "NVMe tier bytes used per directory.", [](const wire::NvmeTierW& d) { return d.used; });
@@ -108,7 +111,8 @@ std::string render_metrics(const MetricsInput& in) {
     };
     per_pool("tierd_pool_ram_quota_bytes", "RAM quota per pool.", [](const Pool& p) { return p.ram_quota; });
     per_pool("tierd_pool_ram_used_bytes", "RAM allocated per pool.", [](const Pool& p) { return p.ram_used; });
-    per_pool("tierd_pool_nvme_quota_bytes", "NVMe quota per pool.", [](const Pool& p) { return p.nvme_quota; });
+    per_pool("tierd_pool_nvme_quota_bytes", "NVMe quota per pool (effective: the default where none was set).",
+             [&](const Pool& p) { return in.nvme_quota ? in.nvme_quota(p) : p.nvme_quota; });
     per_pool("tierd_pool_nvme_used_bytes", "NVMe bytes used per pool.", [](const Pool& p) { return p.nvme_used; });
     per_pool("tierd_pool_tensors", "Tensors per pool.", [](const Pool& p) { return static_cast<uint64_t>(p.tensors.size()); });
     per_pool("tierd_pool_leases", "Leases held per pool.", [](const Pool& p) { return p.leases; });

@@ -53,6 +53,8 @@ struct MetricsInput {
   std::function<uint64_t(const Pool&)> arena_repairs;
   // Which pools to show (the socket shows a client only the pools it may see); empty: all.
   std::function<bool(const Pool&)> visible;
+  // A pool's effective NVMe quota (its stored 0 is the daemon's default); empty: as stored.
+  std::function<uint64_t(const Pool&)> nvme_quota;
 };
 
 [[nodiscard]] std::string render_metrics(const MetricsInput& in);

@@ -2,9 +2,46 @@
 
 #include <httplib.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 
 namespace tier::daemon {
+
+namespace {
+
+// httplib reports a failed bind as `false` and loses errno; redo socket()+bind() here to say
+// why. EAFNOSUPPORT is what systemd's RestrictAddressFamilies= turns socket() into.
+Status bind_failure(const ListenAddr& a) {
+  std::string where = a.host + ":" + std::to_string(a.port);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (int g = ::getaddrinfo(a.host.c_str(), std::to_string(a.port).c_str(), &hints, &res); g != 0)
+    return Status(Code::kInvalidArgument, "metrics_listen: cannot resolve " + a.host + ": " + ::gai_strerror(g));
+  int err = 0;
+  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  if (fd < 0) err = errno;
+  else {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) err = errno;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  if (err == EAFNOSUPPORT)
+    return Status::from_errno(err, "metrics_listen: cannot bind " + where +
+                                       ": socket() refused the address family (under systemd, "
+                                       "RestrictAddressFamilies= must allow AF_INET and AF_INET6)");
+  if (err != 0) return Status::from_errno(err, "metrics_listen: cannot bind " + where);
+  return Status(Code::kInvalidArgument, "metrics_listen: cannot bind " + where);
+}
+
+}  // namespace
 
 Result<ListenAddr> parse_metrics_listen(const std::string& s) {
   auto colon = s.rfind(':');
@@ -44,11 +81,9 @@ Status MetricsHttp::start(const ListenAddr& a) {
   srv_->new_task_queue = [] { return new httplib::ThreadPool(1); };
   if (a.port == 0) {
     port_ = srv_->bind_to_any_port(a.host);
-    if (port_ < 0) return Status(Code::kInvalidArgument, "metrics_listen: cannot bind " + a.host);
+    if (port_ < 0) return bind_failure(a);
   } else {
-    if (!srv_->bind_to_port(a.host, a.port))
-      return Status(Code::kInvalidArgument, "metrics_listen: cannot bind " + a.host + ":" + std::to_string(a.port) +
-                                                " (in use?)");
+    if (!srv_->bind_to_port(a.host, a.port)) return bind_failure(a);
     port_ = a.port;
   }
   thread_ = std::thread([this] { srv_->listen_after_bind(); });

@@ -58,6 +58,14 @@ RequestHandler::~RequestHandler() {
 
 namespace {
 PeerCreds creds(const Session& s) { return PeerCreds{s.uid, s.gid, s.groups}; }
+
+// A pool as clients see it: a stored NVMe quota of 0 means the daemon's default
+// (nvme_pool_quota of the NVMe tier), so the effective quota is reported, as enforced.
+PoolInfo effective_info(const DaemonState& st, const Pool& p) {
+  PoolInfo i = pool_info(p);
+  if (st.tiering) i.nvme_quota = st.tiering->nvme_quota(p);
+  return i;
+}
 }  // namespace
 
 void RequestHandler::session_opened(Session& s) {
@@ -230,7 +238,7 @@ void RequestHandler::on_pool_create(Session& s, const Header& h,
   if (Pool* p = state_.catalog.find_pool(req.name)) {
     if (!req.exist_ok) return reply_err(h, Status(Code::kAlreadyExists, "pool '" + req.name + "' exists"), out);
     if (Status st = may_use(s, *p); !st) return reply_err(h, st, out);
-    return reply_ok(h, to_wire(pool_info(*p)), out);
+    return reply_ok(h, to_wire(effective_info(state_, *p)), out);
   }
   uint64_t quota = req.ram_quota == 0 ? state_.sizes.pool_quota : req.ram_quota;
   if (quota > state_.ram->capacity())
@@ -259,7 +267,7 @@ void RequestHandler::on_pool_create(Session& s, const Header& h,
   (*p)->group_read = req.group_read;
   if (state_.durable) state_.durable->pool_created(**p);
   log_info("pool '{}' created by uid {} (RAM quota {})", req.name, s.uid, format_size(quota));
-  reply_ok(h, to_wire(pool_info(**p)), out);
+  reply_ok(h, to_wire(effective_info(state_, **p)), out);
 }
 
 void RequestHandler::on_pool_open(Session& s, const Header& h, std::span<const std::byte> payload,
@@ -267,7 +275,7 @@ void RequestHandler::on_pool_open(Session& s, const Header& h, std::span<const s
   TIER_DECODE(PoolNameReq, req);
   auto p = pool_for(s, req.name, PoolAccess::kInspect);
   if (!p) return reply_err(h, p.error(), out);
-  reply_ok(h, to_wire(pool_info(**p)), out);
+  reply_ok(h, to_wire(effective_info(state_, **p)), out);
 }
 
 void RequestHandler::on_pool_list(Session& s, const Header& h, std::span<const std::byte> payload,
@@ -281,7 +289,7 @@ void RequestHandler::on_pool_list(Session& s, const Header& h, std::span<const s
     if (!p || !may_see(creds(s), *p, state_.admin_gid)) continue;
     bytes += 64 + name.size();
     if (bytes > kListBudget) break;  // 1000+ pools: the rest does not fit one reply
-    rep.pools.push_back(to_wire(pool_info(*p)));
+    rep.pools.push_back(to_wire(effective_info(state_, *p)));
   }
   reply_ok(h, rep, out);
 }
@@ -740,6 +748,7 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.catalog = &state_.catalog;
   in.arena_repairs = [this](const Pool& p) { return state_.ram->arena_repairs(p.id); };
   if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
+  if (state_.tiering) in.nvme_quota = [&](const Pool& p) { return state_.tiering->nvme_quota(p); };
   if (state_.tiering)
     for (const auto& d : state_.tiering->engine().stats().dirs)
       in.nvme_io.push_back({d.path, d.in_flight, d.queue_depth, d.bytes_read, d.bytes_written});

@@ -144,6 +144,9 @@ class TierManager {
   // whose extents the engine refuses is dropped (journaled) and logged.
   [[nodiscard]] Status adopt_catalog();
 
+  // The NVMe quota that applies to `p`: its own, or the default (nvme_pool_quota) for 0.
+  [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
+
  private:
   enum class Io : uint8_t { kNone, kFetch, kSpill };
   struct TState {
@@ -261,7 +264,6 @@ class TierManager {
   // Arms the timerfd for the earlier of the next prefetch start and a skipped cleaning scan.
   void arm_timer();
   void schedule_prefetch();
-  [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
 
   Catalog& catalog_;
   RamTier& ram_;

@@ -47,6 +47,12 @@ Result<bool> probe_direct_io(const std::string& dir, std::string& why) {
       why = "the filesystem refuses O_DIRECT (open: EINVAL)";
       return false;
     }
+    if (err == EROFS) {  // ProtectSystem=strict mounts all but ReadWritePaths= read-only
+      Status e = Status::from_errno(err, "open " + p);
+      return fail(Status(e.code(), e.message() + "; under systemd, list " + dir +
+                                       " in ReadWritePaths= (tierd-generator does so for the nvme paths"
+                                       " of /etc/tierd/tierd.toml at daemon-reload)"));
+    }
     return fail(Status::from_errno(err, "open " + p));
   }
   Bounce b = alloc_bounce(kExtentAlign);

@@ -350,6 +350,7 @@ TEST_CASE("a truncated journal recovers its valid records, a corrupted one is re
                                   &rc);
     CHECK(rc == 1);
     CHECK(out.find("cannot recover the catalog") != std::string::npos);
+    CHECK(out.find("cannot recover the catalog") == out.rfind("cannot recover the catalog"));  // once
     CHECK(out.find("orrupt") != std::string::npos);
     CHECK(std::filesystem::file_size(jp) == size);
     std::ifstream f(jp, std::ios::binary);
