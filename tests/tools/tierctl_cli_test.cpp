@@ -106,6 +106,34 @@ TEST_CASE("tierctl put of a missing file fails with exit 1 and creates nothing")
   CHECK(json::parse(ctl(d, {"--json", "pools"}).out)["pools"].empty());
 }
 
+TEST_CASE("tierctl put reads a pipe or - (stdin), get - writes to stdout") {
+  TestDaemon d;
+  std::string data(300000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + i / 1000);
+  std::string in = d.dir() + "/in.bin";
+  std::ofstream(in, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  const std::string ctl_cmd = bin_path("tierctl") + " --socket " + d.socket();
+  // A pipe: its size is not known up front.
+  auto piped = run_binary("/bin/sh", {"-c", "cat " + in + " | " + ctl_cmd + " put pipes t -"});
+  INFO(piped.err);
+  REQUIRE(piped.rc == 0);
+  CHECK(piped.out.find("stdin") != std::string::npos);
+  // get - : the bytes alone on stdout, the summary on stderr.
+  auto got = ctl(d, {"get", "pipes", "t", "-"});
+  REQUIRE(got.rc == 0);
+  CHECK(got.out == data);
+  CHECK(got.err.find("pipes/t") != std::string::npos);
+  // A pipe given by name (not a regular file) is read to its end too.
+  auto named = run_binary("/bin/sh", {"-c", "cat " + in + " | " + ctl_cmd + " put pipes u /dev/stdin"});
+  INFO(named.err);
+  REQUIRE(named.rc == 0);
+  CHECK(ctl(d, {"get", "pipes", "u", "-"}).out == data);
+  // An empty pipe is refused and leaves nothing behind.
+  auto empty = run_binary("/bin/sh", {"-c", ": | " + ctl_cmd + " put pipes e -"});
+  CHECK(empty.rc == 1);
+  CHECK(empty.err.find("empty") != std::string::npos);
+}
+
 TEST_CASE("tierctl pools shows owners by name and --json keeps the uid") {
   TestDaemon d;
   put_small(d, "mine", "t");

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "table.hpp"
 
@@ -84,8 +86,21 @@ Status write_all(int fd, const std::byte* p, size_t len, const std::string& file
   return Status::ok();
 }
 
+// An owned file descriptor, closed once (movable, not copyable).
 struct Fd {
   int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      if (fd >= 0) ::close(fd);
+      fd = std::exchange(o.fd, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
   ~Fd() { if (fd >= 0) ::close(fd); }
 };
 
@@ -254,15 +269,59 @@ Status cmd_tensors(Client& c, const Output& o, const std::string& pool) {
   return Status::ok();
 }
 
+// Where put's bytes come from: a regular file (its size known up front, read straight into the
+// lease), or anything else (a pipe, `-` for stdin, a character device), read to EOF into memory
+// first, since a tensor's size is fixed at its creation.
+struct PutSource {
+  Fd fd;
+  std::string label;                // for messages: the file's name, or "stdin"
+  uint64_t size = 0;
+  std::vector<std::byte> buffered;  // the bytes of a source that is not a regular file
+  bool regular = false;
+
+  Status copy_to(std::byte* dst) {
+    if (!regular) {
+      std::memcpy(dst, buffered.data(), buffered.size());
+      return Status::ok();
+    }
+    return read_all(fd.fd, dst, size, label);
+  }
+};
+
+Result<PutSource> open_put_source(const std::string& file) {
+  PutSource src;
+  const bool stdin_ = file == "-";
+  src.label = stdin_ ? "stdin" : file;
+  src.fd.fd = stdin_ ? ::dup(0) : ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (src.fd.fd < 0) return std::unexpected(Status::from_errno(errno, "open " + src.label));
+  struct stat st{};
+  if (::fstat(src.fd.fd, &st) != 0) return std::unexpected(Status::from_errno(errno, "stat " + src.label));
+  if (S_ISDIR(st.st_mode)) return std::unexpected(Status(Code::kInvalidArgument, src.label + " is a directory"));
+  src.regular = S_ISREG(st.st_mode);
+  if (src.regular) {
+    src.size = static_cast<uint64_t>(st.st_size);
+  } else {
+    std::byte chunk[1 << 16];
+    for (;;) {
+      ssize_t n = ::read(src.fd.fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return std::unexpected(Status::from_errno(errno, "read " + src.label));
+      if (n == 0) break;
+      src.buffered.insert(src.buffered.end(), chunk, chunk + n);
+    }
+    src.size = src.buffered.size();
+  }
+  if (src.size == 0)
+    return std::unexpected(Status(Code::kInvalidArgument, src.label + " is empty; a tensor holds at least one byte"));
+  return src;
+}
+
 Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::string& name,
                const std::string& file, const PutOptions& p) {
-  Fd in{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (in.fd < 0) return Status::from_errno(errno, "open " + file);
-  struct stat st{};
-  if (::fstat(in.fd, &st) != 0) return Status::from_errno(errno, "stat " + file);
-  if (!S_ISREG(st.st_mode)) return Status(Code::kInvalidArgument, file + " is not a regular file");
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size == 0) return Status(Code::kInvalidArgument, file + " is empty; a tensor holds at least one byte");
+  auto source = open_put_source(file);
+  if (!source) return source.error();
+  PutSource& in = *source;
+  const uint64_t size = in.size;
 
   // What this put creates goes again when a later step fails: a failed put leaves nothing
   // behind (the daemon refuses up front a tensor that could never be leased; a lease can still
@@ -298,7 +357,7 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   if (t->size != size)
     return Status(Code::kInvalidArgument,
                   "tensor '" + name + "' in pool '" + pool + "' is " + std::to_string(t->size) +
-                      " bytes but " + file + " is " + std::to_string(size) +
+                      " bytes but " + in.label + " is " + std::to_string(size) +
                       " bytes; delete it first (tierctl rm) or put a file of the same size");
   // An overwrite lease: every byte is written from the file, so the tensor's old bytes are never
   // read (a tensor only on NVMe is not fetched, and one whose NVMe copy is corrupt can be
@@ -306,7 +365,7 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   auto write = [&]() -> Status {
     auto lease = c.lease(t->id, LeaseMode::kOverwrite, LeaseWait{p.wait_ms});
     if (!lease) return lease.error();
-    TIER_RETURN_IF_ERROR(read_all(in.fd, lease->bytes().data(), size, file));
+    TIER_RETURN_IF_ERROR(in.copy_to(lease->bytes().data()));
     return lease->release();
   };
   if (Status st = write(); !st) return undo(std::move(st));
@@ -314,7 +373,7 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
     print_json({{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", size},
                 {"created", created}, {"file", file}});
   } else {
-    std::printf("put %s -> %s/%s (%s%s)\n", file.c_str(), pool.c_str(), name.c_str(),
+    std::printf("put %s -> %s/%s (%s%s)\n", in.label.c_str(), pool.c_str(), name.c_str(),
                 format_size(size).c_str(), created ? ", new tensor" : "");
   }
   return Status::ok();
@@ -326,17 +385,22 @@ Status cmd_get(Client& c, const Output& o, const std::string& pool, const std::s
   if (!t) return t.error();
   auto lease = c.lease(t->id, LeaseMode::kRead, LeaseWait{wait_ms});
   if (!lease) return lease.error();
-  Fd out{::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (out.fd < 0) return Status::from_errno(errno, "create " + file);
+  // `-`: the bytes go to stdout, and the summary (table or JSON) to stderr so as not to mix in.
+  const bool to_stdout = file == "-";
+  const std::string label = to_stdout ? "stdout" : file;
+  Fd out{to_stdout ? ::dup(1) : ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (out.fd < 0) return Status::from_errno(errno, "create " + label);
   auto bytes = lease->bytes();
-  TIER_RETURN_IF_ERROR(write_all(out.fd, bytes.data(), bytes.size(), file));
+  TIER_RETURN_IF_ERROR(write_all(out.fd, bytes.data(), bytes.size(), label));
   TIER_RETURN_IF_ERROR(lease->release());
-  if (::close(std::exchange(out.fd, -1)) != 0) return Status::from_errno(errno, "close " + file);
+  if (::close(std::exchange(out.fd, -1)) != 0) return Status::from_errno(errno, "close " + label);
+  std::FILE* summary = to_stdout ? stderr : stdout;
   if (o.json) {
-    print_json({{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", bytes.size()}, {"file", file}});
+    json j = {{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", bytes.size()}, {"file", file}};
+    std::fprintf(summary, "%s\n", j.dump(2).c_str());
   } else {
-    std::printf("get %s/%s -> %s (%s)\n", pool.c_str(), name.c_str(), file.c_str(),
-                format_size(bytes.size()).c_str());
+    std::fprintf(summary, "get %s/%s -> %s (%s)\n", pool.c_str(), name.c_str(), label.c_str(),
+                 format_size(bytes.size()).c_str());
   }
   return Status::ok();
 }

@@ -25,6 +25,7 @@ Examples:
   tierctl status                          node summary: RAM and NVMe tiers, counters
   tierctl put job1 w0 weights.bin         store a file as tensor w0 of pool job1
   tierctl get job1 w0 copy.bin            read it back
+  gzip -dc w.gz | tierctl put job1 w1 -   store a pipe's bytes; get job1 w1 - | sha256sum
   tierctl --json tensors job1 | jq .      machine-readable listing
   tierctl metrics | grep tier_ram         Prometheus text exposition
   tierctl top                             live view, refreshed every 2 s (q quits)
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
              "when missing; an existing tensor must have the file's size");
   put->add_option("POOL", pool, "pool name ([A-Za-z0-9._-], created when missing)")->required();
   put->add_option("NAME", name, "tensor name (created when missing, size = file size)")->required();
-  put->add_option("FILE", file, "file to copy into the tensor")->required();
+  put->add_option("FILE", file, "file to copy into the tensor; - (or a pipe) reads stdin to its end first")->required();
   put->add_option("--ram-quota", quota_text, "RAM quota of the pool when put creates it, e.g. 4G (default: the daemon's)");
   put->add_option("--wait-ms", put_opts.wait_ms, "wait this long for a conflicting lease (default 5000)")
       ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
   auto* get = app.add_subcommand("get", "write tensor NAME of POOL to FILE (created or truncated)");
   get->add_option("POOL", pool, "pool name")->required();
   get->add_option("NAME", name, "tensor name")->required();
-  get->add_option("FILE", file, "output file")->required();
+  get->add_option("FILE", file, "output file (created or truncated); - writes to stdout, the summary to stderr")->required();
   get->add_option("--wait-ms", get_wait, "wait this long for a conflicting write lease (default 5000)")
       ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
 
