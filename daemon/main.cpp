@@ -1,4 +1,4 @@
-// tierd: the per-node memory-tier daemon. See tierd.toml.example and DESIGN.md.
+// tierd: the per-node memory-tier daemon. Configuration: tierd.toml.example; internals: docs/daemon.md.
 //
 // Exit codes: 0 clean stop (or a valid --check-config), 1 runtime error, 2 usage or
 // configuration error (one line on stderr naming the problem).

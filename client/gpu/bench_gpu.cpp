@@ -2,7 +2,7 @@
 // by tier::gpu::Stager) against cudaMemcpyAsync from/to cudaMallocHost memory of the same size,
 // measured side by side (interleaved samples) in one run. JSON lines as tier-bench prints them:
 //   {"name":"gpu_h2d_arena","bytes":…,"value":GB/s,"unit":"GB/s","baseline":GB/s,"ratio":…}
-// Target: ratio >= 0.95 (DESIGN.md). Exit 0 ok, 1 error (message on stderr), 2 usage; without
+// Target: ratio >= 0.95 (docs/benchmarks.md). Exit 0 ok, 1 error (message on stderr), 2 usage; without
 // a CUDA device it prints the reason and exits 1.
 // --info: one JSON object with the CUDA driver and runtime versions and every device's name,
 // PCI bus id, compute capability and memory (what the GPU check prints about the machine).

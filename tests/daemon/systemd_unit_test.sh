@@ -9,7 +9,7 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-sed "s|^ExecStart=/usr/bin/tierd|ExecStart=$bin|" "$src/daemon/tierd.service" > "$tmp/tierd.service"
+sed "s|^ExecStart=/usr/sbin/tierd|ExecStart=$bin|" "$src/daemon/tierd.service" > "$tmp/tierd.service"
 grep -q "^ExecStart=$bin " "$tmp/tierd.service"
 grep -q '^Type=notify' "$tmp/tierd.service"
 if grep -Eq '^(PrivateIPC|RemoveIPC)=yes' "$tmp/tierd.service"; then

@@ -1,6 +1,6 @@
 // tierctl: inspect and drive a running tierd from the shell.
 //
-// Exit codes (DESIGN.md): 0 ok; 1 the request failed (one line "tierctl: Code: message" on
+// Exit codes (docs in --help): 0 ok; 1 the request failed (one line "tierctl: Code: message" on
 // stderr); 2 usage error (CLI11's message and a pointer to --help on stderr).
 #include <CLI/CLI.hpp>
 #include <cstdio>
