@@ -1,0 +1,272 @@
+// One pass over the layer uses (step.hpp): the compute of each use, written once in
+// Trainer::forward/backward, and the two ways its layers move: HostPass (MPI collectives on
+// the comm thread, Backend::upload/download when the device is not host memory) and
+// StreamPass (opts.stream, --collectives nccl: copies, gathers and reduce-scatters on the
+// device). Both pin a shard only after the overlapped update of its layer is done.
+#include <chrono>
+
+#include "trainer/step.hpp"
+
+namespace tier::train::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+Status opt_failed() {
+  return Status(Code::kInternal, "the previous step's optimizer failed (its error follows)");
+}
+
+// Layer params gathered into K+1 slots by the comm thread; a block's gradient goes to one of
+// two buffers, alternating, so block l's backward overlaps block l+1's reduce-scatter.
+class HostPass final : public Pass {
+ public:
+  HostPass(Trainer& t, const std::vector<Use>& uses, int cur, bool grad)
+      : Pass(t, uses, cur, grad), gh_(uses.size()), rsh_(t.NL) {}
+
+  Status begin() override {
+    for (size_t j = 0; j <= static_cast<size_t>(t_.K) && j < uses_.size(); ++j) issue_gather(j);
+    return {};
+  }
+  Result<const float*> params(size_t i) override {
+    const size_t slot = i % (static_cast<size_t>(t_.K) + 1);
+    if (auto s = wait(gh_[i]); !s) return fail(s);
+    float* P = t_.buf.slots[slot];
+    if (!t_.host) t_.be.upload(P, t_.buf.slots_host[slot], t_.pad[uses_[i].layer]);
+    return P;
+  }
+  Result<float*> grad_buffer(int layer) override {
+    if (layer == 0) {
+      t_.be.zero(t_.buf.g0, t_.pad[0]);
+      return t_.buf.g0;
+    }
+    // The buffer was last reduce-scattered for block layer + 2.
+    if (layer + 2 <= t_.L && rsh_[layer + 2].valid())
+      if (auto s = wait(rsh_[layer + 2]); !s) return fail(s);
+    float* g = t_.buf.gblk[layer % 2];
+    t_.be.zero(g, t_.pad[layer]);
+    return g;
+  }
+  Status push_grad(int layer, float* g) override {
+    float* g_host = t_.buf.g_host[layer == 0 ? 0 : 1 + layer % 2];
+    if (!t_.host) t_.be.download(g_host, g, t_.pad[layer]);
+    Trainer& t = t_;
+    Comm::Op op;
+    op.start = [&t, layer, g_host](Comm::Request& req) -> Status {
+      if (!t.progress.wait_layer(layer)) return opt_failed();  // it still reads the old gradient
+      // The reduce-scatter writes every float of the shard: nothing to read back.
+      auto p = t.store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
+      if (!p) return p.error();
+      t.rs_pins[layer] = std::move(*p);
+      return t.comm.start_reduce_scatter(g_host, t.rs_pins[layer].data, t.shard[layer], req);
+    };
+    // The shard's squared norm is taken here, while the shard is still pinned, so the
+    // optimizer's global-norm pass needs no second pin.
+    op.finish = [&t, layer] {
+      if (t.rs_pins[layer].data != nullptr) t.grad_sumsq[layer] = sum_squares(t.rs_pins[layer].data, t.shard[layer]);
+      t.rs_pins[layer].release();
+    };
+    rsh_[layer] = t_.comm.submit(std::move(op));
+    return {};
+  }
+  // The slot's layer is no longer needed on the device: reuse it for the next gather.
+  Status done(size_t i) override {
+    if (i + t_.K + 1 < uses_.size()) {
+      if (!t_.host) t_.be.synchronize();
+      issue_gather(i + t_.K + 1);
+    }
+    return {};
+  }
+  Status end(Status s) override {
+    if (!s) return s;
+    for (auto& h : rsh_)
+      if (h.valid())
+        if (auto st = wait(h); !st) return st;
+    return {};
+  }
+
+ private:
+  void issue_gather(size_t j) {
+    const size_t slot = j % (static_cast<size_t>(t_.K) + 1);
+    const int layer = uses_[j].layer;
+    const ShardRef ref{layer, ShardKind::kParam, cur_};
+    std::vector<ShardRef> hint;
+    if (t_.K > 0 && j + t_.K < uses_.size()) hint.push_back({uses_[j + t_.K].layer, ShardKind::kParam, cur_});
+    Trainer& t = t_;
+    Comm::Op op;
+    op.start = [&t, ref, slot, layer, hint](Comm::Request& req) -> Status {
+      if (!t.progress.wait_layer(layer)) return opt_failed();
+      if (!hint.empty()) t.store.prefetch(hint);
+      auto p = t.store.acquire(ref, Access::kRead);
+      if (!p) return p.error();
+      t.gather_pins[slot] = std::move(*p);
+      return t.comm.start_allgather(t.gather_pins[slot].data, t.buf.slots_host[slot], t.shard[layer], req);
+    };
+    op.finish = [&t, slot] { t.gather_pins[slot].release(); };
+    gh_[j] = t_.comm.submit(std::move(op));
+  }
+  Status wait(Comm::Handle& h) {
+    const auto t0 = Clock::now();
+    Status s = h.wait();
+    h = Comm::Handle{};
+    t_.stall_ms += ms_since(t0);
+    return s;
+  }
+
+  std::vector<Comm::Handle> gh_;   // per use: its gather
+  std::vector<Comm::Handle> rsh_;  // per layer: its reduce-scatter
+};
+
+// The pass through opts.stream: this thread pins the shards (waiting first, as the host
+// path's comm thread does, for the overlapped update of the layer) and hands the pins over.
+// Time spent pinning and in finish() counts as stall.
+class StreamPass final : public Pass {
+ public:
+  StreamPass(Trainer& t, const std::vector<Use>& uses, int cur, bool grad)
+      : Pass(t, uses, cur, grad), ls_(*t.opts.stream), fetched_(uses.size(), nullptr) {}
+
+  Status begin() override {
+    for (size_t j = 0; j <= static_cast<size_t>(t_.K) && j < uses_.size(); ++j)
+      if (auto s = fetch(j); !s) return s;
+    return {};
+  }
+  Result<const float*> params(size_t i) override { return fetched_[i]; }
+  Result<float*> grad_buffer(int layer) override { return ls_.grad_buffer(layer); }
+  // The reduce-scatter writes every float of the shard: nothing to read back.
+  Status push_grad(int layer, float*) override {
+    auto p = pin({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
+    if (!p) return p.error();
+    return ls_.push_grad(layer, std::move(*p), &t_.grad_sumsq[layer]);
+  }
+  Status done(size_t i) override {
+    if (auto s = ls_.done_with_oldest(); !s) return s;
+    if (i + t_.K + 1 < uses_.size())
+      if (auto s = fetch(i + t_.K + 1); !s) return s;
+    return {};
+  }
+  Status end(Status s) override {
+    const auto t0 = Clock::now();
+    Status f = ls_.finish();  // also after a failure: drops the pins
+    t_.stall_ms += ms_since(t0);
+    if (!s) return s;
+    return f;
+  }
+
+ private:
+  Result<Pinned> pin(const ShardRef& ref, Access access) {
+    const auto t0 = Clock::now();
+    if (!t_.progress.wait_layer(ref.layer)) return fail(opt_failed());
+    auto p = t_.store.acquire(ref, access);
+    t_.stall_ms += ms_since(t0);
+    return p;
+  }
+  Status fetch(size_t j) {
+    if (t_.K > 0 && j + t_.K < uses_.size())
+      t_.store.prefetch(std::vector<ShardRef>{{uses_[j + t_.K].layer, ShardKind::kParam, cur_}});
+    auto p = pin({uses_[j].layer, ShardKind::kParam, cur_}, Access::kRead);
+    if (!p) return p.error();
+    auto dev = ls_.fetch(uses_[j].layer, std::move(*p));
+    if (!dev) return dev.error();
+    fetched_[j] = *dev;
+    return {};
+  }
+
+  LayerStream& ls_;
+  std::vector<float*> fetched_;  // per use: its params on the device [pad[layer]]
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> Trainer::open_pass(const std::vector<Use>& uses, int cur, bool grad) {
+  if (opts.stream != nullptr) return std::make_unique<StreamPass>(*this, uses, cur, grad);
+  return std::make_unique<HostPass>(*this, uses, cur, grad);
+}
+
+// Loads this rank's B sequences of step `step` into tokens, targets [B,T].
+void Trainer::load_batch(int64_t step) {
+  data.train_batch(opts.seed, step, rank * B, B, T, tok_h.data(), tgt_h.data());
+  be.upload_tokens(buf.tokens, tok_h.data(), tok_h.size());
+  be.upload_tokens(buf.targets, tgt_h.data(), tgt_h.size());
+}
+
+// Uses 0..L+1: x_0 = embed(tokens) [B,T,C]; x_l = block_l(x_{l-1}) [B,T,C]; the head's loss
+// (summed over the rank's tokens, times loss_scale in its gradient). With grad, the head also
+// runs its backward: dx = dloss/dx_L [B,T,C] and layer 0's gradient g0 [pad0] (the tied wte,
+// lnf).
+Status Trainer::forward(Pass& p, double& loss) {
+  for (size_t i = 0; i <= static_cast<size_t>(L) + 1; ++i) {
+    const Use u = p.uses()[i];
+    auto P = p.params(i);  // the layer's params [pad[layer]]
+    if (!P) return P.error();
+    switch (u.kind) {
+      case UseKind::kEmbedFwd:
+        be.embed_forward(d, *P, buf.tokens, buf.xs[0]);
+        break;
+      case UseKind::kBlockFwd:
+        be.block_forward(d, *P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
+                         buf.xs[u.layer]);
+        break;
+      case UseKind::kHead:
+        if (p.grad()) {
+          auto g = p.grad_buffer(0);
+          if (!g) return g.error();
+          p.g0 = *g;
+        }
+        loss += be.head_forward(d, *P, buf.xs[L], buf.targets, carve_head_acts(buf.head, d),
+                                p.grad() ? buf.dx : nullptr, p.g0, loss_scale);
+        if (p.grad()) fault("forward");
+        break;
+      default:
+        return Status(Code::kInternal, "forward: a backward use");
+    }
+    if (auto s = p.done(i); !s) return s;
+  }
+  return {};
+}
+
+// Uses L+2..2L+2: block l's backward takes dx [B,T,C] to the gradient of x_{l-1} (in place),
+// writes its gradient [pad[l]], reduce-scattered into the rank's shard; then the embedding's
+// backward adds to g0 [pad0] (wte rows of the batch's tokens, wpe) and reduce-scatters it.
+Status Trainer::backward(Pass& p) {
+  for (size_t i = static_cast<size_t>(L) + 2; i < p.uses().size(); ++i) {
+    const Use u = p.uses()[i];
+    auto P = p.params(i);
+    if (!P) return P.error();
+    if (u.kind == UseKind::kBlockBwd) {
+      auto g = p.grad_buffer(u.layer);
+      if (!g) return g.error();
+      be.block_backward(d, *P, *g, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
+                        buf.dx, buf.dx, buf.scratch);
+      if (auto s = p.push_grad(u.layer, *g); !s) return s;
+      if (u.layer == L) fault("backward");
+    } else {
+      be.embed_backward(d, p.g0, buf.tokens, buf.dx);
+      if (auto s = p.push_grad(0, p.g0); !s) return s;
+    }
+    if (auto s = p.done(i); !s) return s;
+  }
+  return {};
+}
+
+// The mean loss per token over val_total validation sequences, params from buffer `cur`.
+Result<double> Trainer::validate_at(int cur) {
+  double sum = 0;
+  for (int c = 0; c < val_total / Bg; ++c) {
+    data.val_batch(c * Bg + rank * B, B, val_total, T, tok_h.data(), tgt_h.data());
+    be.upload_tokens(buf.tokens, tok_h.data(), tok_h.size());
+    be.upload_tokens(buf.targets, tgt_h.data(), tgt_h.size());
+    auto p = open_pass(eval_uses, cur, false);
+    double loss = 0;
+    Status s = p->begin();
+    if (s) s = forward(*p, loss);
+    if (s = p->end(std::move(s)); !s) return fail(s);
+    sum += loss;
+  }
+  if (auto s = comm.allreduce_sum(&sum, 1); !s) return fail(s);
+  return sum / (static_cast<double>(val_total) * T);
+}
+
+}  // namespace tier::train::detail

@@ -1,0 +1,193 @@
+// The training run's setup: geometry, the sharded state (initialized or resumed), the device
+// buffers and the step's plan for tierd (see step.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "trainer/step.hpp"
+
+namespace tier::train::detail {
+
+std::vector<Use> step_uses(int L, bool grad) {
+  std::vector<Use> u;
+  u.push_back({UseKind::kEmbedFwd, 0});
+  for (int l = 1; l <= L; ++l) u.push_back({UseKind::kBlockFwd, l});
+  u.push_back({UseKind::kHead, 0});
+  if (!grad) return u;
+  for (int l = L; l >= 1; --l) u.push_back({UseKind::kBlockBwd, l});
+  u.push_back({UseKind::kEmbedBwd, 0});
+  return u;
+}
+
+Buffers::~Buffers() {
+  for (float* p : owned) be->free(p);
+  if (tokens) be->free_tokens(tokens);
+  if (targets) be->free_tokens(targets);
+  for (HostBuf& h : host_owned) {
+    if (h.pinned) be->unpin_host(h.p);
+    std::free(h.p);
+  }
+}
+
+float* Buffers::dev(size_t n) {
+  float* p = be->alloc(std::max<size_t>(n, 1));
+  if (p) owned.push_back(p);
+  return p;
+}
+
+float* Buffers::host(size_t n) {
+  const size_t bytes = round_up(std::max<size_t>(n, 1) * sizeof(float), 4096);
+  auto* p = static_cast<float*>(std::aligned_alloc(4096, bytes));
+  if (p == nullptr) return nullptr;
+  std::memset(p, 0, bytes);
+  host_owned.push_back({p, be->pin_host(p, bytes)});
+  return p;
+}
+
+// The options were checked by train(): T <= model seq, batch a multiple of the rank count.
+Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backend& be_,
+                 ShardStore& store_, std::FILE* out_)
+    : opts(o), m(o.model), data(data_), comm(comm_), be(be_), store(store_), out(out_),
+      R(comm_.size()), rank(comm_.rank()), T(o.seq > 0 ? o.seq : o.model.seq), Bg(o.batch),
+      B(o.batch / comm_.size()), L(o.model.layers), NL(o.model.num_layers()), K(std::max(0, o.prefetch)),
+      d(o.model.dims(B, T)), BTC(static_cast<size_t>(B) * T * o.model.dim),
+      hash(run_config_hash(o, comm_.size())), marker_writer(comm_.local_rank() == 0),
+      host(be_.host_accessible()), overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
+      opt_lane(overlap_optimizer ? Lane::kOptimizer : Lane::kPass),
+      loss_scale(1.0f / (static_cast<float>(Bg) * static_cast<float>(T))),
+      train_uses(step_uses(L, true)), eval_uses(step_uses(L, false)),
+      warmup(o.warmup > 0 ? o.warmup : std::max<int64_t>(1, o.steps / 10)),
+      val_total(static_cast<int>(round_up(static_cast<size_t>(std::max(o.val_seqs, Bg)), Bg))),
+      flops_step(o.model.flops_per_token(T) * Bg * T),
+      tok_h(static_cast<size_t>(B) * T), tgt_h(static_cast<size_t>(B) * T),
+      gather_pins(static_cast<size_t>(K) + 1), rs_pins(NL), grad_sumsq(NL, 0.0) {
+  // Shard geometry: padded so every shard is a whole number of 64-byte lines.
+  layer_n.resize(NL);
+  pad.resize(NL);
+  shard.resize(NL);
+  for (int l = 0; l < NL; ++l) {
+    layer_n[l] = m.layer_floats(l);
+    pad[l] = round_up(layer_n[l], 16 * static_cast<size_t>(R));
+    shard[l] = pad[l] / R;
+    max_pad = std::max(max_pad, pad[l]);
+  }
+  buf.be = &be;
+}
+
+Status Trainer::open_state() {
+  StoreLayout layout;
+  layout.rank = rank;
+  layout.ranks = R;
+  layout.local_rank = comm.local_rank();
+  layout.gpu_pci = opts.gpu_pci;
+  layout.buffers = opts.buffers;
+  layout.shard_floats = shard;
+  if (auto s = store.open(layout); !s) return s;
+
+  if (opts.resume) {
+    auto mk = store.read_marker();
+    if (!mk) return mk.error();
+    if (mk->magic != CommitMarker::kMagic || mk->config_hash != hash || mk->ranks != uint64_t(R))
+      return Status(Code::kInvalidArgument,
+                    "--resume: the job's state was not written by this model, rank count, batch and "
+                    "seed (or no step was ever committed)");
+    // A marker says step s only after every rank finished s; nodes whose marker writer died
+    // between the barrier and its write say s - 1. Both buffers are intact then (see commit).
+    double s = static_cast<double>(mk->step);
+    if (auto st = comm.allreduce_max(&s, 1); !st) return st;
+    start = static_cast<int64_t>(s) + 1;
+    return {};
+  }
+  // Invalidate the marker before overwriting the state, then initialize buffer 0.
+  if (marker_writer)
+    if (auto s = store.write_marker(CommitMarker{}); !s) return s;
+  if (auto s = comm.barrier(); !s) return s;
+  std::vector<float> full;  // [pad[l]]
+  for (int l = 0; l < NL; ++l) {
+    full.assign(pad[l], 0.0f);
+    init_layer(m, l, opts.seed, std::span<float>(full.data(), layer_n[l]));
+    for (int b = 0; b < opts.buffers; ++b) {
+      auto pv = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, b},
+                                                         {l, ShardKind::kM, b},
+                                                         {l, ShardKind::kV, b}},
+                                   Access::kOverwrite);
+      if (!pv) return pv.error();
+      std::memcpy((*pv)[0].data, full.data() + rank * shard[l], shard[l] * sizeof(float));
+      std::memset((*pv)[1].data, 0, shard[l] * sizeof(float));
+      std::memset((*pv)[2].data, 0, shard[l] * sizeof(float));
+    }
+    auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kOverwrite);
+    if (!g) return g.error();
+    std::memset(g->data, 0, shard[l] * sizeof(float));
+  }
+  if (auto s = comm.barrier(); !s) return s;
+  if (marker_writer) {
+    CommitMarker mk{CommitMarker::kMagic, 0, uint64_t(R), hash};
+    if (auto s = store.write_marker(mk); !s) return s;
+  }
+  return comm.barrier();
+}
+
+Status Trainer::alloc_buffers() {
+  // A LayerStream keeps the parameter slots and gradient buffers on the device itself.
+  if (opts.stream == nullptr) {
+    for (int i = 0; i <= K; ++i) {
+      buf.slots.push_back(buf.dev(max_pad));
+      buf.slots_host.push_back(host ? buf.slots.back() : buf.host(max_pad));
+    }
+    buf.g0 = buf.dev(pad[0]);
+    const size_t pad_blk = NL > 1 ? pad[1] : 1;
+    buf.gblk[0] = buf.dev(pad_blk);
+    buf.gblk[1] = buf.dev(pad_blk);
+    buf.g_host = host ? std::vector<float*>{buf.g0, buf.gblk[0], buf.gblk[1]}
+                      : std::vector<float*>{buf.host(pad[0]), buf.host(pad_blk), buf.host(pad_blk)};
+  } else if (auto s = opts.stream->open(store, shard, K + 1); !s) {
+    return s;
+  }
+  for (int l = 0; l <= L; ++l) buf.xs.push_back(buf.dev(BTC));
+  for (int l = 0; l < L; ++l) buf.acts.push_back(buf.dev(block_acts_floats(d)));
+  buf.head = buf.dev(head_acts_floats(d));
+  buf.scratch = buf.dev(block_scratch_floats(d));
+  buf.dx = buf.dev(BTC);
+  buf.tokens = be.alloc_tokens(static_cast<size_t>(B) * T);
+  buf.targets = be.alloc_tokens(static_cast<size_t>(B) * T);
+  for (float* p : buf.owned)
+    if (p == nullptr) return Status(Code::kResourceExhausted, "backend allocation failed");
+  for (float* p : buf.slots_host)
+    if (p == nullptr) return Status(Code::kResourceExhausted, "host staging allocation failed");
+  for (float* p : buf.g_host)
+    if (p == nullptr) return Status(Code::kResourceExhausted, "host staging allocation failed");
+  if (!buf.tokens || !buf.targets) return Status(Code::kResourceExhausted, "backend allocation failed");
+  return {};
+}
+
+// The step's plan for tierd: param shards in gather order, grads in backward order (written
+// whole by the reduce-scatter: overwrites), then per layer the optimizer's inputs and, double
+// buffered, the other buffer it writes whole (overwrites). Registered for both buffers'
+// parity (it repeats every two steps). With --overlap-optimizer the update runs on its own
+// thread and lane (its own tierd client): the passes and the update are then two plans.
+void Trainer::set_plan() {
+  std::vector<ShardUse> plan, opt_plan;
+  std::vector<ShardUse>& opt_uses = overlap_optimizer ? opt_plan : plan;
+  const bool two = opts.buffers == 2;
+  for (int b = 0; b < opts.buffers; ++b) {
+    for (const Use& u : train_uses) {
+      plan.push_back({{u.layer, ShardKind::kParam, b}, false});
+      if (u.kind == UseKind::kBlockBwd || u.kind == UseKind::kEmbedBwd)
+        plan.push_back({{u.layer, ShardKind::kGrad, 0}, true});
+    }
+    for (int l = 0; l < NL; ++l) {
+      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) opt_uses.push_back({{l, k, b}, false});
+      opt_uses.push_back({{l, ShardKind::kGrad, 0}, false});
+      if (two)
+        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
+          opt_uses.push_back({{l, k, 1 - b}, true});
+    }
+  }
+  store.set_plan(plan, Lane::kPass);
+  if (overlap_optimizer) store.set_plan(opt_plan, Lane::kOptimizer);
+}
+
+}  // namespace tier::train::detail

@@ -1,0 +1,192 @@
+// The AdamW update of a step and its commit (step.hpp): inline on the main thread
+// (update_and_commit), or on its own thread beside the next step's pass
+// (start_overlapped_update / finish_overlapped_update, --overlap-optimizer).
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <future>
+
+#include "trainer/step.hpp"
+
+namespace tier::train::detail {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+}  // namespace
+
+void OptProgress::start() {
+  std::lock_guard g(mu);
+  done = 0;
+  failed = false;
+}
+void OptProgress::layer_done(int l) {
+  { std::lock_guard g(mu); done = l + 1; }
+  cv.notify_all();
+}
+void OptProgress::finish(bool ok) {
+  { std::lock_guard g(mu); done = INT32_MAX; failed = !ok; }
+  cv.notify_all();
+}
+bool OptProgress::wait_layer(int l) {
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return failed || done > l; });
+  return !failed;
+}
+
+void Trainer::fault_at(const char* point, int64_t step) const {
+  if (opts.fault_step == step && opts.fault_rank == rank && opts.fault_point == point) std::raise(SIGKILL);
+}
+
+// The AdamW update of `step`: reads param, m, v of buffer `cur` and the gradient (each
+// [shard[l]]), writes buffer `nxt` (the same tensors when single-buffered, pinned for
+// writing). Calls progress.layer_done(l) as each layer's pins are released. No MPI inside:
+// safe on its own thread. Returns its duration in ms.
+Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep st) {
+  const auto t_opt = Clock::now();
+  using Pins = std::pair<std::vector<Pinned>, std::vector<Pinned>>;  // in: p, m, v, g; out: p, m, v
+  auto pin_layer = [this, cur, nxt](int l) -> Result<Pins> {
+    Pins p;
+    if (opts.buffers == 2) {
+      auto a = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
+                                                        {l, ShardKind::kM, cur},
+                                                        {l, ShardKind::kV, cur},
+                                                        {l, ShardKind::kGrad, 0}},
+                                  Access::kRead, opt_lane);
+      if (!a) return fail(a.error());
+      // Buffer nxt is written whole (the update, then the padding below): its old bytes are
+      // dead, so a copy spilled to NVMe is not read back for it.
+      auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, nxt},
+                                                        {l, ShardKind::kM, nxt},
+                                                        {l, ShardKind::kV, nxt}},
+                                  Access::kOverwrite, opt_lane);
+      if (!b) return fail(b.error());
+      p.first = std::move(*a);
+      p.second = std::move(*b);
+    } else {
+      auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, 0},
+                                                        {l, ShardKind::kM, 0},
+                                                        {l, ShardKind::kV, 0}},
+                                  Access::kWrite, opt_lane);
+      if (!b) return fail(b.error());
+      auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kRead, opt_lane);
+      if (!g) return fail(g.error());
+      p.second = std::move(*b);
+      p.first = {p.second[0], p.second[1], p.second[2], std::move(*g)};
+    }
+    return p;
+  };
+  // The pins of layer l+1 are taken (one or two daemon round trips) while layer l updates,
+  // and the inputs of layer l+2 are hinted to tierd then, so a shard spilled to NVMe is
+  // fetched a whole layer's update ahead of its lease (best effort; RAM-resident: no-op).
+  auto hint_layer = [this, cur](int l) {
+    if (l >= NL) return;
+    store.prefetch(std::vector<ShardRef>{{l, ShardKind::kParam, cur}, {l, ShardKind::kM, cur},
+                                         {l, ShardKind::kV, cur}, {l, ShardKind::kGrad, 0}},
+                   opt_lane);
+  };
+  hint_layer(1);
+  std::future<Result<Pins>> next = std::async(std::launch::deferred, pin_layer, 0);
+  for (int l = 0; l < NL; ++l) {
+    auto pins = next.get();
+    if (!pins) return fail(pins.error());
+    if (l + 1 < NL) next = std::async(std::launch::async, pin_layer, l + 1);
+    hint_layer(l + 2);
+    const std::vector<Pinned>& in = pins->first;
+    const std::vector<Pinned>& outp = pins->second;
+    const size_t lo = static_cast<size_t>(rank) * shard[l], hi = lo + shard[l];
+    for (const Range& r : decay_ranges(m, l)) {
+      const size_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
+      if (a >= b) continue;
+      const size_t o = a - lo;
+      if (opts.optimizer != nullptr) {
+        if (auto s = opts.optimizer->update(in[0].data + o, in[1].data + o, in[2].data + o,
+                                            in[3].data + o, outp[0].data + o, outp[1].data + o,
+                                            outp[2].data + o, b - a, st, r.decay, step);
+            !s)
+          return fail(s);
+      } else {
+        adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
+                     outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
+      }
+    }
+    // The padding past the layer's last parameter (on the last ranks) is in no range: an
+    // overwrite pin must still write it, so it is carried over (zeros since init).
+    if (opts.buffers == 2 && std::max(lo, layer_n[l]) < hi) {
+      const size_t o = std::max(lo, layer_n[l]) - lo, n = hi - lo - o;
+      for (int k = 0; k < 3; ++k) std::memcpy(outp[k].data + o, in[k].data + o, n * sizeof(float));
+    }
+    // The gradient is dead now: the next backward overwrites it before anything reads it,
+    // and a crash before this step commits redoes the backward. Spilling it would be wasted.
+    // Discarded while still pinned: released first, tierd could pick it (dirty, next use an
+    // overwrite) for a write-back before the discard arrives.
+    store.discard(std::vector<ShardRef>{{l, ShardKind::kGrad, 0}}, opt_lane);
+    std::vector<Pinned> all = std::move(pins->first);
+    for (auto& q : pins->second) all.push_back(std::move(q));
+    store.release_many(all, opt_lane);
+    progress.layer_done(l);
+    if (l == 0) fault_at("optimizer", step);
+  }
+  return ms_since(t_opt);
+}
+
+// The update on the main thread, then the commit of its step. Adds its duration to opt_ms.
+Status Trainer::update_and_commit(int64_t step, int cur, int nxt, AdamWStep st, double& opt_ms) {
+  auto r = optimizer_step(step, cur, nxt, st);
+  if (!r) return r.error();
+  opt_ms += *r;
+  return commit(step);
+}
+
+// The CPU update on its own thread (a GPU optimizer shares the backend's device and stream
+// with the passes, so it runs inline); the next pass waits on `progress` layer by layer.
+void Trainer::start_overlapped_update(int64_t step, int cur, int nxt, AdamWStep st) {
+  progress.start();
+  opt_job_step = step;
+  opt_job = std::async(std::launch::async, [this, step, cur, nxt, st] {
+    Result<double> r = optimizer_step(step, cur, nxt, st);
+    progress.finish(r.has_value());
+    return r;
+  });
+}
+
+// Waits for the running update (if any) and commits its step; adds its duration to opt_ms.
+Status Trainer::finish_overlapped_update(double& opt_ms) {
+  if (!opt_job.valid()) return {};
+  Result<double> r = opt_job.get();
+  if (!r) return r.error();
+  opt_ms += *r;
+  return commit(opt_job_step);
+}
+
+// Commit: every rank finished writing buffer step % buffers; then each node's marker says
+// so. The next update, which overwrites the buffer the previous commit names, starts only
+// after this: so a crash anywhere leaves a committed, intact buffer.
+// Double buffered, the buffer the step read (its `cur`) is dead once every node's marker
+// names the step: the next update overwrites it whole and a resume reads the other one. It
+// is discarded then, so tierd drops what of it is still in RAM instead of writing it back.
+// Only after a second barrier: a rank that discarded while another node's marker still named
+// the step before would leave that resume nothing to read.
+Status Trainer::commit(int64_t step) {
+  if (auto s = comm.barrier(); !s) return s;
+  fault_at("precommit", step);
+  if (marker_writer) {
+    CommitMarker mk{CommitMarker::kMagic, static_cast<uint64_t>(step), uint64_t(R), hash};
+    if (auto s = store.write_marker(mk); !s) return s;
+  }
+  fault_at("postcommit", step);
+  if (opts.buffers == 2) {
+    if (auto s = comm.barrier(); !s) return s;
+    const int read_buffer = static_cast<int>((step - 1) % 2);
+    std::vector<ShardRef> dead;
+    for (int l = 0; l < NL; ++l)
+      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) dead.push_back({l, k, read_buffer});
+    store.discard(dead);
+    fault_at("discarded", step);
+  }
+  return {};
+}
+
+}  // namespace tier::train::detail
