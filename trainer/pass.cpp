@@ -3,18 +3,12 @@
 // the comm thread, Backend::upload/download when the device is not host memory) and
 // StreamPass (opts.stream, --collectives nccl: copies, gathers and reduce-scatters on the
 // device). Both pin a shard only after the overlapped update of its layer is done.
-#include <chrono>
 
 #include "trainer/step.hpp"
 
 namespace tier::train::detail {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 Status opt_failed() {
   return Status(Code::kInternal, "the previous step's optimizer failed (its error follows)");

@@ -8,6 +8,7 @@
 // of 16 * R; shard[l] = pad[l] / R is the part rank r owns of its params, grad, m and v.
 #pragma once
 
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstdint>
@@ -22,6 +23,11 @@
 namespace tier::train::detail {
 
 inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+using Clock = std::chrono::steady_clock;
+inline double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 enum class UseKind { kEmbedFwd, kBlockFwd, kHead, kBlockBwd, kEmbedBwd };
 struct Use {

@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cmath>
 
 #include "trainer/dump.hpp"
@@ -11,14 +10,11 @@
 
 namespace tier::train {
 
+using detail::Clock;
+using detail::ms_since;
 using detail::Trainer;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // --dump DIR: the parameters the step read and the gradient it wrote, whole layers.
 Status dump_step(Trainer& t, int64_t step, int cur) {

@@ -92,7 +92,8 @@ struct RunSummary {
   double mean_ms = 0, mean_tokens_per_s = 0, mean_tflops = 0, mean_stall_ms = 0, mean_opt_ms = 0;
 };
 
-// Runs the training; rank 0 writes one JSON line per step to `out` (others write nothing).
+// Runs the training (the step's parts: trainer/step.hpp); rank 0 writes one JSON line per step
+// to `out` (others write nothing).
 // Returns the summary (the same on every rank).
 [[nodiscard]] Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm,
                                        Backend& backend, ShardStore& store, std::FILE* out);

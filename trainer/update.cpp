@@ -1,7 +1,6 @@
 // The AdamW update of a step and its commit (step.hpp): inline on the main thread
 // (update_and_commit), or on its own thread beside the next step's pass
 // (start_overlapped_update / finish_overlapped_update, --overlap-optimizer).
-#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <future>
@@ -9,13 +8,6 @@
 #include "trainer/step.hpp"
 
 namespace tier::train::detail {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-}  // namespace
 
 void OptProgress::start() {
   std::lock_guard g(mu);
