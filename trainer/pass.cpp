@@ -60,7 +60,8 @@ class HostPass final : public Pass {
     // The shard's squared norm is taken here, while the shard is still pinned, so the
     // optimizer's global-norm pass needs no second pin.
     op.finish = [&t, layer] {
-      if (t.rs_pins[layer].data != nullptr) t.grad_sumsq[layer] = sum_squares(t.rs_pins[layer].data, t.shard[layer]);
+      if (t.rs_pins[layer].data != nullptr)
+        t.grad_sumsq[layer] = sum_squares(t.rs_pins[layer].data, t.shard[layer]);
       t.rs_pins[layer].release();
     };
     rsh_[layer] = t_.comm.submit(std::move(op));

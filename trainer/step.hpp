@@ -95,7 +95,8 @@ struct Trainer;
 // implement it; Trainer::forward/backward do the compute, the same for both.
 class Pass {
  public:
-  Pass(Trainer& t, const std::vector<Use>& uses, int cur, bool grad) : t_(t), uses_(uses), cur_(cur), grad_(grad) {}
+  Pass(Trainer& t, const std::vector<Use>& uses, int cur, bool grad)
+      : t_(t), uses_(uses), cur_(cur), grad_(grad) {}
   virtual ~Pass() = default;
   const std::vector<Use>& uses() const { return uses_; }
   bool grad() const { return grad_; }
@@ -138,7 +139,7 @@ struct Trainer {
   void set_plan();                        // the step's shard uses, told to tierd
 
   // trainer.cpp: one training step; rank 0 writes its JSON line.
-  [[nodiscard]] Status step(int64_t step, RunSummary& sum, int64_t& n);
+  [[nodiscard]] Result<StepStats> step(int64_t step);
 
   // pass.cpp
   void load_batch(int64_t step);                          // tokens, targets [B,T]

@@ -60,6 +60,7 @@ void write_step_line(std::FILE* out, const StepStats& ss, const NvmeRate& io) {
 
 void add_to_summary(RunSummary& sum, const StepStats& ss, int64_t& n) {
   if (n == 0) sum.first_loss = ss.loss;
+  if (ss.val_loss >= 0) sum.last_val_loss = ss.val_loss;
   sum.last_loss = ss.loss;
   sum.last_step = ss.step;
   sum.mean_ms += ss.ms;
@@ -86,7 +87,7 @@ uint64_t run_config_hash(const TrainOptions& o, int ranks) {
 //   -> gradient norm -> optimizer step -> commit -> [validation] -> JSON line
 // Double buffered, the step reads params, m, v of buffer cur = (step - 1) % 2 and writes
 // buffer nxt = step % 2; single buffered, both are 0 (updated in place).
-Status Trainer::step(int64_t step, RunSummary& sum, int64_t& n) {
+Result<StepStats> Trainer::step(int64_t step) {
   const auto t0 = Clock::now();
   cur_step = step;
   stall_ms = 0;
@@ -102,35 +103,37 @@ Status Trainer::step(int64_t step, RunSummary& sum, int64_t& n) {
     if (s) s = backward(*pass);       // grad shards [shard[l]], grad_sumsq [NL]
     if (s = pass->end(std::move(s)); !s) {
       if (opt_job.valid())  // the pass may have stopped because the update failed: say why
-        if (Result<double> r = opt_job.get(); !r) return r.error();
-      return s;
+        if (Result<double> r = opt_job.get(); !r) return fail(r.error());
+      return fail(s);
     }
   }
   // The pass waited for every layer of the previous step's update: it is done; commit it
   // before this step's update may overwrite the buffer the last commit names.
   double opt_ms = 0;
-  if (auto s = finish_overlapped_update(opt_ms); !s) return s;
+  if (auto s = finish_overlapped_update(opt_ms); !s) return fail(s);
   if (!opts.dump_dir.empty() && step - start < opts.dump_steps)
-    if (auto s = dump_step(*this, step, cur); !s) return s;
+    if (auto s = dump_step(*this, step, cur); !s) return fail(s);
 
   // Global gradient norm and loss in one all-reduce: red = {sum |g|^2, sum loss}.
   double red[2] = {0, loss};
   for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
-  if (auto s = comm.allreduce_sum(red, 2); !s) return s;
+  if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
   const double norm = std::sqrt(red[0]);
-  const float clip = opts.grad_clip > 0 && norm > opts.grad_clip ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
+  const float clip =
+      opts.grad_clip > 0 && norm > opts.grad_clip ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
   const AdamWStep st = make_step(opts.adamw, lr_at(opts.adamw.lr, step, warmup, opts.steps), step, clip);
 
   // Optimizer step and commit: inline, or started here and committed by the next step.
   if (overlap_optimizer)
     start_overlapped_update(step, cur, nxt, st);
   else if (auto s = update_and_commit(step, cur, nxt, st, opt_ms); !s)
-    return s;
+    return fail(s);
   // The last step and validation steps wait for their own update (validation reads it).
   const bool last = step == opts.steps;
-  const bool validate = opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0));
+  const bool validate =
+      opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0));
   if (last || validate)
-    if (auto s = finish_overlapped_update(opt_ms); !s) return s;
+    if (auto s = finish_overlapped_update(opt_ms); !s) return fail(s);
 
   StepStats ss;
   ss.step = step;
@@ -144,13 +147,11 @@ Status Trainer::step(int64_t step, RunSummary& sum, int64_t& n) {
   const NvmeRate io = nvme_rate(*this, ss.ms);
   if (validate) {
     auto v = validate_at(nxt);
-    if (!v) return v.error();
+    if (!v) return fail(v.error());
     ss.val_loss = *v;
-    sum.last_val_loss = *v;
   }
   if (rank == 0 && out != nullptr) write_step_line(out, ss, io);
-  add_to_summary(sum, ss, n);
-  return {};
+  return ss;
 }
 
 Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm, Backend& be,
@@ -174,8 +175,11 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   sum.first_step = t.start;
   if (t.rank == 0) t.nvme_io_prev = store.nvme_io();
   int64_t n = 0;
-  for (int64_t step = t.start; step <= opts.steps; ++step)
-    if (auto s = t.step(step, sum, n); !s) return fail(s);
+  for (int64_t step = t.start; step <= opts.steps; ++step) {
+    auto ss = t.step(step);
+    if (!ss) return fail(ss.error());
+    add_to_summary(sum, *ss, n);
+  }
   if (n > 0) {
     sum.mean_ms /= n;
     sum.mean_tokens_per_s /= n;
