@@ -149,6 +149,12 @@ struct Trainer {
   [[nodiscard]] Result<double> validate_at(int cur);      // mean validation loss, all ranks
 
   // update.cpp
+  struct GradNorm {
+    double norm = 0;      // global L2 norm of the step's gradient, before clipping
+    double loss_sum = 0;  // the loss summed over the global batch's tokens
+  };
+  [[nodiscard]] Result<GradNorm> grad_norm(double rank_loss);  // one all-reduce
+  AdamWStep adamw_step(int64_t step, double norm) const;       // schedule's lr, clip factor
   [[nodiscard]] Result<double> optimizer_step(int64_t step, int cur, int nxt, AdamWStep st);
   [[nodiscard]] Status update_and_commit(int64_t step, int cur, int nxt, AdamWStep st, double& opt_ms);
   void start_overlapped_update(int64_t step, int cur, int nxt, AdamWStep st);

@@ -3,8 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
-
 #include "trainer/dump.hpp"
 #include "trainer/step.hpp"
 
@@ -114,14 +112,9 @@ Result<StepStats> Trainer::step(int64_t step) {
   if (!opts.dump_dir.empty() && step - start < opts.dump_steps)
     if (auto s = dump_step(*this, step, cur); !s) return fail(s);
 
-  // Global gradient norm and loss in one all-reduce: red = {sum |g|^2, sum loss}.
-  double red[2] = {0, loss};
-  for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
-  if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
-  const double norm = std::sqrt(red[0]);
-  const float clip =
-      opts.grad_clip > 0 && norm > opts.grad_clip ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
-  const AdamWStep st = make_step(opts.adamw, lr_at(opts.adamw.lr, step, warmup, opts.steps), step, clip);
+  auto g = grad_norm(loss);  // ||g|| over every rank's shards, the global batch's summed loss
+  if (!g) return fail(g.error());
+  const AdamWStep st = adamw_step(step, g->norm);  // lr of the schedule, clip factor
 
   // Optimizer step and commit: inline, or started here and committed by the next step.
   if (overlap_optimizer)
@@ -137,8 +130,8 @@ Result<StepStats> Trainer::step(int64_t step) {
 
   StepStats ss;
   ss.step = step;
-  ss.loss = red[1] / (static_cast<double>(Bg) * T);
-  ss.grad_norm = norm;
+  ss.loss = g->loss_sum / (static_cast<double>(Bg) * T);
+  ss.grad_norm = g->norm;
   ss.ms = ms_since(t0);
   ss.stall_ms = stall_ms;
   ss.opt_ms = opt_ms;

@@ -1,6 +1,7 @@
 // The AdamW update of a step and its commit (step.hpp): inline on the main thread
 // (update_and_commit), or on its own thread beside the next step's pass
 // (start_overlapped_update / finish_overlapped_update, --overlap-optimizer).
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <future>
@@ -30,6 +31,23 @@ bool OptProgress::wait_layer(int l) {
 
 void Trainer::fault_at(const char* point, int64_t step) const {
   if (opts.fault_step == step && opts.fault_rank == rank && opts.fault_point == point) std::raise(SIGKILL);
+}
+
+// The global gradient norm and loss in one all-reduce: {sum of the shards' |g|^2 (taken at
+// reduce-scatter time, grad_sumsq [NL]), sum of the ranks' losses}.
+Result<Trainer::GradNorm> Trainer::grad_norm(double rank_loss) {
+  double red[2] = {0, rank_loss};
+  for (int l = 0; l < NL; ++l) red[0] += grad_sumsq[l];
+  if (auto s = comm.allreduce_sum(red, 2); !s) return fail(s);
+  return GradNorm{std::sqrt(red[0]), red[1]};
+}
+
+// The step's AdamW constants: the warmup + cosine learning rate and the factor that clips
+// the global norm to opts.grad_clip (1 when it is under, or clipping is off).
+AdamWStep Trainer::adamw_step(int64_t step, double norm) const {
+  const float clip =
+      opts.grad_clip > 0 && norm > opts.grad_clip ? static_cast<float>(opts.grad_clip / norm) : 1.0f;
+  return make_step(opts.adamw, lr_at(opts.adamw.lr, step, warmup, opts.steps), step, clip);
 }
 
 // The AdamW update of `step`: reads param, m, v of buffer `cur` and the gradient (each
