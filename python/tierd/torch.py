@@ -331,21 +331,28 @@ class OffloadAdamW(torch.optim.Optimizer):
         masters = []
         for ui, (u, g) in enumerate(zip(self._units, grads)):
             def update(b, a, u=u, g=g):
-                b[:] = a  # what no segment updates carries over (padding; parameters without a gradient)
-                if g is None:
-                    return b[0].copy()
-                gn = g.numpy()
-                for s in u.segments:
-                    group = self.param_groups[self._group_of[s.param]]
-                    lo, hi = s.unit_off, s.unit_off + s.length
-                    tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
-                                     b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
-                                     beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
-                                     weight_decay=group["weight_decay"], step=t)
-                return b[0].copy()
-            masters.append(torch.from_numpy(self._leased(u.tensors[dst], "o", update, other=u.tensors[src])))
+                covered = sum(s.length for s in u.segments)  # segments tile [0, covered)
+                if g is None:  # no gradient: the state carries over unchanged
+                    b[:] = a
+                else:
+                    b[:, covered:] = a[:, covered:]  # the last rank's padding
+                    gn = g.numpy()
+                    for s in u.segments:
+                        group = self.param_groups[self._group_of[s.param]]
+                        lo, hi = s.unit_off, s.unit_off + s.length
+                        tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
+                                         b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
+                                         beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
+                                         weight_decay=group["weight_decay"], step=t)
+                if self._world == 1:  # straight from the lease into the parameter: no extra copy
+                    p = self._params[u.segments[0].param]
+                    p.copy_(torch.from_numpy(b[0]).view_as(p))
+                    return None
+                return torch.from_numpy(b[0].copy())  # this rank's slice, for the all-gather
+            masters.append(self._leased(u.tensors[dst], "o", update, other=u.tensors[src]))
             _kill_point(self._rank, t, ui)
-        self._set_params(masters)
+        if self._world > 1:
+            self._set_params(masters)
         for p in self._params:
             self.state[p]["step"] = t
         _kill_point(self._rank, t, "commit")
