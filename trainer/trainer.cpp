@@ -103,6 +103,18 @@ uint64_t run_config_hash(const TrainOptions& o, int ranks) {
   return h;
 }
 
+namespace {
+// Whether this rank writes its daemon's commit marker: the lowest rank of those whose store's
+// marker_domain() is this one's (compared by a 64-bit FNV-1a hash of it). Collective.
+Result<bool> is_marker_writer(Comm& comm, const ShardStore& store) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : store.marker_domain()) h = (h ^ c) * 0x100000001b3ull;
+  auto all = comm.allgather(h);
+  if (!all) return fail(all.error());
+  return std::find(all->begin(), all->begin() + comm.rank(), h) == all->begin() + comm.rank();
+}
+}  // namespace
+
 Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm, Backend& be,
                          ShardStore& store, std::FILE* out) {
   const ModelConfig& m = opts.model;
@@ -140,19 +152,36 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
 
   const uint64_t hash = run_config_hash(opts, R);
   int64_t start = 1;
-  const bool marker_writer = comm.local_rank() == 0;  // one per node: each node's tierd has one
+  // One marker per daemon the job uses, whatever the host layout (two daemons on one host, or
+  // one per node): its writer is the lowest rank whose state that daemon holds.
+  auto writer = is_marker_writer(comm, store);
+  if (!writer) return fail(writer.error());
+  const bool marker_writer = *writer;
   if (opts.resume) {
+    // Every rank reads its own daemon's marker; the job then agrees on one verdict, so a
+    // rank whose daemon has none fails the job instead of leaving the others in a collective.
     auto mk = store.read_marker();
+    const bool ok = mk && mk->magic == CommitMarker::kMagic && mk->config_hash == hash &&
+                    mk->ranks == uint64_t(R);
+    const double step = ok ? static_cast<double>(mk->step) : 0.0;
+    double v[3] = {ok ? 0.0 : 1.0, step, -step};  // any marker bad, newest, -oldest
+    if (auto st = comm.allreduce_max(v, 3); !st) return fail(st);
     if (!mk) return fail(mk.error());
-    if (mk->magic != CommitMarker::kMagic || mk->config_hash != hash || mk->ranks != uint64_t(R))
+    if (v[0] != 0.0)
       return fail(Code::kInvalidArgument,
                   "--resume: the job's state was not written by this model, rank count, batch and "
-                  "seed (or no step was ever committed)");
-    // A marker says step s only after every rank finished s; nodes whose marker writer died
+                  "seed (or no step was ever committed) in every daemon it uses");
+    // A marker says step s only after every rank finished s; daemons whose marker writer died
     // between the barrier and its write say s - 1. Both buffers are intact then (see commit).
-    double s = static_cast<double>(mk->step);
-    if (auto st = comm.allreduce_max(&s, 1); !st) return fail(st);
-    start = static_cast<int64_t>(s) + 1;
+    // Markers further apart were not written by one run of this job (a daemon's pool rolled
+    // back or replaced): no buffer holds one step for every rank.
+    const auto newest = static_cast<int64_t>(v[1]), oldest = static_cast<int64_t>(-v[2]);
+    if (newest - oldest > 1)
+      return fail(Code::kInvalidArgument,
+                  fmt::format("--resume: the daemons' commit markers say steps {} to {}; one run "
+                              "leaves them at most one step apart, so no step is held by all",
+                              oldest, newest));
+    start = newest + 1;
   } else {
     // Invalidate the marker before overwriting the state, then initialize buffer 0.
     if (marker_writer) {
@@ -602,13 +631,13 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     return ms_since(t_opt);
   };
 
-  // Commit: every rank finished writing buffer step % buffers; then each node's marker says
+  // Commit: every rank finished writing buffer step % buffers; then each daemon's marker says
   // so. The next update, which overwrites the buffer the previous commit names, starts only
   // after this: so a crash anywhere leaves a committed, intact buffer.
-  // Double buffered, the buffer the step read (its `cur`) is dead once every node's marker
+  // Double buffered, the buffer the step read (its `cur`) is dead once every daemon's marker
   // names the step: the next update overwrites it whole and a resume reads the other one. It
   // is discarded then, so tierd drops what of it is still in RAM instead of writing it back.
-  // Only after a second barrier: a rank that discarded while another node's marker still named
+  // Only after a second barrier: a rank that discarded while another daemon's marker still named
   // the step before would leave that resume nothing to read.
   auto commit = [&](int64_t step) -> Status {
     if (auto s = comm.barrier(); !s) return s;
