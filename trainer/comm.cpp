@@ -194,6 +194,19 @@ Status allreduce(Comm& c, double* values, int n, MPI_Op mop) {
 Status Comm::allreduce_sum(double* values, int n) { return allreduce(*this, values, n, MPI_SUM); }
 Status Comm::allreduce_max(double* values, int n) { return allreduce(*this, values, n, MPI_MAX); }
 
+Result<std::vector<uint64_t>> Comm::allgather(uint64_t value) {
+  std::vector<uint64_t> all(static_cast<size_t>(size_), value);
+  if (size_ == 1) return all;
+  Op op;
+  op.start = [&value, &all](Request& r) {
+    return mpi_status(MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T,
+                                     MPI_COMM_WORLD, &r.req),
+                      "MPI_Iallgather");
+  };
+  if (auto s = submit(std::move(op)).wait(); !s) return fail(s);
+  return all;
+}
+
 Status Comm::broadcast(void* data, size_t bytes, int root) {
   if (size_ == 1) return {};
   if (bytes > static_cast<size_t>(INT32_MAX))

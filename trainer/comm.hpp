@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -70,6 +71,8 @@ class Comm {
   // Blocking conveniences, queued like any op.
   Status allreduce_sum(double* values, int n);
   Status allreduce_max(double* values, int n);
+  // Every rank's `value`, indexed by rank (MPI_Iallgather), queued like any op.
+  [[nodiscard]] Result<std::vector<uint64_t>> allgather(uint64_t value);
   Status barrier();
   // `bytes` at `data` from rank `root` to every rank (MPI_Ibcast), queued like any op, so a
   // caller on another thread (e.g. NCCL's bootstrap, trainer/cuda/pipeline_pass.cpp) never

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "trainer/state.hpp"
@@ -90,6 +92,11 @@ class ResidentStore final : public ShardStore {
     std::lock_guard lk(mu_);
     marker_ = m;
     return {};
+  }
+  // The marker lives in this process's memory: a domain of its own (the store's address,
+  // which no other store in this process has, and a pid no other live process has).
+  std::string marker_domain() const override {
+    return fmt::format("resident:{}:{}", static_cast<long>(getpid()), static_cast<const void*>(this));
   }
   uint64_t bytes() const override { return bytes_; }
   std::vector<std::span<std::byte>> private_ranges() override { return ranges_; }

@@ -46,6 +46,18 @@ float* Buffers::host(size_t n) {
   return p;
 }
 
+namespace {
+// Whether this rank writes its daemon's commit marker: the lowest rank of those whose store's
+// marker_domain() is this one's (compared by a 64-bit FNV-1a hash of it). Collective.
+Result<bool> is_marker_writer(Comm& comm, const ShardStore& store) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : store.marker_domain()) h = (h ^ c) * 0x100000001b3ull;
+  auto all = comm.allgather(h);
+  if (!all) return fail(all.error());
+  return std::find(all->begin(), all->begin() + comm.rank(), h) == all->begin() + comm.rank();
+}
+}  // namespace
+
 // The options were checked by train(): T <= model seq, batch a multiple of the rank count.
 Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backend& be_,
                  ShardStore& store_, std::FILE* out_)
@@ -53,8 +65,7 @@ Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backe
       R(comm_.size()), rank(comm_.rank()), T(o.seq > 0 ? o.seq : o.model.seq), Bg(o.batch),
       B(o.batch / comm_.size()), L(o.model.layers), NL(o.model.num_layers()), K(std::max(0, o.prefetch)),
       d(o.model.dims(B, T)), BTC(static_cast<size_t>(B) * T * o.model.dim),
-      hash(run_config_hash(o, comm_.size())), marker_writer(comm_.local_rank() == 0),
-      host(be_.host_accessible()), overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
+      hash(run_config_hash(o, comm_.size())), host(be_.host_accessible()), overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
       opt_lane(overlap_optimizer ? Lane::kOptimizer : Lane::kPass),
       loss_scale(1.0f / (static_cast<float>(Bg) * static_cast<float>(T))),
       train_uses(step_uses(L, true)), eval_uses(step_uses(L, false)),
@@ -86,18 +97,36 @@ Status Trainer::open_state() {
   layout.shard_floats = shard;
   if (auto s = store.open(layout); !s) return s;
 
+  // One marker per daemon the job uses, whatever the host layout (two daemons on one host, or
+  // one per node): its writer is the lowest rank whose state that daemon holds.
+  auto writer = is_marker_writer(comm, store);
+  if (!writer) return writer.error();
+  marker_writer = *writer;
   if (opts.resume) {
+    // Every rank reads its own daemon's marker; the job then agrees on one verdict, so a
+    // rank whose daemon has none fails the job instead of leaving the others in a collective.
     auto mk = store.read_marker();
+    const bool ok = mk && mk->magic == CommitMarker::kMagic && mk->config_hash == hash &&
+                    mk->ranks == uint64_t(R);
+    const double step = ok ? static_cast<double>(mk->step) : 0.0;
+    double v[3] = {ok ? 0.0 : 1.0, step, -step};  // any marker bad, newest, -oldest
+    if (auto st = comm.allreduce_max(v, 3); !st) return st;
     if (!mk) return mk.error();
-    if (mk->magic != CommitMarker::kMagic || mk->config_hash != hash || mk->ranks != uint64_t(R))
+    if (v[0] != 0.0)
       return Status(Code::kInvalidArgument,
                     "--resume: the job's state was not written by this model, rank count, batch and "
-                    "seed (or no step was ever committed)");
-    // A marker says step s only after every rank finished s; nodes whose marker writer died
+                    "seed (or no step was ever committed) in every daemon it uses");
+    // A marker says step s only after every rank finished s; daemons whose marker writer died
     // between the barrier and its write say s - 1. Both buffers are intact then (see commit).
-    double s = static_cast<double>(mk->step);
-    if (auto st = comm.allreduce_max(&s, 1); !st) return st;
-    start = static_cast<int64_t>(s) + 1;
+    // Markers further apart were not written by one run of this job (a daemon's pool rolled
+    // back or replaced): no buffer holds one step for every rank.
+    const auto newest = static_cast<int64_t>(v[1]), oldest = static_cast<int64_t>(-v[2]);
+    if (newest - oldest > 1)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("--resume: the daemons' commit markers say steps {} to {}; one run "
+                                "leaves them at most one step apart, so no step is held by all",
+                                oldest, newest));
+    start = newest + 1;
     return {};
   }
   // Invalidate the marker before overwriting the state, then initialize buffer 0.

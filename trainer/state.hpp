@@ -3,8 +3,9 @@
 //
 // Per rank and layer the store holds: param, m, v (AdamW moments) in `buffers` copies (1, or 2
 // for double buffering: the optimizer of step s reads copy (s-1)%2 and writes copy s%2, so a
-// step interrupted half-way leaves the last committed copy intact), and one grad. Plus one
-// node-shared commit marker that says which step completed last on every rank.
+// step interrupted half-way leaves the last committed copy intact), and one grad. Plus a
+// commit marker per daemon (shared by the ranks whose state it holds, see marker_domain) that
+// says which step completed last on every rank.
 //
 // Thread-safety: acquire/prefetch may be called from the comm thread and the main thread at
 // once; implementations are thread-safe. A Pinned view must be released (or destroyed) before
@@ -108,9 +109,15 @@ class ShardStore {
     (void)uses;
     (void)lane;
   }
+  // The marker of the daemon (or memory) that holds this rank's state. Ranks whose
+  // marker_domain() is equal share one marker; each domain has one.
   [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
-  // Publishes the marker (rank 0 only, after every rank finished the step).
+  // Publishes the marker (one rank per marker_domain(), after every rank finished the step).
   [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;
+  // Names what holds this rank's marker, valid after open(): equal for exactly the ranks that
+  // read and write the same marker (for tierd, the same daemon, whatever the host layout:
+  // two daemons on one host differ, one daemon reached through two paths does not).
+  virtual std::string marker_domain() const = 0;
   // Bytes the node has read from and written to NVMe so far (tierd's counters; node-wide), or
   // -1 each when the store has no NVMe tier.
   struct NvmeIo {

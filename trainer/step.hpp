@@ -134,7 +134,7 @@ struct Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // setup.cpp
-  [[nodiscard]] Status open_state();      // opens the store; initializes or resumes (sets start)
+  [[nodiscard]] Status open_state();      // opens the store; initializes or resumes (sets start, marker_writer)
   [[nodiscard]] Status alloc_buffers();   // device buffers and host staging
   void set_plan();                        // the step's shard uses, told to tierd
 
@@ -179,7 +179,9 @@ struct Trainer {
   std::vector<size_t> layer_n, pad, shard;  // per layer [NL]
   size_t max_pad = 0;
   const uint64_t hash;
-  const bool marker_writer;  // one per node: each node's tierd has one marker
+  // Whether this rank writes its daemon's commit marker (one per daemon the job uses: the
+  // lowest rank whose state that daemon holds). Set by open_state.
+  bool marker_writer = false;
   const bool host;           // the backend's buffers are host memory
   // The CPU AdamW of step s runs on its own thread and lane (its own tierd client).
   const bool overlap_optimizer;

@@ -7,6 +7,8 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tier/client.hpp"
 #include "trainer/gpu_map.hpp"
@@ -17,6 +19,20 @@ namespace {
 
 constexpr int kLeaseTimeoutMs = 60'000;
 constexpr const char* kMarkerName = "commit";
+
+// Which daemon a socket path reaches, the same string from every process that reaches it: the
+// host name and the socket's inode (device and number, so a symlink or another spelling of the
+// path names the same daemon and two sockets on one host differ; a node in its own mount
+// namespace has its own /run/tierd, another device). Only when the socket cannot be found
+// (then connecting failed too) the path stands in.
+std::string daemon_identity(const std::string& socket) {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  struct stat st {};
+  if (stat(socket.c_str(), &st) != 0) return fmt::format("tierd:{}:{}", host, socket);
+  return fmt::format("tierd:{}:{}:{}", host, static_cast<unsigned long long>(st.st_dev),
+                     static_cast<unsigned long long>(st.st_ino));
+}
 
 LeaseMode lease_mode(Access a) {
   switch (a) {
@@ -74,6 +90,8 @@ class TierStore final : public ShardStore {
     marker_id_ = *m;
     return {};
   }
+
+  std::string marker_domain() const override { return domain_; }
 
   Result<Pinned> acquire(const ShardRef& ref, Access access, Lane lane) override {
     const uint64_t id = lookup(ref);
@@ -240,6 +258,7 @@ class TierStore final : public ShardStore {
   StoreLayout layout_;
   std::vector<uint64_t> ids_;
   uint64_t marker_id_ = 0;
+  std::string domain_ = daemon_identity(opts_.socket.empty() ? default_socket_path() : opts_.socket);
   uint64_t bytes_ = 0;
   Placement placement_;
   std::atomic<bool> no_tiering_{false};  // the daemon answered kUnsupported: no hints

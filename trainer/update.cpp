@@ -171,13 +171,13 @@ Status Trainer::finish_overlapped_update(double& opt_ms) {
   return commit(opt_job_step);
 }
 
-// Commit: every rank finished writing buffer step % buffers; then each node's marker says
+// Commit: every rank finished writing buffer step % buffers; then each daemon's marker says
 // so. The next update, which overwrites the buffer the previous commit names, starts only
 // after this: so a crash anywhere leaves a committed, intact buffer.
-// Double buffered, the buffer the step read (its `cur`) is dead once every node's marker
+// Double buffered, the buffer the step read (its `cur`) is dead once every daemon's marker
 // names the step: the next update overwrites it whole and a resume reads the other one. It
 // is discarded then, so tierd drops what of it is still in RAM instead of writing it back.
-// Only after a second barrier: a rank that discarded while another node's marker still named
+// Only after a second barrier: a rank that discarded while another daemon's marker still named
 // the step before would leave that resume nothing to read.
 Status Trainer::commit(int64_t step) {
   if (auto s = comm.barrier(); !s) return s;

@@ -93,6 +93,75 @@ class _Unit:
     segments: List[_Segment]
 
 
+class _GpuGrad:
+    """A gradient whose copy to pinned host memory is in flight on the side stream."""
+
+    def __init__(self, host: torch.Tensor, done):
+        self.host, self.done = host, done
+
+    def wait(self):
+        self.done.synchronize()
+        return self.host.numpy()
+
+
+class _GpuPath:
+    """Parameters on a GPU (one process). At the start of a step every gradient is queued for
+    copy to its pinned host buffer on a side stream (after the backward pass on the current
+    stream), each with an event, so the update of parameter i waits only for gradient i while
+    the later ones are still copying. Each updated master row goes from the lease into a pinned
+    buffer and back to the device on the same side stream, overlapping the next parameter's
+    update; the current stream waits for the side stream at the end of the step, so the next
+    forward pass sees every new parameter.
+
+    The staging buffers are pinned with torch (pin_memory=True), 8 bytes a parameter: the
+    lease's rows themselves are not registered, so a tierd eviction can never leave the device
+    reading stale pages. A pinned buffer is rewritten only after the side stream has passed its
+    previous copy to the device has completed (an event per buffer)."""
+
+    def __init__(self, params):
+        self.stream = torch.cuda.Stream()
+        self.grad_host = {}
+        self.param_host = {}
+        self.param_done = {}  # per staging buffer: its last copy to the device
+        self.params = params
+
+    def _pinned(self, table, i, n):
+        buf = table.get(i)
+        if buf is None or buf.numel() != n:
+            buf = table[i] = torch.empty(n, dtype=torch.float32, pin_memory=True)
+        return buf
+
+    def gradients_to_host(self, params):
+        out = []
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            for i, p in enumerate(params):
+                if p.grad is None:
+                    out.append(None)
+                elif not p.is_cuda:
+                    out.append(p.grad.detach().reshape(-1).to(dtype=torch.float32).contiguous())
+                else:
+                    host = self._pinned(self.grad_host, i, p.numel())
+                    host.copy_(p.grad.detach().reshape(-1).to(dtype=torch.float32), non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record(self.stream)
+                    out.append(_GpuGrad(host, done))
+        return out
+
+    def parameter_to_device(self, i, p, master_row):
+        host = self._pinned(self.param_host, i, p.numel())
+        if i in self.param_done:
+            self.param_done[i].synchronize()  # the buffer's previous copy has left it
+        host.numpy()[:] = master_row
+        with torch.cuda.stream(self.stream):
+            p.copy_(host.view_as(p), non_blocking=True)
+            done = self.param_done[i] = torch.cuda.Event()
+            done.record(self.stream)
+
+    def finish_step(self):
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+
 class OffloadAdamW(torch.optim.Optimizer):
     """AdamW whose fp32 master parameters and moments live in a tierd pool.
 
@@ -128,6 +197,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         for i, p in enumerate(self._params):
             if not p.is_floating_point():
                 raise TypeError(f"parameter {i} has dtype {p.dtype}; AdamW needs floating point")
+        self._gpu = _GpuPath(self._params) if any(p.is_cuda for p in self._params) else None
         dist = torch.distributed
         self._pg = process_group
         sharded = dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
@@ -283,8 +353,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                     p = self._params[s.param]
                     p.copy_(m[s.unit_off:s.unit_off + s.length].view_as(p))
             return
-        gathered = [torch.empty(self._shard, dtype=torch.float32) for _ in range(self._world)]
-        torch.distributed.all_gather(gathered, masters[0], group=self._pg)
+        dev = self._collective_device()
+        gathered = [torch.empty(self._shard, dtype=torch.float32, device=dev) for _ in range(self._world)]
+        torch.distributed.all_gather(gathered, masters[0].to(dev), group=self._pg)
         flat, start = torch.cat(gathered), 0
         for p in self._params:
             p.copy_(flat[start:start + p.numel()].view_as(p))
@@ -295,28 +366,37 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     # --- the step ------------------------------------------------------------------------------
 
+    def _collective_device(self) -> torch.device:
+        """Where the sharded path's flat buffers live: on the GPU for NCCL, else on the host."""
+        nccl = torch.distributed.get_backend(self._pg) == "nccl"
+        return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
     def _gradients(self) -> List[Optional[torch.Tensor]]:
-        """Per unit, the float32 gradient of its elements (None for a parameter without one).
-        With several ranks: the rank's slice of the averaged flat gradient."""
+        """Per unit, the float32 gradient of its elements on the host (None for a parameter
+        without one), or a _GpuGrad whose copy is still in flight on the side stream. With
+        several ranks: the rank's slice of the averaged flat gradient."""
         for p in self._params:
             if p.grad is not None and p.grad.is_sparse:
                 raise RuntimeError("OffloadAdamW does not support sparse gradients")
         if self._world == 1:
+            if self._gpu is not None:
+                return self._gpu.gradients_to_host(self._params)
             return [None if p.grad is None else self._flat(p.grad).contiguous() for p in self._params]
         dist = torch.distributed
-        flat = torch.zeros(self._shard * self._world, dtype=torch.float32)
+        dev = self._collective_device()
+        flat = torch.zeros(self._shard * self._world, dtype=torch.float32, device=dev)
         start = 0
         for p in self._params:
             if p.grad is not None:
-                flat[start:start + p.numel()] = self._flat(p.grad)
+                flat[start:start + p.numel()] = p.grad.detach().reshape(-1).to(device=dev, dtype=torch.float32)
             start += p.numel()
         try:
-            mine = torch.empty(self._shard, dtype=torch.float32)
+            mine = torch.empty(self._shard, dtype=torch.float32, device=dev)
             dist.reduce_scatter(mine, list(flat.chunk(self._world)), group=self._pg)
         except RuntimeError:  # the backend has no reduce-scatter (gloo): all-reduce, keep the slice
             dist.all_reduce(flat, group=self._pg)
             mine = flat[self._rank * self._shard:(self._rank + 1) * self._shard].clone()
-        return [mine / self._world]
+        return [(mine / self._world).cpu()]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -331,21 +411,33 @@ class OffloadAdamW(torch.optim.Optimizer):
         masters = []
         for ui, (u, g) in enumerate(zip(self._units, grads)):
             def update(b, a, u=u, g=g):
-                b[:] = a  # what no segment updates carries over (padding; parameters without a gradient)
-                if g is None:
-                    return b[0].copy()
-                gn = g.numpy()
-                for s in u.segments:
-                    group = self.param_groups[self._group_of[s.param]]
-                    lo, hi = s.unit_off, s.unit_off + s.length
-                    tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
-                                     b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
-                                     beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
-                                     weight_decay=group["weight_decay"], step=t)
-                return b[0].copy()
-            masters.append(torch.from_numpy(self._leased(u.tensors[dst], "o", update, other=u.tensors[src])))
+                covered = sum(s.length for s in u.segments)  # segments tile [0, covered)
+                if g is None:  # no gradient: the state carries over unchanged
+                    b[:] = a
+                else:
+                    b[:, covered:] = a[:, covered:]  # the last rank's padding
+                    gn = g.wait() if isinstance(g, _GpuGrad) else g.numpy()
+                    for s in u.segments:
+                        group = self.param_groups[self._group_of[s.param]]
+                        lo, hi = s.unit_off, s.unit_off + s.length
+                        tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
+                                         b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
+                                         beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
+                                         weight_decay=group["weight_decay"], step=t)
+                if self._world == 1:  # straight from the lease into the parameter: no extra copy
+                    p = self._params[u.segments[0].param]
+                    if self._gpu is not None and p.is_cuda:
+                        self._gpu.parameter_to_device(u.segments[0].param, p, b[0])
+                    else:
+                        p.copy_(torch.from_numpy(b[0]).view_as(p))
+                    return None
+                return torch.from_numpy(b[0].copy())  # this rank's slice, for the all-gather
+            masters.append(self._leased(u.tensors[dst], "o", update, other=u.tensors[src]))
             _kill_point(self._rank, t, ui)
-        self._set_params(masters)
+        if self._world > 1:
+            self._set_params(masters)
+        if self._gpu is not None:
+            self._gpu.finish_step()
         for p in self._params:
             self.state[p]["step"] = t
         _kill_point(self._rank, t, "commit")

@@ -125,6 +125,43 @@ class AgainstTorchAdamW(unittest.TestCase):
                          socket=daemon.socket)
 
 
+@unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (this PyTorch build or machine has none)")
+class GpuParameters(unittest.TestCase):
+    """Parameters on a GPU: gradients D2H and parameters H2D on the side stream."""
+
+    def run_steps(self, device, dtype, pool):
+        data = torch.tensor(list(train_gpt.BUILTIN_TEXT.encode()), dtype=torch.long)
+        model = make_model().to(device=device, dtype=dtype)
+        opt = OffloadAdamW(groups(model, 0.1), pool=pool, socket=daemon.socket, lr=3e-3, betas=(0.9, 0.95))
+        losses = []
+        for step in range(1, 9):
+            x, y = train_gpt.batch(data, step, 1, 4, 16)
+            opt.zero_grad(set_to_none=True)
+            loss = model(x.to(device), y.to(device))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        opt.close()
+        return model, losses
+
+    def test_float32_on_the_gpu_matches_the_cpu(self):
+        cpu, cpu_losses = self.run_steps("cpu", torch.float32, "gpu-ref")
+        gpu, gpu_losses = self.run_steps("cuda", torch.float32, "gpu-f32")
+        for a, b in zip(gpu_losses, cpu_losses):
+            self.assertAlmostEqual(a, b, delta=1e-4 * abs(b))
+        for (name, a), b in zip(gpu.named_parameters(), cpu.parameters()):
+            if name.endswith("qkv.bias"):
+                continue  # see AgainstTorchAdamW: its key third is rounding noise
+            self.assertLess(((a.cpu() - b).norm() / b.norm().clamp_min(1e-12)).item(), 1e-3, name)
+
+    def test_bfloat16_parameters_keep_float32_masters(self):
+        model, losses = self.run_steps("cuda", torch.bfloat16, "gpu-bf16")
+        self.assertLess(losses[-1], losses[0])
+        with tierd.connect(daemon.socket) as c:
+            t = c.open_tensor("gpu-bf16", "g0.p0.0")
+            self.assertEqual(t.size, 3 * 4 * next(model.parameters()).numel())  # fp32 rows
+
+
 STEPS = 12
 ARGS = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "2", "--steps", str(STEPS)]
 

@@ -53,6 +53,48 @@ TEST_CASE("tierctl top off a terminal draws one frame per interval, with stdin a
   CHECK(r.out.find("\x1b[") == std::string::npos);  // no screen control codes into a file
 }
 
+// Runs `shell_cmd` on a pseudo-terminal (util-linux script(1)), stdin from `input`.
+RunResult on_terminal(const std::string& shell_cmd, const std::string& input, int timeout_s) {
+  return run_binary("/bin/sh", {"-c", "printf '" + input + "' | script -qec \"" + shell_cmd + "\" /dev/null"}, {},
+                    timeout_s);
+}
+
+TEST_CASE("tierctl top on a terminal: the alternate screen, frames clipped to the window") {
+  TestDaemon d;
+  put_small(d, "a-pool-with-a-rather-long-name", "t");
+  auto r = on_terminal("stty cols 40 rows 12; " + bin_path("tierctl") + " --socket " + d.socket() +
+                           " top --interval 0.5",
+                       "", /*timeout_s=*/2);
+  CHECK(r.out.find("\x1b[?1049h") != std::string::npos);  // entered the alternate screen
+  size_t frames = count(r.out, "\x1b[H\x1b[2J");
+  CHECK(frames >= 1);
+  CHECK(frames <= 5);
+  // Every line of every frame fits the 40 columns (UTF-8 counted by code point).
+  std::istringstream lines(r.out);
+  std::string line;
+  size_t widest = 0;
+  while (std::getline(lines, line)) {
+    size_t at = line.rfind("\x1b[2J");
+    std::string text = at == std::string::npos ? line : line.substr(at + 4);
+    size_t cols = 0;
+    for (char ch : text)
+      if ((static_cast<unsigned char>(ch) & 0xC0) != 0x80 && ch != '\r') ++cols;
+    widest = std::max(widest, cols);
+  }
+  CHECK(widest <= 40);
+}
+
+TEST_CASE("tierctl drop asks on a terminal and keeps the pool unless the answer is y") {
+  TestDaemon d;
+  put_small(d, "kept", "t");
+  const std::string drop = bin_path("tierctl") + " --socket " + d.socket() + " drop kept";
+  auto no = on_terminal(drop, "n\\n", 10);
+  CHECK(no.out.find("[y/N]") != std::string::npos);
+  CHECK(json::parse(ctl(d, {"--json", "pools"}).out)["pools"].size() == 1);
+  auto yes = on_terminal(drop, "y\\n", 10);
+  CHECK(json::parse(ctl(d, {"--json", "pools"}).out)["pools"].empty());
+}
+
 TEST_CASE("tierctl top --json prints JSON objects: one with --once, one per frame without") {
   TestDaemon d;
   put_small(d, "alpha", "t");

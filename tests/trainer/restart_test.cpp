@@ -19,7 +19,20 @@
 #include "support/daemon_fixture.hpp"
 
 using tier::test::run_trainer;
+using tier::test::run_trainer_on;
 using tier::test::TrainRun;
+
+namespace {
+
+// Every loss `r` printed is exactly the uninterrupted run's at that step.
+void check_losses(const std::map<long, double>& want, const TrainRun& r) {
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    INFO("step " << r.steps[i]);
+    CHECK(r.losses[i] == want.at(r.steps[i]));
+  }
+}
+
+}  // namespace
 
 TEST_CASE("kill -9 of a rank at each point of a step and --resume give the uninterrupted losses", "[trainer][mpi][tier][restart]") {
   // In RAM, and with the state mostly on NVMe (a RAM quota below it): there the dead buffer a
@@ -70,12 +83,62 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
     CHECK(b.steps.front() >= std::max(1, f.step - 1));
     CHECK(b.steps.front() <= f.step + 1);
     CHECK(b.steps.back() == 9);
-    for (const TrainRun* r : {static_cast<const TrainRun*>(&a), &b})
-      for (size_t i = 0; i < r->steps.size(); ++i) {
-        INFO("step " << r->steps[i]);
-        CHECK(r->losses[i] == want.at(r->steps[i]));
-      }
+    check_losses(want, a);
+    check_losses(want, b);
   }
+}
+
+TEST_CASE("two daemons on one host: kill -9 and --resume read every daemon's marker", "[trainer][mpi][tier][restart]") {
+  // Two tierds on this host, two ranks each (the MPMD line of one tierd per node): MPI sees one
+  // shared-memory node, yet each daemon holds its own ranks' state and its own commit marker,
+  // written by the lowest of its ranks (0 and 2); a resume reads both.
+  tier::test::TestDaemon da, db;
+  REQUIRE(da.running());
+  REQUIRE(db.running());
+  const std::vector<std::string> sockets{da.socket(), db.socket()};
+  const std::string base = "--model tiny --steps 6 --batch 4 --lr 3e-3 --seed 11 --val-every -1 --state tier";
+  const TrainRun ref = run_trainer_on(sockets, 2, base + " --job ref");
+  INFO(ref.stderr_text);
+  REQUIRE(ref.exit_code == 0);
+  REQUIRE(ref.losses.size() == 6);
+  std::map<long, double> want;
+  for (size_t i = 0; i < ref.steps.size(); ++i) want[ref.steps[i]] = ref.losses[i];
+  // A rank of the second daemon in its update, and the second daemon's marker writer just
+  // after its marker (the first daemon's may or may not be written then).
+  for (const char* where : {"3:optimizer:3", "4:postcommit:2"}) {
+    INFO("kill at " << where);
+    const std::string job = std::string(" --job crash") + where[0];
+    const TrainRun a = run_trainer_on(sockets, 2, base + job + " --fault-kill " + where);
+    INFO(a.stderr_text);
+    REQUIRE(a.exit_code != 0);
+    const TrainRun b = run_trainer_on(sockets, 2, base + job + " --resume");
+    INFO(b.stderr_text);
+    REQUIRE(b.exit_code == 0);
+    REQUIRE(!b.steps.empty());
+    CHECK(b.steps.front() <= where[0] - '0' + 1);
+    CHECK(b.steps.back() == 6);
+    check_losses(want, a);
+    check_losses(want, b);
+  }
+}
+
+TEST_CASE("resume refuses daemons whose markers no single run of the job left", "[trainer][mpi][tier][restart]") {
+  tier::test::TestDaemon da, db, dc;
+  REQUIRE(da.running());
+  REQUIRE(db.running());
+  REQUIRE(dc.running());
+  const std::string base = "--model tiny --batch 4 --lr 3e-3 --seed 13 --val-every -1 --state tier --job split";
+  REQUIRE(run_trainer_on({da.socket(), db.socket()}, 1, base + " --steps 2").exit_code == 0);
+  // A daemon that never held the job: every rank refuses, none waits for it.
+  const TrainRun none = run_trainer_on({da.socket(), dc.socket()}, 1, base + " --steps 4 --resume");
+  CHECK(none.exit_code != 0);
+  CHECK(none.stderr_text.find("in every daemon it uses") != std::string::npos);
+  // The first daemon moves on to step 5 with the third: its marker and the second's are then
+  // 3 steps apart, more than the double buffer bridges.
+  REQUIRE(run_trainer_on({da.socket(), dc.socket()}, 1, base + " --steps 5").exit_code == 0);
+  const TrainRun apart = run_trainer_on({da.socket(), db.socket()}, 1, base + " --steps 8 --resume");
+  CHECK(apart.exit_code != 0);
+  CHECK(apart.stderr_text.find("markers say steps 2 to 5") != std::string::npos);
 }
 
 TEST_CASE("resume refuses state written by another configuration", "[trainer][mpi][tier][restart]") {
@@ -172,10 +235,7 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
       // cannot commit without the killed rank).
       if (!a.steps.empty()) CHECK(b.steps.front() <= a.steps.back() + 2);
     }
-    for (const TrainRun* r : {static_cast<const TrainRun*>(&a), &b})
-      for (size_t i = 0; i < r->steps.size(); ++i) {
-        INFO("step " << r->steps[i]);
-        CHECK(r->losses[i] == want.at(r->steps[i]));
-      }
+    check_losses(want, a);
+    check_losses(want, b);
   }
 }

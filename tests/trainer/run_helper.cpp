@@ -13,15 +13,14 @@
 
 namespace tier::test {
 
-TrainRun run_trainer(int ranks, const std::string& args) {
+namespace {
+
+// Runs `cmd` (stdout: tier-train's JSON lines) with stderr captured.
+TrainRun run(std::string cmd) {
   char tmpl[] = "/tmp/tier-train-test.XXXXXX";
   const int fd = mkstemp(tmpl);
   if (fd >= 0) close(fd);
-  std::string cmd;
-  if (ranks > 1)
-    cmd = std::string(kMpirun) + " -np " + std::to_string(ranks) +
-          " -x OMP_NUM_THREADS=1 ";
-  cmd += bin_path("tier-train") + " --threads 1 " + args + " 2>" + tmpl;
+  cmd += std::string(" 2>") + tmpl;
   TrainRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -42,6 +41,27 @@ TrainRun run_trainer(int ranks, const std::string& args) {
   r.stderr_text = ss.str();
   std::remove(tmpl);
   return r;
+}
+
+std::string trainer_command(const std::string& args) {
+  return bin_path("tier-train") + " --threads 1 " + args;
+}
+
+}  // namespace
+
+TrainRun run_trainer(int ranks, const std::string& args) {
+  std::string cmd;
+  if (ranks > 1) cmd = std::string(kMpirun) + " -np " + std::to_string(ranks) + " -x OMP_NUM_THREADS=1 ";
+  return run(cmd + trainer_command(args));
+}
+
+TrainRun run_trainer_on(const std::vector<std::string>& sockets, int ranks_per_daemon,
+                        const std::string& args) {
+  std::string cmd = kMpirun;
+  for (size_t i = 0; i < sockets.size(); ++i)
+    cmd += std::string(i == 0 ? " " : " : ") + "-np " + std::to_string(ranks_per_daemon) +
+           " -x OMP_NUM_THREADS=1 -x TIERD_SOCKET=" + sockets[i] + " " + trainer_command(args);
+  return run(cmd);
 }
 
 }  // namespace tier::test

@@ -23,4 +23,9 @@ inline constexpr const char* kMpirun = "env LSAN_OPTIONS=detect_leaks=0 mpirun -
 // `args` are tier-train's arguments; ranks > 1 runs it under mpirun -np ranks.
 TrainRun run_trainer(int ranks, const std::string& args);
 
+// `args` under one MPMD mpirun line: ranks_per_daemon ranks for each socket in turn, each with
+// TIERD_SOCKET set to it (so `args` must not name --socket), as on nodes with one tierd each.
+TrainRun run_trainer_on(const std::vector<std::string>& sockets, int ranks_per_daemon,
+                        const std::string& args);
+
 }  // namespace tier::test

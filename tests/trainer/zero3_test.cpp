@@ -104,25 +104,10 @@ TEST_CASE("2 simulated nodes x 2 ranks, one tierd each, match one process", "[tr
   REQUIRE(b.running());
   const TrainRun ref = run_trainer(1, kTiny);
   REQUIRE(ref.exit_code == 0);
-  const std::string bin = tier::test::bin_path("tier-train");
-  const std::string args = " --threads 1 " + kTiny + " --state tier --job nodes";
-  const std::string cmd = std::string(tier::test::kMpirun) + " -np 2 -x TIERD_SOCKET=" +
-                          a.socket() + " " + bin + args + " : -np 2 -x TIERD_SOCKET=" +
-                          b.socket() + " " + bin + args;
-  // run_trainer wants tier-train's arguments; build the MPMD line by hand here.
-  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
-  REQUIRE(p != nullptr);
-  TrainRun got;
-  char line[4096];
-  while (std::fgets(line, sizeof line, p) != nullptr) {
-    std::string s(line);
-    const auto k = s.find("\"loss\":");
-    const auto st = s.find("\"step\":");
-    if (k == std::string::npos || st == std::string::npos) continue;
-    got.steps.push_back(std::stol(s.substr(st + 7)));
-    got.losses.push_back(std::stod(s.substr(k + 7)));
-  }
-  got.exit_code = pclose(p) == 0 ? 0 : 1;
+  const TrainRun got =
+      tier::test::run_trainer_on({a.socket(), b.socket()}, 2, kTiny + " --state tier --job nodes");
+  INFO(got.stderr_text);
+  REQUIRE(got.exit_code == 0);
   require_same(ref, got, 1e-5);
   // Each node's daemon holds exactly its own ranks' shards.
   auto ranks_in = [](const std::string& socket) {
