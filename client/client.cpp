@@ -123,7 +123,8 @@ struct Client::Impl {
     if (ids.empty() && send_empty) return call(type, req, empty);
     for (size_t i = 0; i < ids.size(); i += wire::kMaxBatch) {
       size_t n = std::min<size_t>(wire::kMaxBatch, ids.size() - i);
-      req.tensor_ids.assign(ids.begin() + i, ids.begin() + i + n);
+      std::span<const uint64_t> batch = ids.subspan(i, n);
+      req.tensor_ids.assign(batch.begin(), batch.end());
       TIER_RETURN_IF_ERROR(call(type, req, empty));
     }
     return Status::ok();
@@ -162,7 +163,8 @@ struct Client::Impl {
   void release_quietly(std::span<const uint64_t> ids) {
     for (size_t i = 0; i < ids.size(); i += wire::kMaxBatch) {
       size_t n = std::min<size_t>(wire::kMaxBatch, ids.size() - i);
-      release_req.lease_ids.assign(ids.begin() + i, ids.begin() + i + n);
+      std::span<const uint64_t> batch = ids.subspan(i, n);
+      release_req.lease_ids.assign(batch.begin(), batch.end());
       (void)conn.call(MsgType::kRelease, release_req, empty);
     }
   }

@@ -31,9 +31,7 @@ set(TIER_PYTHON_INSTALL_DIR "lib/python3/dist-packages" CACHE STRING
 set(TIER_DOC_DIR "${CMAKE_INSTALL_DATADIR}/doc/tierd")
 
 # The Python binding (python/CMakeLists.txt skips itself when Python3 or pybind11 is missing).
-if(EXISTS ${PROJECT_SOURCE_DIR}/python/CMakeLists.txt)
-  add_subdirectory(${PROJECT_SOURCE_DIR}/python ${PROJECT_BINARY_DIR}/python)
-endif()
+add_subdirectory(${PROJECT_SOURCE_DIR}/python ${PROJECT_BINARY_DIR}/python)
 
 # Installed programs find libtier relative to themselves, so a prefix is relocatable
 # (cmake --install --prefix anywhere, or the .deb's /usr).

@@ -315,7 +315,7 @@ TEST_CASE("a truncated journal recovers its valid records, a corrupted one is re
     REQUIRE(c->create_pool("j", {.ram_quota = 8 << 20}).has_value());
     for (int i = 0; i < 9; ++i) REQUIRE(put(*c, "j", "x" + std::to_string(i), 4096));
     // Created only (no write lease, whose records would follow): its create is the last record.
-    REQUIRE(c->create_tensor("j", TensorDesc{.name = "x9", .size = 4096}).has_value());
+    REQUIRE(c->create_tensor("j", TensorDesc{.name = "x9", .size = 4096, .shape = {}, .placement = {}}).has_value());
   }
   d.kill9();
   std::string jp = journal_path(d);

@@ -4,12 +4,12 @@
 
 #include <string>
 
-#include "client/gpu/cuda_status.hpp"
+#include "cuda_status.hpp"
 
 namespace tier::train::cuda {
 namespace {
 
-// CUDA errors become Status in one place (client/gpu/cuda_status.hpp).
+// CUDA errors become Status in one place (cuda/cuda_status.hpp).
 Status cu(cudaError_t e, const char* what) { return tier::gpu::check_cuda(e, what); }
 
 // TIER_RETURN_IF_ERROR for functions that return a Result.

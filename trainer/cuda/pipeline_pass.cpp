@@ -14,12 +14,12 @@
 #include "trainer/cuda/pipeline.hpp"
 #include "trainer/optimizer.hpp"
 
-#include "client/gpu/cuda_status.hpp"
+#include "cuda_status.hpp"
 
 namespace tier::train::cuda {
 namespace {
 
-// CUDA errors become Status in one place (client/gpu/cuda_status.hpp).
+// CUDA errors become Status in one place (cuda/cuda_status.hpp).
 Status cu(cudaError_t e, const char* what) { return tier::gpu::check_cuda(e, what); }
 
 class PipelineStream final : public LayerStream {

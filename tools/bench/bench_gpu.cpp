@@ -17,7 +17,7 @@
 
 #include "tier/client.hpp"
 #include "tier/gpu.hpp"
-#include "tools/bench/bench_common.hpp"
+#include "bench_common.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@
 
 #include "tier/client.hpp"
 #include "tier/gpu.hpp"
-#include "tools/bench/bench_common.hpp"
+#include "bench_common.hpp"
 #include "trainer/cuda/pipeline.hpp"
 
 namespace {
