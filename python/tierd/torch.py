@@ -85,12 +85,23 @@ class _Segment:
     length: int
 
 
+def _flat_f32(t: torch.Tensor, device=None) -> torch.Tensor:
+    """`t` as one flat float32 tensor (on `device`; default: where it is). No copy when it
+    already is one."""
+    return t.detach().reshape(-1).to(device=device or t.device, dtype=torch.float32)
+
+
 @dataclasses.dataclass
 class _Unit:
     """A pair of tier tensors (buffers 0 and 1) of shape (3, n) and what they hold."""
     tensors: list
     n: int
     segments: List[_Segment]
+
+    @property
+    def covered(self) -> int:
+        """The segments tile [0, covered); the rest (a last rank's padding) holds no parameter."""
+        return sum(s.length for s in self.segments)
 
 
 class _GpuGrad:
@@ -139,10 +150,10 @@ class _GpuPath:
                 if p.grad is None:
                     out.append(None)
                 elif not p.is_cuda:
-                    out.append(p.grad.detach().reshape(-1).to(dtype=torch.float32).contiguous())
+                    out.append(_flat_f32(p.grad).contiguous())
                 else:
                     host = self._pinned(self.grad_host, i, p.numel())
-                    host.copy_(p.grad.detach().reshape(-1).to(dtype=torch.float32), non_blocking=True)
+                    host.copy_(_flat_f32(p.grad), non_blocking=True)
                     done = torch.cuda.Event()
                     done.record(self.stream)
                     out.append(_GpuGrad(host, done))
@@ -322,7 +333,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     # --- state in the tier ---------------------------------------------------------------------
 
     def _flat(self, p: torch.Tensor) -> torch.Tensor:
-        return p.detach().reshape(-1).to(device="cpu", dtype=torch.float32)
+        return _flat_f32(p, "cpu")
 
     @torch.no_grad()
     def _init_state(self) -> None:
@@ -388,7 +399,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         start = 0
         for p in self._params:
             if p.grad is not None:
-                flat[start:start + p.numel()] = p.grad.detach().reshape(-1).to(device=dev, dtype=torch.float32)
+                flat[start:start + p.numel()] = _flat_f32(p.grad, dev)
             start += p.numel()
         try:
             mine = torch.empty(self._shard, dtype=torch.float32, device=dev)
@@ -411,7 +422,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         masters = []
         for ui, (u, g) in enumerate(zip(self._units, grads)):
             def update(b, a, u=u, g=g):
-                covered = sum(s.length for s in u.segments)  # segments tile [0, covered)
+                covered = u.covered
                 if g is None:  # no gradient: the state carries over unchanged
                     b[:] = a
                 else:
