@@ -29,45 +29,12 @@
 #include <string>
 #include <vector>
 
+#include "generator_paths.hpp"
+
 namespace {
 
 constexpr const char* kDefaultConfig = "/etc/tierd/tierd.toml";
-constexpr const char* kStateDirectory = "/var/lib/tierd";  // the unit's StateDirectory=tierd
 constexpr const char* kDropIn = "50-tierd-paths.conf";
-
-// A path as one quoted word of a unit file (spaces allowed); `%` starts a specifier, so it is
-// doubled. Empty when the path cannot be written: relative, or a control character, `\` or `"`
-// (whose unescaping differs between systemd versions).
-std::string quote_path(const std::string& p) {
-  if (p.empty() || p.front() != '/') return {};
-  std::string q = "\"";
-  for (char c : p) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\' || c == '"') return {};
-    if (c == '%') q += "%%";
-    else q += c;
-  }
-  return q + "\"";
-}
-
-// The directories tierd writes outside its StateDirectory: nvme[].path, and state_dir when set
-// elsewhere. Keys of the wrong type are ignored here (tierd refuses them with a message).
-std::vector<std::string> writable_dirs(const toml::table& cfg) {
-  std::vector<std::string> dirs;
-  if (const toml::array* nvme = cfg["nvme"].as_array()) {
-    for (const toml::node& e : *nvme) {
-      const toml::table* t = e.as_table();
-      if (!t) continue;
-      if (auto p = (*t)["path"].value<std::string>()) dirs.push_back(*p);
-    }
-  }
-  if (auto s = cfg["state_dir"].value<std::string>()) {
-    std::filesystem::path sp = std::filesystem::path(*s).lexically_normal();
-    std::string norm = sp.string();
-    while (norm.size() > 1 && norm.back() == '/') norm.pop_back();
-    if (!norm.empty() && norm != kStateDirectory) dirs.push_back(*s);
-  }
-  return dirs;
-}
 
 }  // namespace
 
@@ -88,17 +55,11 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  std::string body;
-  for (const std::string& d : writable_dirs(parsed.table())) {
-    std::string q = quote_path(d);
-    if (q.empty()) {
-      std::fprintf(stderr, "tierd-generator: %s: skipped the path '%s' (not absolute, or a control character, \\ or \")\n",
-                   config.c_str(), d.c_str());
-      continue;
-    }
-    // The '-' goes inside the quotes: systemd reads the prefix off the unquoted word.
-    body += "ReadWritePaths=\"-" + q.substr(1) + "\n";
-  }
+  tierd_generator::DropIn dropin = tierd_generator::dropin_for(parsed.table());
+  for (const std::string& d : dropin.skipped)
+    std::fprintf(stderr, "tierd-generator: %s: skipped the path '%s' (not absolute, or a control character, \\ or \")\n",
+                 config.c_str(), d.c_str());
+  const std::string& body = dropin.body;
   if (body.empty()) return 0;
 
   std::filesystem::path dir = std::filesystem::path(argv[1]) / "tierd.service.d";
