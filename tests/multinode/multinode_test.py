@@ -11,6 +11,9 @@ default socket. Each case is a ctest test (tests/multinode/CMakeLists.txt, label
   kill_tierd     kill -9 of one node's tierd mid-run: restarted at once, its ranks reconnect and
                  the job finishes with the uninterrupted losses; left down, the job fails, and
                  --resume after a restart continues with them
+  reshard        4 ranks commit half the job; --resume --reshard on 2 ranks (one per node)
+                 re-slices the state from both tierds: its first step reads exactly the
+                 parameters of the uninterrupted 4-rank run, and the losses follow it
 
 Run as `python3 multinode_test.py CASE`: it checks it can (root, unshare, nsenter, ip, mpirun,
 namespaces; exit 77 = skipped otherwise) and runs itself again under `tools/nodes run`, which
@@ -87,19 +90,21 @@ def parse(out):
     return steps, losses
 
 
-def train_cmd(ranks, args, where="nodes"):
+def train_cmd(ranks, args, where="nodes", ranks_per_node=None):
     """tier-train ARGS on `ranks` ranks: across the nodes (tools/nodes mpirun), on this host
     (plain mpirun, one shared-memory node) or as one process (ranks == 1, where == "host")."""
     tail = [TRAIN] + (BASE + " " + args).split()
     if where == "nodes":
-        return [NODES, "mpirun", "-np", str(ranks)] + RANK_ENV + tail
+        spread = ["--map-by", f"ppr:{ranks_per_node}:node"] if ranks_per_node else []
+        return [NODES, "mpirun", "-np", str(ranks)] + spread + RANK_ENV + tail
     if ranks == 1:
         return tail
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] + RANK_ENV + tail
 
 
-def train(ranks, args, where="nodes", timeout=240):
-    p = subprocess.run(train_cmd(ranks, args, where), capture_output=True, text=True, timeout=timeout)
+def train(ranks, args, where="nodes", timeout=240, ranks_per_node=None):
+    p = subprocess.run(train_cmd(ranks, args, where, ranks_per_node), capture_output=True, text=True,
+                       timeout=timeout)
     steps, losses = parse(p.stdout)
     return Run(p.returncode, steps, losses, p.stderr)
 
@@ -271,8 +276,43 @@ def case_kill_tierd():
     print(f"kill_tierd: reconnected over a restart; failed after step {b.steps[-1]} and resumed at {c.steps[0]}", flush=True)
 
 
+def case_reshard():
+    # 4 ranks on 2 nodes commit 6 of 12 steps (rank 0 is killed in step 7); the job goes on with
+    # 2 ranks, one per node: --resume --reshard re-slices params, m and v from both tierds.
+    steps = 12
+    args = f"--steps {steps} --seed 5 --state tier"
+    out = os.path.join(os.environ["TIER_NODES_DIR"], "dump")
+    os.makedirs(f"{out}/ref")
+    os.makedirs(f"{out}/rs")
+    ref = train(4, args + f" --job ref --dump {out}/ref --dump-steps 7")
+    require_ok(ref, "the uninterrupted 4-rank run")
+    a = train(4, args + " --job rs --fault-kill 7:forward:0")
+    check(a.rc != 0 and a.steps == list(range(1, 7)), f"the 4-rank run printed {a.steps}, rc {a.rc}")
+    plain = train(2, args + " --job rs --resume", ranks_per_node=1)
+    check(plain.rc != 0, "--resume without --reshard took another rank count's state")
+    b = train(2, args + f" --job rs --resume --reshard --dump {out}/rs --dump-steps 1", ranks_per_node=1)
+    require_ok(b, "--resume --reshard on 2 ranks")
+    check(b.steps == list(range(7, steps + 1)), f"resharded steps {b.steps}")
+    # A copy: step 7 reads exactly the parameters the uninterrupted run read.
+    with open(f"{out}/ref/params.7.bin", "rb") as f1, open(f"{out}/rs/params.7.bin", "rb") as f2:
+        check(f1.read() == f2.read(), "step 7's parameters differ from the uninterrupted run's")
+    # From there the 2-rank sums add in another order than 4 ranks': zero3_test's tolerance.
+    want = ref.table()
+    for s, loss in zip(b.steps, b.losses):
+        check(abs(loss - want[s]) <= 1e-5 * abs(want[s]), f"step {s}: resharded {loss!r}, 4 ranks {want[s]!r}")
+    # Each node's tierd holds only its new rank's shards (the old ones dropped) and a marker.
+    for node, owner in (("node1", "r0"), ("node2", "r1")):
+        owners = {n.split(".")[0] for n in pool_tensors(node, "rs") if n != "commit"}
+        check(owners == {owner}, f"{node} holds the shards of {sorted(owners)} after the reshard")
+    # And the job resumes on 2 ranks as usual from here.
+    c = train(2, args.replace(f"--steps {steps}", f"--steps {steps + 2}") + " --job rs --resume", ranks_per_node=1)
+    require_ok(c, "a plain --resume after the reshard")
+    check(c.steps == [steps + 1, steps + 2], f"steps {c.steps}")
+    print(f"reshard: 4 -> 2 ranks at step 7, steps 7..{steps} within 1e-5 of the 4-rank run", flush=True)
+
+
 CASES = {"same_losses": (2, case_same_losses), "kill_ranks": (2, case_kill_ranks),
-         "kill_tierd": (2, case_kill_tierd)}
+         "kill_tierd": (2, case_kill_tierd), "reshard": (2, case_reshard)}
 
 
 def main():
