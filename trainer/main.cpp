@@ -110,6 +110,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", o.prefetch, "layers gathered ahead of compute")->capture_default_str();
   app.add_option("--buffers", buffers, "1 or 2 copies of param/m/v (default: 2 for tier, 1 resident)");
   app.add_flag("--resume", o.resume, "continue the job from the state in tierd");
+  app.add_flag("--reshard", o.reshard,
+               "with --resume: the job's state was committed by another rank count; re-slice it "
+               "from tierd across this run's ranks");
   app.add_option("--threads", threads, "compute threads per rank (default: cores / local ranks)");
   app.add_flag("--mpi", force_mpi, "initialize MPI even when not started by mpirun/srun");
   app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
@@ -225,6 +228,7 @@ int main(int argc, char** argv) {
     store = make_resident_store();
     o.buffers = buffers > 0 ? buffers : 1;
     if (o.resume) die(&comm, "--resume needs --state tier (resident state dies with the process)", 2);
+    if (o.reshard) die(&comm, "--reshard needs --state tier and --resume", 2);
   } else if (state == "tier") {
     TierStoreOptions to;
     to.socket = socket;
@@ -245,6 +249,7 @@ int main(int argc, char** argv) {
     store = std::move(*s);
     o.buffers = buffers > 0 ? buffers : 2;
     if (o.resume && o.buffers != 2) die(&comm, "--resume needs --buffers 2", 2);
+    if (o.reshard && !o.resume) die(&comm, "--reshard needs --resume", 2);
   } else {
     die(&comm, fmt::format("--state must be resident or tier, not '{}'", state), 2);
   }

@@ -46,17 +46,18 @@ float* Buffers::host(size_t n) {
   return p;
 }
 
-namespace {
-// Whether this rank writes its daemon's commit marker: the lowest rank of those whose store's
-// marker_domain() is this one's (compared by a 64-bit FNV-1a hash of it). Collective.
-Result<bool> is_marker_writer(Comm& comm, const ShardStore& store) {
+uint64_t domain_hash(const ShardStore& store) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : store.marker_domain()) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+Result<bool> is_marker_writer(Comm& comm, const ShardStore& store) {
+  const uint64_t h = domain_hash(store);
   auto all = comm.allgather(h);
   if (!all) return fail(all.error());
   return std::find(all->begin(), all->begin() + comm.rank(), h) == all->begin() + comm.rank();
 }
-}  // namespace
 
 // The options were checked by train(): T <= model seq, batch a multiple of the rank count.
 Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backend& be_,
@@ -95,7 +96,7 @@ Status Trainer::open_state() {
   layout.gpu_pci = opts.gpu_pci;
   layout.buffers = opts.buffers;
   layout.shard_floats = shard;
-  if (auto s = store.open(layout); !s) return s;
+  if (opts.resume && opts.reshard) return reshard_state(layout);
 
   // One marker per daemon the job uses, whatever the host layout (two daemons on one host, or
   // one per node): its writer is the lowest rank whose state that daemon holds.
@@ -105,13 +106,16 @@ Status Trainer::open_state() {
   if (opts.resume) {
     // Every rank reads its own daemon's marker; the job then agrees on one verdict, so a
     // rank whose daemon has none fails the job instead of leaving the others in a collective.
-    auto mk = store.read_marker();
-    const bool ok = mk && mk->magic == CommitMarker::kMagic && mk->config_hash == hash &&
-                    mk->ranks == uint64_t(R);
-    const double step = ok ? static_cast<double>(mk->step) : 0.0;
+    // Read before open(): opening replaces shards of another size (another rank count's),
+    // which a refused resume must leave as they are.
+    CommitMarker m;
+    auto got = store.read_named("commit", std::as_writable_bytes(std::span<CommitMarker>(&m, 1)));
+    const bool ok = got && *got && m.magic == CommitMarker::kMagic && m.config_hash == hash &&
+                    m.ranks == uint64_t(R);
+    const double step = ok ? static_cast<double>(m.step) : 0.0;
     double v[3] = {ok ? 0.0 : 1.0, step, -step};  // any marker bad, newest, -oldest
     if (auto st = comm.allreduce_max(v, 3); !st) return st;
-    if (!mk) return mk.error();
+    if (!got) return got.error();
     if (v[0] != 0.0)
       return Status(Code::kInvalidArgument,
                     "--resume: the job's state was not written by this model, rank count, batch and "
@@ -127,8 +131,9 @@ Status Trainer::open_state() {
                                 "leaves them at most one step apart, so no step is held by all",
                                 oldest, newest));
     start = newest + 1;
-    return {};
+    return store.open(layout);
   }
+  if (auto s = store.open(layout); !s) return s;
   // Invalidate the marker before overwriting the state, then initialize buffer 0.
   if (marker_writer)
     if (auto s = store.write_marker(CommitMarker{}); !s) return s;

@@ -124,6 +124,20 @@ class ShardStore {
     int64_t read = -1, written = -1;
   };
   virtual NvmeIo nvme_io() { return {}; }
+  // What an earlier run left in the store, by tensor name, usable before open() (--resume
+  // --reshard reads another rank count's shards): copies tensor `name` into `out` and returns
+  // true, or false when the store has no tensor of that name and size. Unsupported where the
+  // state does not outlive its process.
+  [[nodiscard]] virtual Result<bool> read_named(const std::string& name, std::span<std::byte> out) {
+    (void)name;
+    (void)out;
+    return fail(Code::kUnsupported, "this store keeps no state across runs");
+  }
+  // Deletes tensor `name` if it exists (another rank count's shards once resharded).
+  [[nodiscard]] virtual Status drop_named(const std::string& name) {
+    (void)name;
+    return Status(Code::kUnsupported, "this store keeps no state across runs");
+  }
   // Bytes this rank keeps in the store.
   virtual uint64_t bytes() const = 0;
   // For a GPU stager (trainer/cuda/pipeline_pass.hpp), which must pin the memory that

@@ -127,6 +127,12 @@ class Pass {
 // Lives on train()'s stack; every member function runs on the main thread except
 // optimizer_step, which the overlapped update runs on its own thread (it touches only the
 // store, `progress` and its arguments).
+// A 64-bit FNV-1a hash of the store's marker_domain(): equal for ranks sharing a daemon.
+uint64_t domain_hash(const ShardStore& store);
+// Whether this rank writes its daemon's commit marker: the lowest rank of those whose store's
+// marker_domain() is this one's. Collective.
+[[nodiscard]] Result<bool> is_marker_writer(Comm& comm, const ShardStore& store);
+
 struct Trainer {
   Trainer(const TrainOptions& opts, const Dataset& data, Comm& comm, Backend& be, ShardStore& store,
           std::FILE* out);
@@ -136,6 +142,10 @@ struct Trainer {
   // setup.cpp
   [[nodiscard]] Status open_state();      // opens the store; initializes or resumes (sets start, marker_writer)
   [[nodiscard]] Status alloc_buffers();   // device buffers and host staging
+  // reshard.cpp: --resume --reshard. Reads the state another rank count committed (every
+  // daemon's marker agrees on it), re-slices it for this one, opens the store with it in the
+  // committed step's buffer and sets start. Collective.
+  [[nodiscard]] Status reshard_state(const StoreLayout& layout);
   void set_plan();                        // the step's shard uses, told to tierd
 
   // trainer.cpp: one training step; rank 0 writes its JSON line.

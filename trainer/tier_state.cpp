@@ -192,6 +192,25 @@ class TierStore final : public ShardStore {
     return l->release();
   }
 
+  Result<bool> read_named(const std::string& name, std::span<std::byte> out) override {
+    auto t = client_->open_tensor(opts_.pool, name);
+    if (!t) {
+      if (t.error().code() == Code::kNotFound) return false;
+      return fail(t.error());
+    }
+    if (t->size != out.size()) return false;
+    auto l = client_->lease(t->id, LeaseMode::kRead, LeaseWait{kLeaseTimeoutMs});
+    if (!l) return fail(l.error());
+    std::memcpy(out.data(), l->bytes().data(), out.size());
+    if (auto s = l->release(); !s) return fail(s);
+    return true;
+  }
+
+  Status drop_named(const std::string& name) override {
+    Status s = client_->delete_tensor(opts_.pool, name);
+    return s.code() == Code::kNotFound ? Status{} : s;
+  }
+
   uint64_t bytes() const override { return bytes_; }
   Client* client() override { return client_.get(); }
 

@@ -56,6 +56,7 @@ struct TrainOptions {
   int prefetch = 1;       // K
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
+  bool reshard = false;   // with resume: the state was committed by another rank count
   // --dump DIR: the parameters and gradient of the run's first `dump_steps` steps (dump.hpp).
   std::string dump_dir;
   int64_t dump_steps = 1;
