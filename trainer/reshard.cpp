@@ -44,14 +44,15 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
   if (!domains) return domains.error();
 
   // Every daemon's marker: written by one run of this job on some rank count R0.
-  CommitMarker mk;
-  auto got = store.read_named("commit", std::as_writable_bytes(std::span<CommitMarker>(&mk, 1)));
-  if (!got) return got.error();
-  const bool valid = *got && mk.magic == CommitMarker::kMagic && mk.ranks > 0 && mk.ranks < (1u << 20);
-  const double r0 = valid ? static_cast<double>(mk.ranks) : 0.0;
-  const double step = valid ? static_cast<double>(mk.step) : 0.0;
+  // A rank that cannot read its marker says so in the vote and fails after it, so that no
+  // rank is left waiting in the collective.
+  auto mk = store.read_marker();
+  const bool valid = mk && mk->magic == CommitMarker::kMagic && mk->ranks > 0 && mk->ranks < (1u << 20);
+  const double r0 = valid ? static_cast<double>(mk->ranks) : 0.0;
+  const double step = valid ? static_cast<double>(mk->step) : 0.0;
   double v[5] = {valid ? 0.0 : 1.0, r0, -r0, step, -step};  // any bad, R0 max/min, newest, -oldest
   if (auto s = comm.allreduce_max(v, 5); !s) return s;
+  if (!mk) return mk.error();
   if (v[0] != 0.0)
     return Status(Code::kInvalidArgument,
                   "--resume --reshard: not every daemon the job uses has a commit marker of it");
@@ -61,7 +62,7 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
   const int R0 = static_cast<int>(v[1]);
   const auto newest = static_cast<int64_t>(v[3]), oldest = static_cast<int64_t>(-v[4]);
   const uint64_t hash0 = run_config_hash(opts, R0);
-  uint64_t bad_hash = valid && mk.config_hash != hash0 ? 1 : 0;
+  uint64_t bad_hash = valid && mk->config_hash != hash0 ? 1 : 0;
   auto bad = comm.allgather(bad_hash);
   if (!bad) return bad.error();
   for (uint64_t b : *bad)

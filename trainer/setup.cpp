@@ -108,14 +108,13 @@ Status Trainer::open_state() {
     // rank whose daemon has none fails the job instead of leaving the others in a collective.
     // Read before open(): opening replaces shards of another size (another rank count's),
     // which a refused resume must leave as they are.
-    CommitMarker m;
-    auto got = store.read_named("commit", std::as_writable_bytes(std::span<CommitMarker>(&m, 1)));
-    const bool ok = got && *got && m.magic == CommitMarker::kMagic && m.config_hash == hash &&
-                    m.ranks == uint64_t(R);
-    const double step = ok ? static_cast<double>(m.step) : 0.0;
+    auto mk = store.read_marker();
+    const bool ok = mk && mk->magic == CommitMarker::kMagic && mk->config_hash == hash &&
+                    mk->ranks == uint64_t(R);
+    const double step = ok ? static_cast<double>(mk->step) : 0.0;
     double v[3] = {ok ? 0.0 : 1.0, step, -step};  // any marker bad, newest, -oldest
     if (auto st = comm.allreduce_max(v, 3); !st) return st;
-    if (!got) return got.error();
+    if (!mk) return mk.error();
     if (v[0] != 0.0)
       return Status(Code::kInvalidArgument,
                     "--resume: the job's state was not written by this model, rank count, batch and "

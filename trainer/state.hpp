@@ -110,7 +110,9 @@ class ShardStore {
     (void)lane;
   }
   // The marker of the daemon (or memory) that holds this rank's state. Ranks whose
-  // marker_domain() is equal share one marker; each domain has one.
+  // marker_domain() is equal share one marker; each domain has one. Usable before open()
+  // (a resume checks it before opening replaces another rank count's shards): a store that
+  // holds no marker yet returns an invalid one (magic 0).
   [[nodiscard]] virtual Result<CommitMarker> read_marker() = 0;
   // Publishes the marker (one rank per marker_domain(), after every rank finished the step).
   [[nodiscard]] virtual Status write_marker(const CommitMarker& m) = 0;

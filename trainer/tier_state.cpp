@@ -165,6 +165,12 @@ class TierStore final : public ShardStore {
   }
 
   Result<CommitMarker> read_marker() override {
+    if (marker_id_ == 0) {  // before open(): the marker an earlier run left, if any
+      CommitMarker m;
+      auto got = read_named(kMarkerName, std::as_writable_bytes(std::span<CommitMarker>(&m, 1)));
+      if (!got) return fail(got.error());
+      return *got ? m : CommitMarker{};
+    }
     auto l = client_->lease(marker_id_, LeaseMode::kRead, LeaseWait{kLeaseTimeoutMs});
     if (!l) return fail(l.error());
     CommitMarker m;
