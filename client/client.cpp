@@ -730,6 +730,38 @@ Result<SnapshotInfo> Client::snapshot(std::string_view pool) {
   });
 }
 
+Result<SnapshotInfo> Client::snapshot(std::string_view pool, const SnapshotOptions& opts) {
+  return guarded<Result<SnapshotInfo>>([&]() -> Result<SnapshotInfo> {
+    wire::SnapshotRep rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->call(MsgType::kSnapshotTake, wire::SnapshotTakeReq{std::string(pool), opts.tag, opts.keep}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return SnapshotInfo{rep.snapshot_id, rep.bytes, rep.stall_us};
+  });
+}
+
+Result<PoolSnapshots> Client::list_snapshots(std::string_view pool) {
+  return guarded<Result<PoolSnapshots>>([&]() -> Result<PoolSnapshots> {
+    wire::SnapshotListRep rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->call(MsgType::kSnapshotList, wire::PoolNameReq{std::string(pool)}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    PoolSnapshots out{rep.recovered, rep.recovered_from, rep.lost, {}};
+    for (const auto& w : rep.snapshots) out.snapshots.push_back(SnapshotEntry{w.snapshot_id, w.tag, w.bytes});
+    return out;
+  });
+}
+
+Result<RestoreInfo> Client::restore_snapshot(std::string_view pool, uint64_t snapshot_id) {
+  return guarded<Result<RestoreInfo>>([&]() -> Result<RestoreInfo> {
+    wire::SnapshotRestoreRep rep;
+    std::lock_guard g(impl_->mu);
+    Status st = impl_->call(MsgType::kSnapshotRestore, wire::SnapshotRestoreReq{std::string(pool), snapshot_id}, rep);
+    if (!st.is_ok()) return fail(std::move(st));
+    return RestoreInfo{rep.tensors, rep.bytes, rep.deleted, rep.dropped_snapshots};
+  });
+}
+
 // ---- inspection ----
 
 Result<NodeStatus> Client::status() {

@@ -190,7 +190,8 @@ Status Durability::rebuild() {
       }
       need.push_back(t);
     }
-    TIER_RETURN_IF_ERROR(restore_pool_from_snapshot(*p, need));
+    uint64_t from = 0;
+    TIER_RETURN_IF_ERROR(restore_pool_from_snapshot(*p, need, &from));
     uint64_t lost_here = 0;
     for (Tensor* t : need) {  // what the snapshot did not cover
       log_warn("pool '{}': tensor '{}' (id {}) was only in RAM and not in a snapshot: lost", p->name,
@@ -202,6 +203,8 @@ Status Durability::rebuild() {
       ++lost_here;
     }
     r.lost_tensors += lost_here;
+    // The pool is now a mix of `from` and newer NVMe copies: say so until it is restored.
+    append(PoolRecovered{p->id, from, lost_here});
     if (lost_here)
       log_warn("pool '{}': {} tensors lost in the reboot (created or only in RAM after its last snapshot)",
                p->name, lost_here);
@@ -229,22 +232,23 @@ void Durability::remove_stale_arenas() {
 }
 
 void Durability::clean_snapshot_dirs() {
-  // Keep, per pool, the newest snapshot the journal records as durable (its manifest and
-  // directories were fsynced before SnapshotDurable was appended); anything else under the
-  // snapshot root is a snapshot being written when tierd died, or one already superseded.
+  // Keep, per pool, the snapshots the journal records as durable and not dropped (their
+  // manifest and directories were fsynced before SnapshotDurable was appended; older ones
+  // beyond a snapshot's `keep` were dropped in the journal when it became durable); anything
+  // else under the snapshot root is a snapshot being written when tierd died, or one whose
+  // removal the journal recorded.
   std::set<std::pair<std::string, std::string>> keep;  // (pool directory, snapshot id)
   for (const auto& [pid, pi] : image_.pools()) {
-    const SnapshotImage* latest = nullptr;
-    for (const auto& [sid, s] : pi.snapshots)
-      if (s.durable) latest = &s;
     std::vector<uint64_t> drop;
-    for (const auto& [sid, s] : pi.snapshots)
-      if (&s != latest) drop.push_back(sid);
-    for (uint64_t sid : drop) append(SnapshotDropped{pid, sid});
-    if (latest) {
-      fs::path lp(latest->path);
-      keep.emplace(lp.parent_path().filename().string(), lp.filename().string());
+    for (const auto& [sid, s] : pi.snapshots) {
+      if (!s.durable) {
+        drop.push_back(sid);
+        continue;
+      }
+      fs::path sp(s.path);
+      keep.emplace(sp.parent_path().filename().string(), sp.filename().string());
     }
+    for (uint64_t sid : drop) append(SnapshotDropped{pid, sid});
   }
   std::error_code ec;
   for (const auto& pool_dir : fs::directory_iterator(snapshot_root(), ec)) {

@@ -37,8 +37,8 @@
 // request and removes the pool's older snapshots.
 //
 // Start-up (open()): snapshot directories the journal does not record as durable (a snapshot
-// that was being written when tierd died: no manifest, or no SnapshotDurable) and those
-// superseded by a newer durable one are removed; every directory under the state dir that
+// that was being written when tierd died: no manifest, or no SnapshotDurable) and those the
+// journal dropped are removed; every directory under the state dir that
 // tierd made is mode 0700.
 //
 // Thread-safety: everything runs on the event-loop thread except the snapshot writers
@@ -89,7 +89,7 @@ struct RecoveryReport {
   uint64_t restored_from_nvme = 0;
   uint64_t lost_tensors = 0;         // RAM-only tensors not in a snapshot: gone
   uint64_t stale_arenas_removed = 0;
-  uint64_t partial_snapshots_removed = 0;  // snapshot dirs not recorded durable, or superseded
+  uint64_t partial_snapshots_removed = 0;  // snapshot dirs not recorded durable, or dropped
   double ms = 0;                     // time open() took
 };
 
@@ -145,7 +145,31 @@ class Durability {
   // Starts the point-in-time snapshot of `pool`; the reply to (session, request_id) comes
   // through poll()'s sink once durable. kBusy while a write lease is held on the pool or
   // another snapshot of it is running.
-  [[nodiscard]] Status start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id);
+  // `tag` labels it (0: none; listed by the image); once it is durable the pool keeps its
+  // newest `keep` (>= 1) durable snapshots and drops older ones. `reply_type` is the request's
+  // type (Snapshot or SnapshotTake), for the reply.
+  [[nodiscard]] Status start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id,
+                                      uint16_t reply_type, uint64_t tag = 0, uint32_t keep = 1);
+  // Rolls `pool` back to its durable snapshot `snapshot_id` (snapshot_restore.cpp): every
+  // tensor the snapshot holds gets its bytes as of the snapshot (checksums verified for all of
+  // them before anything changes), tensors the snapshot does not hold are deleted (tensors it
+  // holds that were deleted since stay deleted, as after a reboot), snapshots newer than it
+  // are dropped and PoolRestored ends a PoolRecovered state; committed before it returns.
+  // Refused with kBusy while any lease of the pool is held or reserved for a reclaim, or a
+  // snapshot of it runs; kNotFound for an unknown or not yet durable snapshot; kCorruption
+  // when its files do not match their checksums (nothing changed then). Runs on the loop and
+  // blocks it for the snapshot's read time (a rollback is a rare, whole-job event).
+  struct RestoreHooks {
+    // RAM for `t` that the caller then overwrites whole (the tier's placement; the NVMe copy
+    // is stale from here).
+    std::function<Result<std::byte*>(Pool&, Tensor&)> place;
+    // Deletes `t`: its storage, its journal record and its catalog entry.
+    std::function<void(Pool&, Tensor&)> erase;
+  };
+  struct RestoreCounts { uint64_t tensors = 0, bytes = 0, deleted = 0, dropped_snapshots = 0; };
+  [[nodiscard]] Result<RestoreCounts> restore_snapshot(Pool& pool, uint64_t snapshot_id,
+                                                       const RestoreHooks& hooks);
+  bool snapshot_running(uint64_t pool_id) const;
   // Before a write lease on `tensors` is decided: those a running snapshot has not copied yet
   // are handed to its writer now and pinned, so the lease waits (conflict) until they are in
   // the snapshot. Cheap when no snapshot runs.
@@ -183,18 +207,25 @@ class Durability {
     uint64_t in_flight = 0, in_flight_bytes = 0;
     bool finishing = false;
     uint64_t bytes = 0, stall_us = 0;
+    uint32_t keep = 1;
+    uint16_t reply_type = 0;
     std::unique_ptr<SnapshotWriter> writer;
   };
   // Most bytes handed to a writer and not yet copied (the pins held at once), beyond the
   // first tensor.
   static constexpr uint64_t kSnapshotWindow = uint64_t{32} << 20;
   static constexpr uint64_t kSnapshotWindowTensors = 64;  // and at most this many
+ public:
+  static constexpr uint32_t kMaxSnapshotsKept = 16;  // SnapshotTake's keep
+ private:
   explicit Durability(DaemonState& st) : st_(st) {}
   void append(const journal::Record& r);
   [[nodiscard]] Status rebuild();
-  [[nodiscard]] Status restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need);
+  // Reboot: fills the tensors of `need` from the pool's latest durable snapshot and leaves in
+  // `need` those it could not; *from is that snapshot's id (left alone when none was usable).
+  [[nodiscard]] Status restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need, uint64_t* from);
   void remove_stale_arenas();
-  // Start-up: removes partial and superseded snapshot directories, makes the rest 0700.
+  // Start-up: removes partial and dropped snapshot directories, makes the rest 0700.
   void clean_snapshot_dirs();
   // Hands tensor `id` of `job` to its writer (pinned), or leaves it out when it is gone.
   void hand_out(Job& job, uint64_t id, bool urgent);

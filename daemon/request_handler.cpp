@@ -88,12 +88,6 @@ void RequestHandler::session_closed(Session& s) {
 
 // --- replies ---
 
-template <class T>
-void RequestHandler::reply_ok(const Header& h, const T& body, Reply& out) {
-  Status st = encode_reply(h.type, h.request_id, Status::ok(), body, out.bytes);
-  if (!st) reply_err(h, st, out);
-}
-
 void RequestHandler::reply_err_raw(uint16_t type, uint32_t request_id, const Status& st,
                                    Reply& out) {
   state_.counters.errors++;
@@ -191,6 +185,9 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
       &RequestHandler::on_discard,
       &RequestHandler::on_lease_reclaim,
       &RequestHandler::on_arena_pin,
+      &RequestHandler::on_snapshot_take,
+      &RequestHandler::on_snapshot_list,
+      &RequestHandler::on_snapshot_restore,
   };
   (this->*kHandlers[h.type])(s, h, payload, out);
 }
@@ -426,12 +423,16 @@ void RequestHandler::on_tensor_delete(Session& s, const Header& h,
     return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
   if (t->readers > 0 || t->writer)
     return reply_err(h, Status(Code::kBusy, "tensor '" + req.name + "' is leased"), out);
-  if (state_.tiering) state_.tiering->forget(p, *t);
-  if (t->ram) state_.ram->release(p, *t->ram);
-  if (state_.durable) state_.durable->tensor_deleted(*t);
-  state_.catalog.erase_tensor(p, t->id);
+  erase_tensor(p, *t);
   reply_ok(h, Empty{}, out);
   retry_waiters();
+}
+
+void RequestHandler::erase_tensor(Pool& p, Tensor& t) {
+  if (state_.tiering) state_.tiering->forget(p, t);
+  if (t.ram) state_.ram->release(p, *t.ram);
+  if (state_.durable) state_.durable->tensor_deleted(t);
+  state_.catalog.erase_tensor(p, t.id);
 }
 
 // --- leases (hot path) ---

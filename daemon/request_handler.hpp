@@ -118,6 +118,11 @@ class RequestHandler {
   void on_nvme_only(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   // Snapshot (request_handler_durability.cpp): deferred until durable.
   void on_snapshot(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_snapshot_take(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_snapshot_list(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  void on_snapshot_restore(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  // Deletes unleased `t` of `p`: its tiers, its journal record, its catalog entry.
+  void erase_tensor(Pool& p, Tensor& t);
   // NVMe tier requests (request_handler_tiering.cpp); kUnsupported without the tier.
   void on_prefetch(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_evict(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
@@ -172,5 +177,11 @@ class RequestHandler {
   std::map<uint64_t, int> ro_fds_;  // arena id -> owned O_RDONLY fd
   uint64_t pid_ns_ = 0;             // tierd's pid namespace (lease holders' pids mean it)
 };
+
+template <class T>
+void RequestHandler::reply_ok(const wire::Header& h, const T& body, Reply& out) {
+  Status st = wire::encode_reply(h.type, h.request_id, Status::ok(), body, out.bytes);
+  if (!st) reply_err(h, st, out);
+}
 
 }  // namespace tier::daemon

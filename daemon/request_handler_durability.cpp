@@ -1,6 +1,8 @@
-// RequestHandler: the Snapshot request (durability.hpp does the work).
+// RequestHandler: the snapshot requests (Snapshot, SnapshotTake, SnapshotList, SnapshotRestore;
+// durability.hpp does the work).
 #include "daemon/durability.hpp"
 #include "daemon/request_handler.hpp"
+#include "daemon/tiering.hpp"
 
 namespace tier::daemon {
 
@@ -14,8 +16,71 @@ void RequestHandler::on_snapshot(Session& s, const Header& h, std::span<const st
   if (!pr) return reply_err(h, pr.error(), out);
   if (!state_.durable)
     return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
-  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id); !st) return reply_err(h, st, out);
+  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id, h.type); !st) return reply_err(h, st, out);
   out.deferred = true;  // answered by Durability::poll once the snapshot is durable
+}
+
+void RequestHandler::on_snapshot_take(Session& s, const Header& h, std::span<const std::byte> payload,
+                                      Reply& out) {
+  auto req = decode<SnapshotTakeReq>(payload);
+  if (!req) return reply_err(h, req.error(), out);
+  auto pr = pool_for(s, req->pool, PoolAccess::kUse);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (!state_.durable)
+    return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
+  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id, h.type, req->tag, req->keep); !st)
+    return reply_err(h, st, out);
+  out.deferred = true;  // answered by Durability::poll once the snapshot is durable
+}
+
+void RequestHandler::on_snapshot_list(Session& s, const Header& h, std::span<const std::byte> payload,
+                                      Reply& out) {
+  auto req = decode<PoolNameReq>(payload);
+  if (!req) return reply_err(h, req.error(), out);
+  auto pr = pool_for(s, req->name, PoolAccess::kUse);
+  if (!pr) return reply_err(h, pr.error(), out);
+  SnapshotListRep rep;
+  if (state_.durable) {
+    const auto& pools = state_.durable->image().pools();
+    if (auto it = pools.find((*pr)->id); it != pools.end()) {
+      if (it->second.recovered) {
+        rep.recovered = true;
+        rep.recovered_from = it->second.recovered->snapshot_id;
+        rep.lost = it->second.recovered->lost;
+      }
+      for (const auto& [sid, snap] : it->second.snapshots)
+        if (snap.durable) rep.snapshots.push_back(SnapshotInfoW{sid, snap.tag, snap.bytes});
+    }
+  }
+  reply_ok(h, rep, out);
+}
+
+void RequestHandler::on_snapshot_restore(Session& s, const Header& h, std::span<const std::byte> payload,
+                                         Reply& out) {
+  auto req = decode<SnapshotRestoreReq>(payload);
+  if (!req) return reply_err(h, req.error(), out);
+  auto pr = pool_for(s, req->pool, PoolAccess::kUse);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (!state_.durable)
+    return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
+  Durability::RestoreHooks hooks;
+  hooks.place = [this](Pool& p, Tensor& t) -> Result<std::byte*> {
+    Result<std::byte*> dst = fail(Code::kInternal, "tensor '" + t.name + "' is in no tier and there is no NVMe tier");
+    if (state_.tiering) {
+      dst = state_.tiering->place_for_restore(p, t);
+    } else if (t.ram) {
+      Arena* a = state_.ram->arena(t.ram->arena_id);
+      if (a) dst = a->base() + t.ram->offset;
+    }
+    // The NVMe copy is stale from here (as at a write lease's grant).
+    if (dst && t.nvme) state_.durable->nvme_copy_dropped(t);
+    return dst;
+  };
+  hooks.erase = [this](Pool& p, Tensor& t) { erase_tensor(p, t); };
+  auto r = state_.durable->restore_snapshot(**pr, req->snapshot_id, hooks);
+  if (!r) return reply_err(h, r.error(), out);
+  reply_ok(h, SnapshotRestoreRep{r->tensors, r->bytes, r->deleted, r->dropped_snapshots}, out);
+  retry_waiters();
 }
 
 Status RequestHandler::snapshot_poll() {

@@ -49,8 +49,18 @@ uint64_t now_unix_ms() {
 
 }  // namespace
 
-Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id) {
+bool Durability::snapshot_running(uint64_t pool_id) const {
+  for (const auto& j : jobs_)
+    if (j->pool_id == pool_id) return true;
+  return false;
+}
+
+Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id,
+                                  uint16_t reply_type, uint64_t tag, uint32_t keep) {
   if (!failed_.is_ok()) return failed_;
+  if (keep < 1 || keep > kMaxSnapshotsKept)
+    return Status(Code::kInvalidArgument, "keep must be 1.." + std::to_string(kMaxSnapshotsKept) +
+                                              " snapshots, not " + std::to_string(keep));
   for (const auto& j : jobs_)
     if (j->pool_id == pool.id)
       return Status(Code::kBusy, "a snapshot of pool '" + pool.name + "' is already running");
@@ -66,6 +76,8 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   job->snapshot_id = image_.watermarks().next_snapshot_id;
   job->session_id = session_id;
   job->request_id = request_id;
+  job->reply_type = reply_type;
+  job->keep = keep;
   job->dir = snapshot_root() + "/" + pool.name + "/" + std::to_string(job->snapshot_id);
   job->pool = pool_record(pool);
   // The point: every tensor of the pool now, wherever its bytes are. Offsets are fixed here,
@@ -90,6 +102,7 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   if (!w) return w.error();
   job->writer = std::move(*w);
   append(SnapshotBegun{pool.id, job->snapshot_id, job->dir});
+  if (tag != 0) append(SnapshotTagged{pool.id, job->snapshot_id, tag});
   feed(*job);
   job->stall_us = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
@@ -244,19 +257,27 @@ void Durability::complete(Job& job, const Sink& sink) {
     append(SnapshotDurable{job.pool_id, job.snapshot_id, job.dir, job.bytes});
     st = commit();  // durable in the journal before the caller hears so
     if (st) {
-      // Older snapshots of the pool go once this one is durable.
+      // Older snapshots of the pool go once this one is durable, but for the newest keep - 1
+      // durable ones (a cut across nodes needs the previous one until every node has the new).
       std::vector<std::pair<uint64_t, std::string>> old;
-      if (auto it = image_.pools().find(job.pool_id); it != image_.pools().end())
-        for (const auto& [sid, s] : it->second.snapshots)
-          if (sid != job.snapshot_id) old.emplace_back(sid, s.path);
+      if (auto it = image_.pools().find(job.pool_id); it != image_.pools().end()) {
+        uint32_t kept = 1;
+        for (auto s = it->second.snapshots.rbegin(); s != it->second.snapshots.rend(); ++s) {
+          if (s->first == job.snapshot_id) continue;
+          if (s->first < job.snapshot_id && s->second.durable && kept < job.keep) {
+            ++kept;
+            continue;
+          }
+          if (s->first < job.snapshot_id) old.emplace_back(s->first, s->second.path);
+        }
+      }
       for (const auto& [sid, path] : old) {
         append(SnapshotDropped{job.pool_id, sid});
         remove_later(path);
       }
       log_info("pool '{}': snapshot {} durable ({}, loop time {} us)", job.pool.name, job.snapshot_id,
                format_size(job.bytes), job.stall_us);
-      (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id,
-                               Status::ok(), wire::SnapshotRep{job.snapshot_id, job.bytes, job.stall_us},
+      (void)wire::encode_reply(job.reply_type, job.request_id, Status::ok(), wire::SnapshotRep{job.snapshot_id, job.bytes, job.stall_us},
                                reply);
     }
   }
@@ -264,13 +285,12 @@ void Durability::complete(Job& job, const Sink& sink) {
     log_warn("pool '{}': snapshot {} failed: {}", job.pool.name, job.snapshot_id, st.message());
     if (pool) append(SnapshotDropped{job.pool_id, job.snapshot_id});
     remove_later(job.dir);
-    (void)wire::encode_reply(static_cast<uint16_t>(wire::MsgType::kSnapshot), job.request_id, st,
-                             wire::Empty{}, reply);
+    (void)wire::encode_reply(job.reply_type, job.request_id, st, wire::Empty{}, reply);
   }
   if (sink) sink(job.session_id, reply);
 }
 
-Status Durability::restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need) {
+Status Durability::restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need, uint64_t* from) {
   auto pit = image_.pools().find(p.id);
   if (pit == image_.pools().end()) return Status::ok();
   const SnapshotImage* latest = nullptr;
@@ -281,6 +301,7 @@ Status Durability::restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& nee
     return Status::ok();
   }
   auto m = read_manifest(latest->path + "/" + kManifestName);
+  if (m) *from = latest->snapshot_id;
   if (!m) {
     log_error("pool '{}': snapshot {} unusable: {}", p.name, latest->snapshot_id, m.error().message());
     return Status::ok();  // its tensors count as lost, loudly
@@ -320,6 +341,124 @@ Status Durability::restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& nee
            latest->snapshot_id);
   need = std::move(rest);
   return Status::ok();
+}
+
+}  // namespace tier::daemon
+
+namespace tier::daemon {
+
+namespace {
+
+// Streams `x` of the data file through XXH3 (the manifest's checksum) without holding it whole.
+Status verify_extent(int fd, const Extent& x, const std::string& what, std::vector<std::byte>& buf) {
+  XXH3_state_t* h = XXH3_createState();
+  if (!h) return Status(Code::kResourceExhausted, "no memory for a checksum state");
+  XXH3_64bits_reset(h);
+  Status st;
+  for (uint64_t done = 0; done < x.length && st;) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), x.length - done);
+    st = read_all(fd, buf.data(), n, x.offset + done, what);
+    if (st) XXH3_64bits_update(h, buf.data(), n);
+    done += n;
+  }
+  if (st && XXH3_64bits_digest(h) != x.checksum)
+    st = Status(Code::kCorruption, what + ": checksum mismatch at offset " + std::to_string(x.offset));
+  XXH3_freeState(h);
+  return st;
+}
+
+}  // namespace
+
+Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint64_t snapshot_id,
+                                                               const RestoreHooks& hooks) {
+  if (!failed_.is_ok()) return fail(failed_);
+  if (snapshot_running(pool.id))
+    return fail(Code::kBusy, "a snapshot of pool '" + pool.name + "' is running; restore after it ends");
+  if (pool.leases > 0)
+    return fail(Code::kBusy, "pool '" + pool.name + "' has " + std::to_string(pool.leases) +
+                                 " leases held; a restore needs none (release them first)");
+  auto pit = image_.pools().find(pool.id);
+  if (pit == image_.pools().end()) return fail(Code::kInternal, "pool '" + pool.name + "' is not journaled");
+  for (const auto& [tid, ti] : pit->second.tensors)
+    if (ti.write_lease)
+      return fail(Code::kBusy, "tensor '" + ti.meta.name + "' of pool '" + pool.name +
+                                   "' is write-leased (reserved for its holder since a restart); a restore needs no leases");
+  auto sit = pit->second.snapshots.find(snapshot_id);
+  if (sit == pit->second.snapshots.end() || !sit->second.durable) {
+    std::string have;
+    for (const auto& [sid, s] : pit->second.snapshots)
+      if (s.durable) have += (have.empty() ? "" : ", ") + std::to_string(sid);
+    return fail(Code::kNotFound, "pool '" + pool.name + "' has no durable snapshot " + std::to_string(snapshot_id) +
+                                     " (it has: " + (have.empty() ? "none" : have) + ")");
+  }
+  const std::string dir = sit->second.path;
+  auto m = read_manifest(dir + "/" + kManifestName);
+  if (!m) return fail(m.error().code(), "snapshot " + std::to_string(snapshot_id) + ": " + m.error().message());
+  std::map<uint64_t, Extent> where;  // tensor id -> its bytes in the data file
+  for (const Record& r : m->body)
+    if (const auto* w = std::get_if<NvmeCopyWritten>(&r); w && w->extents.size() == 1)
+      where[w->tensor_id] = w->extents[0];
+  const std::string data = dir + "/" + kDataName;
+  int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(Status::from_errno(errno, "open " + data));
+  struct CloseFd { int fd; ~CloseFd() { ::close(fd); } } close_fd{fd};
+
+  // Check everything before changing anything: sizes, then every checksum.
+  std::vector<Tensor*> keep, drop;
+  for (auto& [id, t] : pool.tensors) {
+    auto it = where.find(id);
+    if (it == where.end()) {
+      drop.push_back(&t);
+      continue;
+    }
+    if (it->second.length != t.size)
+      return fail(Code::kCorruption, "snapshot " + std::to_string(snapshot_id) + " holds " +
+                                         std::to_string(it->second.length) + " bytes of tensor '" + t.name +
+                                         "', which has " + std::to_string(t.size));
+    keep.push_back(&t);
+  }
+  std::vector<std::byte> buf(std::min<uint64_t>(uint64_t{8} << 20, std::max<uint64_t>(1, m->end.bytes)));
+  for (Tensor* t : keep)
+    if (Status st = verify_extent(fd, where[t->id], data + " (tensor '" + t->name + "')", buf); !st)
+      return fail(std::move(st));
+  buf = {};
+
+  RestoreCounts c;
+  for (Tensor* t : drop) {
+    hooks.erase(pool, *t);
+    c.deleted++;
+  }
+  for (Tensor* t : keep) {
+    auto dst = hooks.place(pool, *t);
+    Status st = dst ? Status::ok() : dst.error();
+    const Extent& x = where[t->id];
+    if (st) st = read_all(fd, *dst, t->size, x.offset, data);
+    if (st && XXH3_64bits(*dst, t->size) != x.checksum)
+      st = Status(Code::kCorruption, data + " changed while it was restored (tensor '" + t->name + "')");
+    if (!st) {
+      if (dst) std::memset(*dst, 0, t->size);  // never serve damaged bytes
+      log_error("pool '{}': restore of snapshot {} failed at tensor '{}' ({} of {} restored): {}", pool.name,
+                snapshot_id, t->name, c.tensors, keep.size(), st.message());
+      if (Status cs = commit(); !cs) return fail(std::move(cs));
+      return fail(st.code(), "restore of snapshot " + std::to_string(snapshot_id) + " failed at tensor '" +
+                                 t->name + "' (the pool is partly restored; retry the restore): " + st.message());
+    }
+    c.tensors++;
+    c.bytes += t->size;
+  }
+  std::vector<std::pair<uint64_t, std::string>> newer;
+  for (const auto& [sid, s] : pit->second.snapshots)
+    if (sid > snapshot_id) newer.emplace_back(sid, s.path);
+  for (const auto& [sid, path] : newer) {
+    append(SnapshotDropped{pool.id, sid});
+    remove_later(path);
+    c.dropped_snapshots++;
+  }
+  append(PoolRestored{pool.id, snapshot_id});
+  if (Status st = commit(); !st) return fail(std::move(st));
+  log_info("pool '{}': restored snapshot {}: {} tensors ({}), {} deleted, {} newer snapshots dropped", pool.name,
+           snapshot_id, c.tensors, format_size(c.bytes), c.deleted, c.dropped_snapshots);
+  return c;
 }
 
 }  // namespace tier::daemon

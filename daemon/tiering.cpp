@@ -834,6 +834,28 @@ void TierManager::discard(std::span<Tensor* const> tensors) {
   }
 }
 
+Result<std::byte*> TierManager::place_for_restore(Pool& pool, Tensor& t) {
+  wait_idle(t.id);
+  while (!t.ram) {
+    auto loc = allocate(pool, t.node, t.size);
+    if (loc) {
+      t.ram = *loc;
+      if (durable_) durable_->ram_placed(t);
+      stats_.fetches_skipped++;
+      break;
+    }
+    // kBusy: only write-backs in flight can free the room; wait for them.
+    if (loc.error().code() != Code::kBusy || engine_->pending() == 0) return fail(loc.error());
+    engine_->wait();
+    flush_drops();
+  }
+  Tensor* one = &t;
+  on_granted(std::span<Tensor* const>(&one, 1), LeaseMode::kWrite);
+  std::byte* p = ram_ptr(*t.ram);
+  if (!p) return fail(Code::kInternal, "tensor '" + t.name + "': its arena is not mapped");
+  return p;
+}
+
 void TierManager::forget(Pool& pool, Tensor& t) {
   wait_idle(t.id);
   auto it = ts_.find(t.id);

@@ -116,6 +116,13 @@ class TierManager {
   // torn. A write lease ends the dead state. A hint: never an error.
   void discard(std::span<Tensor* const> tensors);
 
+  // A restore (Durability::restore_snapshot) is about to overwrite every byte of unleased `t`:
+  // waits for its I/O, gives it RAM without reading its NVMe copy when it has none (evicting
+  // others, and waiting for their write-backs when only those can make room), and marks the
+  // RAM copy dirty as a write lease does (the caller journals the NVMe copy as dropped).
+  // Returns where its bytes go. kResourceExhausted when no room can be made.
+  [[nodiscard]] Result<std::byte*> place_for_restore(Pool& pool, Tensor& t);
+
   // Before `t` is erased: waits for its I/O and frees its NVMe copy. The caller frees its RAM.
   void forget(Pool& pool, Tensor& t);
 

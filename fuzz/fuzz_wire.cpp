@@ -73,7 +73,10 @@ void check_datagram(std::span<const std::byte> d) {
     case MsgType::kPoolCreate: check_request<PoolCreateReq>(*h, d); break;
     case MsgType::kPoolOpen:
     case MsgType::kPoolDrop:
-    case MsgType::kSnapshot: check_request<PoolNameReq>(*h, d); break;
+    case MsgType::kSnapshot:
+    case MsgType::kSnapshotList: check_request<PoolNameReq>(*h, d); break;
+    case MsgType::kSnapshotTake: check_request<SnapshotTakeReq>(*h, d); break;
+    case MsgType::kSnapshotRestore: check_request<SnapshotRestoreReq>(*h, d); break;
     case MsgType::kTensorCreate: check_request<TensorCreateReq>(*h, d); break;
     case MsgType::kTensorOpen:
     case MsgType::kTensorDelete: check_request<TensorRefReq>(*h, d); break;
@@ -100,6 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             TensorInfoW, TensorCreateReq, TensorRefReq, TensorListReq, TensorListRep, LeaseReq,
             LeaseGrant, LeaseRep, ReleaseReq, LeaseReclaimReq, MapArenaReq, MapArenaRep, NodeTierW, NvmeTierW,
             StatusRep, TopoNodeW, TopoDevW, TopoRep, TensorIdsReq, PlanSetReq, SnapshotRep,
+            SnapshotTakeReq, SnapshotInfoW, SnapshotListRep, SnapshotRestoreReq, SnapshotRestoreRep,
             TextRep, Empty>(payload);
   return 0;
 }

@@ -64,6 +64,9 @@ void wire_corpus() {
   put(t, "discard", req(MsgType::kDiscard, TensorIdsReq{"job-a", {2, 3}}));
   put(t, "plan_set", req(MsgType::kPlanSet, PlanSetReq{"job-a", {1, 2, 1, 3}, 1 << 20, {0, 1, 0, 0}}));
   put(t, "snapshot", req(MsgType::kSnapshot, PoolNameReq{"job-a"}));
+  put(t, "snapshot_take", req(MsgType::kSnapshotTake, SnapshotTakeReq{"job-a", 600, 2}));
+  put(t, "snapshot_list", req(MsgType::kSnapshotList, PoolNameReq{"job-a"}));
+  put(t, "snapshot_restore", req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"job-a", 3}));
   put(t, "rep_error", rep(MsgType::kPoolOpen, Status(Code::kNotFound, "no pool named 'x'"), Empty{}));
   put(t, "rep_pool", rep(MsgType::kPoolOpen, Status::ok(),
                          PoolInfoW{1, "job-a", 1000, 1 << 30, 0, 4096, 0, 1}));
@@ -95,7 +98,10 @@ void journal_corpus() {
       WriteLeaseHeld{5, (1ull << 32) | 3, 1000, 4242, 987654, 4026531836ull},
       WriteLeaseEnded{5},
       SnapshotBegun{1, 1, "/snap/1"},
+      SnapshotTagged{1, 1, 12},
       SnapshotDurable{1, 1, "/snap/1", 4096},
+      PoolRecovered{1, 1, 0},
+      PoolRestored{1, 1},
       SnapshotDropped{1, 1},
       TensorDeleted{1, 5},
       PoolDropped{1},
@@ -238,6 +244,11 @@ void request_corpus() {
                          req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0, {}}, 6),
                          req(MsgType::kSnapshot, PoolNameReq{"p"}, 7),
                          req(MsgType::kDiscard, TensorIdsReq{"p", {1}}, 8)}));
+  put(t, "snapshot_restore", seq(0, {hello, pool, tensor,
+                                     req(MsgType::kSnapshotTake, SnapshotTakeReq{"p", 5, 2}, 4),
+                                     req(MsgType::kSnapshotList, PoolNameReq{"p"}, 5),
+                                     req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"p", 1}, 6),
+                                     req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"p", 99}, 7)}));
   // Pin the first pool's arena (pool 1, node 0) around an eviction, unpin, unpin again.
   put(t, "arena_pin", seq(0, {hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
                               req(MsgType::kMapArena, MapArenaReq{1 << 16}, 5),

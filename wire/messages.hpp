@@ -51,8 +51,11 @@ enum class MsgType : uint16_t {
   kDiscard = 20,  // added within version 2: an older daemon answers it as an unknown type
   kLeaseReclaim = 21,  // added within version 2, likewise
   kArenaPin = 22,  // added within version 2, likewise
+  kSnapshotTake = 23,     // added within version 2, likewise: a tagged snapshot, keeping older ones
+  kSnapshotList = 24,     // added within version 2, likewise
+  kSnapshotRestore = 25,  // added within version 2, likewise
 };
-inline constexpr uint16_t kMaxMsgType = 22;
+inline constexpr uint16_t kMaxMsgType = 25;
 
 struct Header {
   uint32_t magic = kMagic;
@@ -287,6 +290,39 @@ struct SnapshotRep {
   uint64_t bytes = 0;
   uint64_t stall_us = 0;  // how long the pool was frozen for the point-in-time copy
   template <class V> void visit(V& v) { v(snapshot_id); v(bytes); v(stall_us); }
+};
+struct SnapshotTakeReq {  // reply: SnapshotRep
+  std::string pool;
+  uint64_t tag = 0;   // the client's label (e.g. a training step); 0: none
+  uint32_t keep = 1;  // durable snapshots of the pool kept once this one is durable (>= 1)
+  template <class V> void visit(V& v) { v(pool); v(tag); v(keep); }
+};
+struct SnapshotInfoW {
+  uint64_t snapshot_id = 0;
+  uint64_t tag = 0;
+  uint64_t bytes = 0;
+  template <class V> void visit(V& v) { v(snapshot_id); v(tag); v(bytes); }
+};
+struct SnapshotListRep {  // request: PoolNameReq
+  // A restart rebuilt the pool after losing its RAM (a reboot) and it has not been restored
+  // since: its bytes are the snapshot `recovered_from` (0: none) plus newer NVMe copies.
+  bool recovered = false;
+  uint64_t recovered_from = 0;
+  uint64_t lost = 0;                     // tensors that restart could not bring back
+  std::vector<SnapshotInfoW> snapshots;  // durable ones, oldest first
+  template <class V> void visit(V& v) { v(recovered); v(recovered_from); v(lost); v(snapshots); }
+};
+struct SnapshotRestoreReq {
+  std::string pool;
+  uint64_t snapshot_id = 0;
+  template <class V> void visit(V& v) { v(pool); v(snapshot_id); }
+};
+struct SnapshotRestoreRep {
+  uint64_t tensors = 0;  // restored to their bytes as of the snapshot
+  uint64_t bytes = 0;
+  uint64_t deleted = 0;  // tensors the snapshot does not hold
+  uint64_t dropped_snapshots = 0;  // newer snapshots, dropped
+  template <class V> void visit(V& v) { v(tensors); v(bytes); v(deleted); v(dropped_snapshots); }
 };
 struct TextRep {  // Metrics (Prometheus text), one page of at most kMaxStringBytes
   std::string text;

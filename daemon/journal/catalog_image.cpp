@@ -129,8 +129,30 @@ Status CatalogImage::apply(const Record& rec) {
         } else if constexpr (std::is_same_v<T, SnapshotDurable>) {
           PoolImage* p = pool(r.pool_id);
           if (!p) return bad(rec, "no " + id_of_pool);
-          p->snapshots[r.snapshot_id] = SnapshotImage{r.snapshot_id, r.path, true, r.bytes};
+          SnapshotImage& s = p->snapshots[r.snapshot_id];
+          s.snapshot_id = r.snapshot_id;
+          s.path = r.path;
+          s.durable = true;
+          s.bytes = r.bytes;
           see_ids(0, 0, r.snapshot_id, 0, 0);
+        } else if constexpr (std::is_same_v<T, SnapshotTagged>) {
+          PoolImage* p = pool(r.pool_id);
+          if (!p) return bad(rec, "no " + id_of_pool);
+          auto it = p->snapshots.find(r.snapshot_id);
+          if (it == p->snapshots.end())
+            return bad(rec, "no snapshot " + std::to_string(r.snapshot_id) + " in " + id_of_pool);
+          it->second.tag = r.tag;
+        } else if constexpr (std::is_same_v<T, PoolRecovered>) {
+          PoolImage* p = pool(r.pool_id);
+          if (!p) return bad(rec, "no " + id_of_pool);
+          p->recovered = r;
+        } else if constexpr (std::is_same_v<T, PoolRestored>) {
+          PoolImage* p = pool(r.pool_id);
+          if (!p) return bad(rec, "no " + id_of_pool);
+          auto it = p->snapshots.find(r.snapshot_id);
+          if (it == p->snapshots.end() || !it->second.durable)
+            return bad(rec, "no durable snapshot " + std::to_string(r.snapshot_id) + " in " + id_of_pool);
+          p->recovered.reset();
         } else if constexpr (std::is_same_v<T, SnapshotDropped>) {
           PoolImage* p = pool(r.pool_id);
           if (!p || !p->snapshots.erase(r.snapshot_id))
@@ -172,8 +194,10 @@ Status CatalogImage::emit_live(const Journal::Emit& emit) const {
     }
     for (const auto& [sid, s] : p.snapshots) {
       TIER_RETURN_IF_ERROR(emit(SnapshotBegun{pid, sid, s.path}));
+      if (s.tag != 0) TIER_RETURN_IF_ERROR(emit(SnapshotTagged{pid, sid, s.tag}));
       if (s.durable) TIER_RETURN_IF_ERROR(emit(SnapshotDurable{pid, sid, s.path, s.bytes}));
     }
+    if (p.recovered) TIER_RETURN_IF_ERROR(emit(*p.recovered));
   }
   return Status::ok();
 }

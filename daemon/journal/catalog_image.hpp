@@ -19,6 +19,10 @@
 //   NvmeCopyWritten    the tensor's NVMe copy is this one (replacing an older generation)
 //   NvmeCopyDropped    the NVMe copy of that generation goes (another generation: no-op)
 //   SnapshotBegun/Durable/Dropped   a pool's snapshot is started / durable / gone
+//   SnapshotTagged     a snapshot of the pool gets the client's tag
+//   PoolRecovered      the pool was rebuilt after losing its RAM (replaces an earlier one)
+//   PoolRestored       the pool was rolled back to one of its durable snapshots: clears
+//                      PoolRecovered (the snapshot must exist and be durable)
 //   WriteLeaseHeld     the tensor is write-leased by that holder (replacing an earlier one);
 //                      WriteLeaseEnded: it is not (no-op when it was not)
 //   Watermarks         next ids: the image keeps the maximum seen of each, and never less than
@@ -51,6 +55,7 @@ struct SnapshotImage {
   std::string path;
   bool durable = false;
   uint64_t bytes = 0;
+  uint64_t tag = 0;  // the client's label (SnapshotTagged); 0: none
   bool operator==(const SnapshotImage&) const = default;
 };
 
@@ -59,6 +64,9 @@ struct PoolImage {
   std::map<uint64_t, ArenaCreated> arenas;     // by arena id
   std::map<uint64_t, TensorImage> tensors;     // by tensor id
   std::map<uint64_t, SnapshotImage> snapshots; // by snapshot id
+  // Set when a restart rebuilt the pool after losing its RAM (a mix of the snapshot and newer
+  // NVMe copies), until a PoolRestored.
+  std::optional<PoolRecovered> recovered;
   bool operator==(const PoolImage&) const = default;
 };
 
@@ -72,7 +80,8 @@ class CatalogImage {
   [[nodiscard]] RecordVisitor replayer();
 
   // Emits the live state: Watermarks, then per pool PoolCreated, its ArenaCreated, per tensor
-  // TensorCreated (+ NvmeCopyWritten, + WriteLeaseHeld), per snapshot SnapshotBegun (+ SnapshotDurable).
+  // TensorCreated (+ NvmeCopyWritten, + WriteLeaseHeld), per snapshot SnapshotBegun (+ SnapshotTagged, + SnapshotDurable),
+  // then PoolRecovered when set.
   [[nodiscard]] Status emit_live(const Journal::Emit& emit) const;
 
   const std::map<uint64_t, PoolImage>& pools() const noexcept { return pools_; }

@@ -56,6 +56,9 @@ std::string_view record_type_name(RecordType t) noexcept {
     case RecordType::kManifestEnd: return "ManifestEnd";
     case RecordType::kWriteLeaseHeld: return "WriteLeaseHeld";
     case RecordType::kWriteLeaseEnded: return "WriteLeaseEnded";
+    case RecordType::kSnapshotTagged: return "SnapshotTagged";
+    case RecordType::kPoolRecovered: return "PoolRecovered";
+    case RecordType::kPoolRestored: return "PoolRestored";
   }
   return "unknown";
 }

@@ -42,8 +42,11 @@ enum class RecordType : uint16_t {
   kManifestEnd = 15,
   kWriteLeaseHeld = 16,
   kWriteLeaseEnded = 17,
+  kSnapshotTagged = 18,
+  kPoolRecovered = 19,
+  kPoolRestored = 20,
 };
-inline constexpr uint16_t kMaxRecordType = 17;
+inline constexpr uint16_t kMaxRecordType = 20;
 [[nodiscard]] std::string_view record_type_name(RecordType t) noexcept;
 
 // PoolCreated::flags (on-disk layout: bits never change meaning).
@@ -194,6 +197,43 @@ struct SnapshotDropped {
   bool operator==(const SnapshotDropped&) const = default;
 };
 
+// The client's label of a snapshot (e.g. a training step), appended right after its
+// SnapshotBegun when the request carried one. Tags need not be unique.
+struct SnapshotTagged {
+  static constexpr RecordType kType = RecordType::kSnapshotTagged;
+  uint64_t pool_id = 0;
+  uint64_t snapshot_id = 0;
+  uint64_t tag = 0;
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(tag); }
+  bool operator==(const SnapshotTagged&) const = default;
+};
+
+// A restart found an arena of the pool gone (a reboot) or refused, and rebuilt the pool from
+// snapshot `snapshot_id` (0: none) and the tensors' NVMe copies; `lost` tensors had neither.
+// The pool's bytes are then a mix of two points in time (each NVMe copy is newer than the
+// snapshot), which clients that need one consistent point (a training job) must know:
+// kept until the pool is restored from a snapshot (PoolRestored) or dropped.
+struct PoolRecovered {
+  static constexpr RecordType kType = RecordType::kPoolRecovered;
+  uint64_t pool_id = 0;
+  uint64_t snapshot_id = 0;
+  uint64_t lost = 0;
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(lost); }
+  bool operator==(const PoolRecovered&) const = default;
+};
+
+// The pool was rolled back to snapshot `snapshot_id`: every tensor of the snapshot holds its
+// bytes as of the snapshot (their NVMe copies dropped and RAM placements journaled before
+// this), tensors the snapshot does not hold were deleted, and newer snapshots dropped. Ends
+// a PoolRecovered state.
+struct PoolRestored {
+  static constexpr RecordType kType = RecordType::kPoolRestored;
+  uint64_t pool_id = 0;
+  uint64_t snapshot_id = 0;
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); }
+  bool operator==(const PoolRestored&) const = default;
+};
+
 // Every id the daemon hands out is below these; a restarted daemon starts from them. The daemon
 // may reserve ids in blocks (journal next = current + block) to avoid one record per create.
 struct Watermarks {
@@ -261,7 +301,7 @@ using Record = std::variant<PoolCreated, PoolDropped, TensorCreated, TensorDelet
                             NvmeCopyWritten, NvmeCopyDropped, SnapshotBegun, SnapshotDurable,
                             SnapshotDropped, Watermarks, TensorRamPlaced, TensorRamDropped,
                             ArenaCreated, ManifestBegin, ManifestEnd, WriteLeaseHeld,
-                            WriteLeaseEnded>;
+                            WriteLeaseEnded, SnapshotTagged, PoolRecovered, PoolRestored>;
 static_assert(std::variant_size_v<Record> == kMaxRecordType, "one alternative per RecordType");
 
 [[nodiscard]] RecordType record_type(const Record& r) noexcept;

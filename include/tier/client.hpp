@@ -107,6 +107,21 @@ struct Topology {
 };
 
 struct SnapshotInfo { uint64_t snapshot_id; uint64_t bytes; uint64_t stall_us; };
+struct SnapshotOptions {
+  uint64_t tag = 0;   // a label of the caller's (e.g. a training step); 0: none
+  uint32_t keep = 1;  // durable snapshots of the pool kept once this one is durable (1..16)
+};
+struct SnapshotEntry { uint64_t snapshot_id; uint64_t tag; uint64_t bytes; };
+struct PoolSnapshots {
+  // A tierd restart rebuilt the pool after its RAM was lost (a reboot), and it has not been
+  // restored since: its bytes are snapshot `recovered_from` (0: none) plus the tensors' newer
+  // NVMe copies, i.e. not one point in time; `lost` tensors could not be brought back.
+  bool recovered = false;
+  uint64_t recovered_from = 0;
+  uint64_t lost = 0;
+  std::vector<SnapshotEntry> snapshots;  // durable ones, oldest first
+};
+struct RestoreInfo { uint64_t tensors; uint64_t bytes; uint64_t deleted; uint64_t dropped_snapshots; };
 
 class Client {
  public:
@@ -159,6 +174,15 @@ class Client {
                                 uint64_t budget = 0);
   // A consistent, durable copy of the pool; returns once it is durable.
   [[nodiscard]] Result<SnapshotInfo> snapshot(std::string_view pool);
+  // The same, tagged, keeping the pool's newest opts.keep durable snapshots (a tierd that
+  // predates tagged snapshots answers kProtocol, "unknown message type", and disconnects).
+  [[nodiscard]] Result<SnapshotInfo> snapshot(std::string_view pool, const SnapshotOptions& opts);
+  [[nodiscard]] Result<PoolSnapshots> list_snapshots(std::string_view pool);
+  // Rolls the pool back to its durable snapshot `snapshot_id`: every tensor the snapshot holds
+  // gets its bytes as of the snapshot, tensors created since are deleted, newer snapshots are
+  // dropped and `recovered` is cleared. kBusy while any lease on the pool is held (all
+  // checksums are verified before anything changes: kCorruption leaves the pool as it was).
+  [[nodiscard]] Result<RestoreInfo> restore_snapshot(std::string_view pool, uint64_t snapshot_id);
 
   // Node inspection.
   [[nodiscard]] Result<NodeStatus> status();

@@ -91,8 +91,16 @@ class Churn {
           default:
             if (p->second.snapshots.empty()) return Watermarks{next_pool_, next_tensor_ + 64, next_snap_, 1, next_gen_};
             auto s = pick(p->second.snapshots);
-            if (s->second.durable) return SnapshotDropped{p->first, s->first};
-            return SnapshotDurable{p->first, s->first, s->second.path, 1 << 20};
+            switch (rng_() % 5) {
+              case 0: return SnapshotTagged{p->first, s->first, rng_() % 100 + 1};
+              case 1: return PoolRecovered{p->first, s->first, rng_() % 4};
+              case 2:
+                if (s->second.durable) return PoolRestored{p->first, s->first};
+                return std::nullopt;
+              default:
+                if (s->second.durable) return SnapshotDropped{p->first, s->first};
+                return SnapshotDurable{p->first, s->first, s->second.path, 1 << 20};
+            }
         }
       }
     }
@@ -138,8 +146,18 @@ TEST_CASE("records change the catalog image as documented", "[journal][image]") 
   REQUIRE(img.apply(WriteLeaseHeld{5, 8, 1000, 42, 99, 1}).is_ok());  // emitted by compaction
   REQUIRE(img.apply(SnapshotBegun{1, 2, "/s/2"}).is_ok());
   CHECK_FALSE(img.pools().at(1).snapshots.at(2).durable);
+  REQUIRE(img.apply(SnapshotTagged{1, 2, 600}).is_ok());
+  // A restore needs a durable snapshot.
+  CHECK(img.apply(PoolRestored{1, 2}).code() == Code::kCorruption);
   REQUIRE(img.apply(SnapshotDurable{1, 2, "/s/2", 4096}).is_ok());
   CHECK(img.pools().at(1).snapshots.at(2).durable);
+  CHECK(img.pools().at(1).snapshots.at(2).tag == 600);  // the tag outlives SnapshotDurable
+  CHECK_FALSE(img.pools().at(1).recovered);
+  REQUIRE(img.apply(PoolRecovered{1, 2, 3}).is_ok());
+  REQUIRE(img.pools().at(1).recovered);
+  CHECK(img.pools().at(1).recovered->lost == 3);
+  REQUIRE(img.apply(PoolRestored{1, 2}).is_ok());
+  CHECK_FALSE(img.pools().at(1).recovered);
   // Watermarks never fall below one past an id seen.
   REQUIRE(img.apply(Watermarks{1, 1, 1, 1, 1}).is_ok());
   CHECK(img.watermarks().next_pool_id == 2);
@@ -182,6 +200,10 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
       ArenaCreated{1, 7, 0, "b", 1},  // another pool's arena id
       SnapshotBegun{9, 1, "p"},
       SnapshotDropped{1, 1},
+      SnapshotTagged{1, 1, 5},  // no such snapshot
+      SnapshotTagged{9, 1, 5},
+      PoolRecovered{9, 0, 0},
+      PoolRestored{1, 1},
       ManifestBegin{1, 1, 1},
       ManifestEnd{0, 0},
   };

@@ -47,6 +47,9 @@ std::vector<Record> sample_records(uint64_t salt) {
   v.push_back(ManifestEnd{3, 1 << 20});
   v.push_back(WriteLeaseHeld{100 + salt, (1ull << 32) | (4 + salt), 1000, -7, 123456 + salt, 4026531836ull});
   v.push_back(WriteLeaseEnded{100 + salt});
+  v.push_back(SnapshotTagged{7 + salt, 5 + salt, 1200 + salt});
+  v.push_back(PoolRecovered{7 + salt, 5 + salt, 3 + salt});
+  v.push_back(PoolRestored{7 + salt, 5 + salt});
   return v;
 }
 

@@ -104,6 +104,10 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
   v.push_back(code(r.call<Empty>(MsgType::kEvict, TensorIdsReq{pool, {tid}})));                  // 13
   v.push_back(code(r.call<Empty>(MsgType::kPlanSet, PlanSetReq{pool, {tid}, 0, {}})));               // 14
   v.push_back(code(r.call<SnapshotRep>(MsgType::kSnapshot, PoolNameReq{pool})));                 // 15
+  // 23..25, asked here, while the pool exists
+  const int64_t take = code(r.call<SnapshotRep>(MsgType::kSnapshotTake, SnapshotTakeReq{pool, 7, 2}));
+  const int64_t snaps = code(r.call<SnapshotListRep>(MsgType::kSnapshotList, PoolNameReq{pool}));
+  const int64_t restore = code(r.call<SnapshotRestoreRep>(MsgType::kSnapshotRestore, SnapshotRestoreReq{pool, 1}));
   v.push_back(code(r.call<StatusRep>(MsgType::kStatus, Empty{})));                               // 16
   v.push_back(code(r.call<TopoRep>(MsgType::kTopo, Empty{})));                                   // 17
   auto met = r.call<TextRep>(MsgType::kMetrics, MetricsReq{0});                                  // 18
@@ -121,13 +125,17 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
   v.push_back(listed);                                                                          // 20
   v.push_back(met && met->text.find("pool=\"" + pool + "\"") != std::string::npos);              // 21
   v.push_back(writable);                                                                        // 22
+  v.push_back(take);                                                                            // 23
+  v.push_back(snaps);                                                                           // 24
+  v.push_back(restore);                                                                         // 25
   return v;
 }
 
 const char* kKinds[] = {"PoolCreate exist_ok", "PoolCreate", "PoolOpen", "PoolList", "TensorCreate",
                         "TensorOpen", "TensorList", "TensorDelete", "Lease read", "Lease write",
                         "Release (foreign id)", "MapArena", "Prefetch", "Evict", "PlanSet", "Snapshot",
-                        "Status", "Topo", "Metrics", "PoolDrop", "listed", "in metrics", "fd writable"};
+                        "Status", "Topo", "Metrics", "PoolDrop", "listed", "in metrics", "fd writable",
+                        "SnapshotTake", "SnapshotList", "SnapshotRestore"};
 
 // NVMe-only kinds answer kUnsupported before any authorization when the daemon has no NVMe
 // tier; with one, they must be refused like the rest.
@@ -189,10 +197,11 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
   SECTION("a stranger may do nothing with either pool") {
     for (auto [pool, tid, aid] : {std::tuple{"shared", shared_t, shared_arena}, {"private", private_t, private_arena}}) {
       auto v = as(kStranger, [&] { return try_everything(sock, pool, tid, aid); });
-      REQUIRE(v.size() == 23);
+      REQUIRE(v.size() == 26);
       std::vector<int64_t> want = {DENIED, EXISTS, DENIED, OK,     DENIED, DENIED, DENIED, DENIED,
                                    DENIED, DENIED, NOTFOUND, DENIED, DENIED, DENIED, DENIED, DENIED,
-                                   OK,     OK,     OK,     DENIED, 0,      0,      -1};
+                                   OK,     OK,     OK,     DENIED, 0,      0,      -1,
+                                   DENIED, DENIED, DENIED};
       for (size_t i = 0; i < want.size(); ++i) {
         INFO(pool << ": " << kKinds[i]);
         if (i >= 12 && i <= 15) check_nvme_kind(v[i], want[i], kKinds[i]);
@@ -203,10 +212,11 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
 
   SECTION("a member of the pool's group may read it, but not change it") {
     auto v = as(kReader, [&] { return try_everything(sock, "shared", shared_t, shared_arena); });
-    REQUIRE(v.size() == 23);
+    REQUIRE(v.size() == 26);
     std::vector<int64_t> want = {DENIED, EXISTS, OK, OK,     DENIED, OK,     OK,     DENIED,
                                  OK,     DENIED, NOTFOUND, OK, DENIED, DENIED, DENIED, DENIED,
-                                 OK,     OK,     OK,     DENIED, 1,      1,      0};
+                                 OK,     OK,     OK,     DENIED, 1,      1,      0,
+                                 DENIED, DENIED, DENIED};
     for (size_t i = 0; i < want.size(); ++i) {
       INFO(kKinds[i]);
       if (i >= 12 && i <= 15) check_nvme_kind(v[i], want[i], kKinds[i]);
@@ -227,10 +237,11 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
 
   SECTION("an admin_group member (supplementary group) may inspect and drop, never lease or map") {
     auto v = as(kAdmin, [&] { return try_everything(sock, "private", private_t, private_arena); });
-    REQUIRE(v.size() == 23);
+    REQUIRE(v.size() == 26);
     std::vector<int64_t> want = {DENIED, EXISTS, OK, OK,     DENIED, OK,     OK,     DENIED,
                                  DENIED, DENIED, NOTFOUND, DENIED, DENIED, DENIED, DENIED, DENIED,
-                                 OK,     OK,     OK,     OK,     1,      1,      -1};
+                                 OK,     OK,     OK,     OK,     1,      1,      -1,
+                                 DENIED, DENIED, DENIED};
     for (size_t i = 0; i < want.size(); ++i) {
       INFO(kKinds[i]);
       if (i >= 12 && i <= 15) check_nvme_kind(v[i], want[i], kKinds[i]);

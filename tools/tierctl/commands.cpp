@@ -436,8 +436,8 @@ Status cmd_prefetch(Client& c, const Output& o, const std::string& pool, const s
   return Status::ok();
 }
 
-Status cmd_snapshot(Client& c, const Output& o, const std::string& pool) {
-  auto s = c.snapshot(pool);
+Status cmd_snapshot(Client& c, const Output& o, const std::string& pool, const SnapshotOptions& opts) {
+  auto s = (opts.tag == 0 && opts.keep == 1) ? c.snapshot(pool) : c.snapshot(pool, opts);
   if (!s) return s.error();
   if (o.json) {
     print_json({{"pool", pool}, {"snapshot_id", s->snapshot_id}, {"bytes", s->bytes},
@@ -446,6 +446,46 @@ Status cmd_snapshot(Client& c, const Output& o, const std::string& pool) {
     std::printf("snapshot %llu of %s: %s durable (pool frozen %.3f ms)\n",
                 (unsigned long long)s->snapshot_id, pool.c_str(), format_size(s->bytes).c_str(),
                 s->stall_us / 1000.0);
+  }
+  return Status::ok();
+}
+
+Status cmd_snapshots(Client& c, const Output& o, const std::string& pool) {
+  auto l = c.list_snapshots(pool);
+  if (!l) return l.error();
+  if (o.json) {
+    json a = json::array();
+    for (const auto& e : l->snapshots) a.push_back({{"snapshot_id", e.snapshot_id}, {"tag", e.tag}, {"bytes", e.bytes}});
+    print_json({{"pool", pool}, {"recovered", l->recovered}, {"recovered_from", l->recovered_from},
+                {"lost", l->lost}, {"snapshots", a}});
+    return Status::ok();
+  }
+  if (l->recovered)
+    std::printf("pool %s was rebuilt after its RAM was lost: snapshot %llu plus newer NVMe copies, %llu tensor(s) "
+                "lost; restore a snapshot for one point in time\n",
+                pool.c_str(), (unsigned long long)l->recovered_from, (unsigned long long)l->lost);
+  if (l->snapshots.empty()) {
+    std::printf("pool %s has no durable snapshot\n", pool.c_str());
+    return Status::ok();
+  }
+  std::printf("%-12s %-20s %s\n", "SNAPSHOT", "TAG", "BYTES");
+  for (const auto& e : l->snapshots)
+    std::printf("%-12llu %-20s %s\n", (unsigned long long)e.snapshot_id,
+                e.tag ? std::to_string(e.tag).c_str() : "-", format_size(e.bytes).c_str());
+  return Status::ok();
+}
+
+Status cmd_restore(Client& c, const Output& o, const std::string& pool, uint64_t snapshot_id) {
+  auto r = c.restore_snapshot(pool, snapshot_id);
+  if (!r) return r.error();
+  if (o.json) {
+    print_json({{"pool", pool}, {"snapshot_id", snapshot_id}, {"tensors", r->tensors}, {"bytes", r->bytes},
+                {"deleted", r->deleted}, {"dropped_snapshots", r->dropped_snapshots}});
+  } else {
+    std::printf("pool %s restored to snapshot %llu: %llu tensor(s), %s; %llu deleted, %llu newer snapshot(s) dropped\n",
+                pool.c_str(), (unsigned long long)snapshot_id, (unsigned long long)r->tensors,
+                format_size(r->bytes).c_str(), (unsigned long long)r->deleted,
+                (unsigned long long)r->dropped_snapshots);
   }
   return Status::ok();
 }

@@ -31,7 +31,10 @@ struct PutOptions {
 [[nodiscard]] Status cmd_evict(Client& c, const Output& o, const std::string& pool, const std::string& name);
 [[nodiscard]] Status cmd_prefetch(Client& c, const Output& o, const std::string& pool,
                                   const std::string& name);
-[[nodiscard]] Status cmd_snapshot(Client& c, const Output& o, const std::string& pool);
+[[nodiscard]] Status cmd_snapshot(Client& c, const Output& o, const std::string& pool,
+                                  const SnapshotOptions& opts);
+[[nodiscard]] Status cmd_snapshots(Client& c, const Output& o, const std::string& pool);
+[[nodiscard]] Status cmd_restore(Client& c, const Output& o, const std::string& pool, uint64_t snapshot_id);
 // Asks "drop pool ...? [y/N]" on a terminal unless `yes`; off a terminal it drops (scripts).
 [[nodiscard]] Status cmd_drop(Client& c, const Output& o, const std::string& pool, bool yes);
 [[nodiscard]] Status cmd_metrics(Client& c, const Output& o);

@@ -111,6 +111,19 @@ int main(int argc, char** argv) {
 
   auto* snapshot = app.add_subcommand("snapshot", "make a consistent, durable copy of POOL on NVMe; returns once durable");
   snapshot->add_option("POOL", pool, "pool name")->required();
+  tier::SnapshotOptions snap_opts;
+  snapshot->add_option("--tag", snap_opts.tag, "a label of yours, e.g. a training step (listed by 'snapshots')");
+  snapshot->add_option("--keep", snap_opts.keep, "durable snapshots of POOL kept once this one is durable (default 1)")
+      ->check(CLI::Range(1, 16).description("1 to 16"));
+
+  auto* snapshots = app.add_subcommand("snapshots", "list POOL's durable snapshots, and whether a reboot left it a mix of points in time");
+  snapshots->add_option("POOL", pool, "pool name")->required();
+
+  uint64_t restore_id = 0;
+  auto* restore = app.add_subcommand("restore", "roll POOL back to snapshot ID: its tensors as of then, newer tensors "
+                                                "and snapshots deleted (fails while leased)");
+  restore->add_option("POOL", pool, "pool name")->required();
+  restore->add_option("ID", restore_id, "snapshot id (see 'tierctl snapshots POOL')")->required();
 
   bool drop_yes = false;
   auto* drop = app.add_subcommand("drop", "delete POOL with all its tensors, RAM and NVMe (fails while leased); "
@@ -176,7 +189,9 @@ int main(int argc, char** argv) {
     else if (*rm) st = cmd_rm(c, out, pool, name);
     else if (*evict) st = cmd_evict(c, out, pool, name);
     else if (*prefetch) st = cmd_prefetch(c, out, pool, name);
-    else if (*snapshot) st = cmd_snapshot(c, out, pool);
+    else if (*snapshot) st = cmd_snapshot(c, out, pool, snap_opts);
+    else if (*snapshots) st = cmd_snapshots(c, out, pool);
+    else if (*restore) st = cmd_restore(c, out, pool, restore_id);
     else if (*drop) st = cmd_drop(c, out, pool, drop_yes);
     else if (*metrics) st = cmd_metrics(c, out);
     else if (*top) st = cmd_top(c, out, top_opts);
