@@ -113,6 +113,11 @@ int main(int argc, char** argv) {
   app.add_flag("--reshard", o.reshard,
                "with --resume: the job's state was committed by another rank count; re-slice it "
                "from tierd across this run's ranks");
+  app.add_option("--snapshot-every", o.snapshot_every,
+                 "--state tier: after every N-th committed step, a durable snapshot of each node's pool "
+                 "(a consistent cut; a --resume after a node reboot rolls every node back to the newest "
+                 "cut all of them hold). 0: none")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "compute threads per rank (default: cores / local ranks)");
   app.add_flag("--mpi", force_mpi, "initialize MPI even when not started by mpirun/srun");
   app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
@@ -125,8 +130,8 @@ int main(int argc, char** argv) {
   std::string fault_kill;
   app.add_option("--fault-kill", fault_kill,
                  "testing: STEP:POINT:RANK kills that rank (SIGKILL) at forward, backward, "
-                 "optimizer, precommit, postcommit or discarded (after the dead buffer's "
-                 "discard) of that step")
+                 "optimizer, precommit, postcommit, discarded (after the dead buffer's "
+                 "discard) or snapshot (after --snapshot-every's cut) of that step")
       ->group("testing");
   app.add_option("--dump", o.dump_dir,
                  "write the parameters each of the first --dump-steps steps computes with "
@@ -229,6 +234,7 @@ int main(int argc, char** argv) {
     o.buffers = buffers > 0 ? buffers : 1;
     if (o.resume) die(&comm, "--resume needs --state tier (resident state dies with the process)", 2);
     if (o.reshard) die(&comm, "--reshard needs --state tier and --resume", 2);
+    if (o.snapshot_every > 0) die(&comm, "--snapshot-every needs --state tier (snapshots are tierd's)", 2);
   } else if (state == "tier") {
     TierStoreOptions to;
     to.socket = socket;

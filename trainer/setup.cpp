@@ -104,6 +104,7 @@ Status Trainer::open_state() {
   if (!writer) return writer.error();
   marker_writer = *writer;
   if (opts.resume) {
+    if (auto s = roll_back_if_recovered(); !s) return s;
     // Every rank reads its own daemon's marker; the job then agrees on one verdict, so a
     // rank whose daemon has none fails the job instead of leaving the others in a collective.
     // Read before open(): opening replaces shards of another size (another rank count's),

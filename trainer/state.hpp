@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tier/status.hpp"
@@ -138,6 +139,28 @@ class ShardStore {
   // Deletes tensor `name` if it exists (another rank count's shards once resharded).
   [[nodiscard]] virtual Status drop_named(const std::string& name) {
     (void)name;
+    return Status(Code::kUnsupported, "this store keeps no state across runs");
+  }
+  // Snapshots of the daemon's pool (--snapshot-every; trainer/rollback.cpp). One rank per
+  // marker_domain() calls them, while no rank of that domain holds a pin. snapshot(): a
+  // durable copy of the whole pool tagged `tag` (the committed step), keeping the newest
+  // `keep`. snapshots(): those the daemon holds, and whether a restart rebuilt the pool after
+  // its RAM was lost (a reboot: then its bytes are not one step's). restore(): the pool as it
+  // was at snapshot `id`. kUnsupported where the state does not outlive its process.
+  struct SnapshotState {
+    bool recovered = false;
+    std::vector<std::pair<uint64_t, uint64_t>> snapshots;  // (id, tag), oldest first
+  };
+  [[nodiscard]] virtual Status snapshot(uint64_t tag, uint32_t keep) {
+    (void)tag;
+    (void)keep;
+    return Status(Code::kUnsupported, "this store keeps no state across runs");
+  }
+  [[nodiscard]] virtual Result<SnapshotState> snapshots() {
+    return fail(Code::kUnsupported, "this store keeps no state across runs");
+  }
+  [[nodiscard]] virtual Status restore(uint64_t id) {
+    (void)id;
     return Status(Code::kUnsupported, "this store keeps no state across runs");
   }
   // Bytes this rank keeps in the store.

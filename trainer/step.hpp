@@ -146,6 +146,12 @@ struct Trainer {
   // daemon's marker agrees on it), re-slices it for this one, opens the store with it in the
   // committed step's buffer and sets start. Collective.
   [[nodiscard]] Status reshard_state(const StoreLayout& layout);
+  // rollback.cpp: --resume. When a daemon rebuilt the job's pool after losing its RAM (a
+  // reboot), rolls every daemon's pool back to the newest snapshot step all of them hold, so
+  // the markers then agree; a no-op otherwise. Collective; before the store is opened.
+  [[nodiscard]] Status roll_back_if_recovered();
+  // After commit(step): the cut of --snapshot-every (every daemon's pool, tagged `step`).
+  [[nodiscard]] Status snapshot_cut(int64_t step);
   void set_plan();                        // the step's shard uses, told to tierd
 
   // trainer.cpp: one training step; rank 0 writes its JSON line.

@@ -217,6 +217,25 @@ class TierStore final : public ShardStore {
     return s.code() == Code::kNotFound ? Status{} : s;
   }
 
+  Status snapshot(uint64_t tag, uint32_t keep) override {
+    auto s = client_->snapshot(opts_.pool, SnapshotOptions{tag, keep});
+    return s ? Status{} : s.error();
+  }
+
+  Result<SnapshotState> snapshots() override {
+    auto l = client_->list_snapshots(opts_.pool);
+    if (!l) return fail(l.error());
+    SnapshotState out;
+    out.recovered = l->recovered;
+    for (const auto& e : l->snapshots) out.snapshots.emplace_back(e.snapshot_id, e.tag);
+    return out;
+  }
+
+  Status restore(uint64_t id) override {
+    auto r = client_->restore_snapshot(opts_.pool, id);
+    return r ? Status{} : r.error();
+  }
+
   uint64_t bytes() const override { return bytes_; }
   Client* client() override { return client_.get(); }
 

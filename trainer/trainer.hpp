@@ -57,6 +57,11 @@ struct TrainOptions {
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   bool resume = false;    // continue from the store's committed step
   bool reshard = false;   // with resume: the state was committed by another rank count
+  // After every N-th committed step, a snapshot of each daemon's pool tagged with the step (a
+  // consistent cut across nodes; the previous cut is kept until the new one is durable
+  // everywhere). 0: none. A --resume after a node lost its RAM rolls every node back to the
+  // newest cut all hold (trainer/rollback.cpp).
+  int64_t snapshot_every = 0;
   // --dump DIR: the parameters and gradient of the run's first `dump_steps` steps (dump.hpp).
   std::string dump_dir;
   int64_t dump_steps = 1;
@@ -71,7 +76,8 @@ struct TrainOptions {
   bool overlap_optimizer = false;
   // Fault injection for the warm-restart tests: rank `fault_rank` kills itself (SIGKILL) in
   // step `fault_step` at `fault_point`: "forward", "backward", "optimizer" (after the first
-  // layer's update), "precommit" (after the barrier, before the marker) or "postcommit".
+  // layer's update), "precommit" (after the barrier, before the marker), "postcommit" or
+  // "snapshot" (after --snapshot-every's cut of that step is durable on every node).
   int64_t fault_step = 0;
   int fault_rank = 0;
   std::string fault_point;

@@ -196,6 +196,7 @@ Status Trainer::commit(int64_t step) {
     store.discard(dead);
     fault_at("discarded", step);
   }
+  if (opts.snapshot_every > 0 && step % opts.snapshot_every == 0) return snapshot_cut(step);
   return {};
 }
 

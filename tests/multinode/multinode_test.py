@@ -14,6 +14,9 @@ default socket. Each case is a ctest test (tests/multinode/CMakeLists.txt, label
   reshard        4 ranks commit half the job; --resume --reshard on 2 ranks (one per node)
                  re-slices the state from both tierds: its first step reads exactly the
                  parameters of the uninterrupted 4-rank run, and the losses follow it
+  reboot         with --snapshot-every 4 and part of the state on NVMe, one node reboots
+                 mid-run: --resume rolls both nodes back to the newest cut both hold and the
+                 losses from there on are the uninterrupted run's
 
 Run as `python3 multinode_test.py CASE`: it checks it can (root, unshare, nsenter, ip, mpirun,
 namespaces; exit 77 = skipped otherwise) and runs itself again under `tools/nodes run`, which
@@ -311,18 +314,65 @@ def case_reshard():
     print(f"reshard: 4 -> 2 ranks at step 7, steps 7..{steps} within 1e-5 of the 4-rank run", flush=True)
 
 
-CASES = {"same_losses": (2, case_same_losses), "kill_ranks": (2, case_kill_ranks),
-         "kill_tierd": (2, case_kill_tierd), "reshard": (2, case_reshard)}
+def snapshots(node, pool):
+    return json.loads(nodes("exec", node, os.path.join(BIN, "tierctl"), "--json", "snapshots", pool))
+
+
+def case_reboot():
+    # --snapshot-every 4 cuts every node's pool at steps 4, 8, ...; the RAM quota is below the
+    # job's state, so part of it lives on each node's NVMe. node2 reboots mid-run (its /dev/shm
+    # and tierd gone, its state and NVMe dirs kept): its tierd rebuilds the pool from its latest
+    # snapshot plus the newer NVMe copies, a mix of steps. --resume rolls both nodes back to the
+    # newest cut both hold, and every loss from there on is the uninterrupted run's.
+    steps = 16
+    args = f"--steps {steps} --seed 11 --state tier --snapshot-every 4 --ram-quota 8M"
+    want = reference(args, "ref")
+    check(len(want) == steps, f"the reference printed {len(want)} steps")
+    ref_snaps = snapshots("node1", "ref")
+    check([e["tag"] for e in ref_snaps["snapshots"]] == [12, 16], f"kept cuts {ref_snaps}")
+    delay = random.Random().uniform(0, 0.3)
+
+    def reboot_node2():
+        time.sleep(delay)
+        nodes("reboot", "node2")
+
+    a = train_interrupted(4, args + " --job boot", 9, reboot_node2)
+    check(a.rc != 0, "the job outlived its rebooted node")
+    after = snapshots("node2", "boot")
+    check(after["recovered"], f"node2's pool does not say it was rebuilt: {after}")
+    b = train(4, args + " --job boot --resume")
+    require_ok(b, "--resume after the reboot")
+    cut = None
+    for line in b.err.splitlines():
+        if "rolled back to the snapshot of step" in line:
+            cut = int(line.rsplit(" ", 1)[1])
+    check(cut is not None, f"--resume did not roll back:\n{b.err}")
+    # Step 8's cut was durable on both nodes before step 9 printed; a later one at most just
+    # before the reboot.
+    check(cut % 4 == 0 and 8 <= cut <= a.steps[-1] + 1, f"rolled back to {cut} after the run printed {a.steps}")
+    check(b.steps == list(range(cut + 1, steps + 1)), f"resumed steps {b.steps} after a cut at {cut}")
+    same_as(want, a, "the run whose node rebooted")
+    same_as(want, b, "the resumed run")
+    for node in ("node1", "node2"):
+        check(not snapshots(node, "boot")["recovered"], f"{node}'s pool still says recovered")
+    print(f"reboot: node2 rebooted after step {a.steps[-1]} (+{delay * 1e3:.0f} ms); both nodes rolled back to "
+          f"the cut of step {cut}; steps {cut + 1}..{steps} equal the uninterrupted run", flush=True)
+
+
+# name: (nodes, case, environment of tools/nodes)
+CASES = {"same_losses": (2, case_same_losses, {}), "kill_ranks": (2, case_kill_ranks, {}),
+         "kill_tierd": (2, case_kill_tierd, {}), "reshard": (2, case_reshard, {}),
+         "reboot": (2, case_reboot, {"TIER_NODES_NVME": "1"})}
 
 
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in CASES:
         print(f"usage: {sys.argv[0]} {'|'.join(CASES)}", file=sys.stderr)
         return 2
-    n, case = CASES[sys.argv[1]]
+    n, case, case_env = CASES[sys.argv[1]]
     if "TIER_NODES_DIR" not in os.environ:
         can_run()
-        env = dict(os.environ, TIER_BIN_DIR=BIN)
+        env = dict(os.environ, TIER_BIN_DIR=BIN, **case_env)
         env.pop("TIERD_SOCKET", None)
         t0 = time.monotonic()
         # SIGTERM on overrun: tools/nodes stops the case and tears the nodes down.
