@@ -119,6 +119,10 @@ class RequestHandler {
   // Snapshot (request_handler_durability.cpp): deferred until durable.
   void on_snapshot(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_snapshot_take(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
+  // The pool a snapshot request names, usable by the session; kUnsupported without a journal.
+  [[nodiscard]] Result<Pool*> snapshot_pool(const Session& s, const std::string& name);
+  void take_snapshot(Session& s, const wire::Header& h, const std::string& pool, uint64_t tag, uint32_t keep,
+                     Reply& out);
   void on_snapshot_list(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_snapshot_restore(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   // Deletes unleased `t` of `p`: its tiers, its journal record, its catalog entry.

@@ -8,29 +8,34 @@ namespace tier::daemon {
 
 using namespace tier::wire;
 
+Result<Pool*> RequestHandler::snapshot_pool(const Session& s, const std::string& name) {
+  auto pr = pool_for(s, name, PoolAccess::kUse);
+  if (!pr) return pr;
+  if (!state_.durable) return fail(Code::kUnsupported, "snapshots need the journal (a tierd state dir)");
+  return pr;
+}
+
+void RequestHandler::take_snapshot(Session& s, const Header& h, const std::string& pool, uint64_t tag,
+                                   uint32_t keep, Reply& out) {
+  auto pr = snapshot_pool(s, pool);
+  if (!pr) return reply_err(h, pr.error(), out);
+  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id, h.type, tag, keep); !st)
+    return reply_err(h, st, out);
+  out.deferred = true;  // answered by Durability::poll once the snapshot is durable
+}
+
 void RequestHandler::on_snapshot(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
   auto req = decode<PoolNameReq>(payload);
   if (!req) return reply_err(h, req.error(), out);
-  auto pr = pool_for(s, req->name, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  if (!state_.durable)
-    return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
-  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id, h.type); !st) return reply_err(h, st, out);
-  out.deferred = true;  // answered by Durability::poll once the snapshot is durable
+  take_snapshot(s, h, req->name, 0, 1, out);
 }
 
 void RequestHandler::on_snapshot_take(Session& s, const Header& h, std::span<const std::byte> payload,
                                       Reply& out) {
   auto req = decode<SnapshotTakeReq>(payload);
   if (!req) return reply_err(h, req.error(), out);
-  auto pr = pool_for(s, req->pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  if (!state_.durable)
-    return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
-  if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id, h.type, req->tag, req->keep); !st)
-    return reply_err(h, st, out);
-  out.deferred = true;  // answered by Durability::poll once the snapshot is durable
+  take_snapshot(s, h, req->pool, req->tag, req->keep, out);
 }
 
 void RequestHandler::on_snapshot_list(Session& s, const Header& h, std::span<const std::byte> payload,
@@ -59,10 +64,8 @@ void RequestHandler::on_snapshot_restore(Session& s, const Header& h, std::span<
                                          Reply& out) {
   auto req = decode<SnapshotRestoreReq>(payload);
   if (!req) return reply_err(h, req.error(), out);
-  auto pr = pool_for(s, req->pool, PoolAccess::kUse);
+  auto pr = snapshot_pool(s, req->pool);
   if (!pr) return reply_err(h, pr.error(), out);
-  if (!state_.durable)
-    return reply_err(h, Status(Code::kUnsupported, "snapshots need the journal (a tierd state dir)"), out);
   Durability::RestoreHooks hooks;
   hooks.place = [this](Pool& p, Tensor& t) -> Result<std::byte*> {
     Result<std::byte*> dst = fail(Code::kInternal, "tensor '" + t.name + "' is in no tier and there is no NVMe tier");

@@ -224,8 +224,9 @@ class TierStore final : public ShardStore {
 
   Result<SnapshotState> snapshots() override {
     auto l = client_->list_snapshots(opts_.pool);
-    if (!l) return fail(l.error());
     SnapshotState out;
+    if (!l && l.error().code() == Code::kNotFound) return out;  // this daemon never held the job
+    if (!l) return fail(l.error());
     out.recovered = l->recovered;
     for (const auto& e : l->snapshots) out.snapshots.emplace_back(e.snapshot_id, e.tag);
     return out;

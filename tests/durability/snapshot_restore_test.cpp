@@ -59,10 +59,7 @@ size_t snapshot_dirs(const TestDaemon& d, const std::string& pool) {
 TEST_CASE("a pool rolls back to a kept, tagged snapshot: every tier, new tensors deleted, across restart and reboot") {
   fresh_boot();
   TempDir nvme("restore");
-  DaemonOptions o;
-  o.ram = "64M";
-  o.extra_args = {"--nvme-dir", nvme.path};
-  TestDaemon d(o);
+  TestDaemon d(with_nvme(nvme, "64M"));
   auto c = connect_to(d);
   REQUIRE(c->create_pool("r", {.ram_quota = 8 << 20}).has_value());
   std::vector<std::string> names;
@@ -165,10 +162,7 @@ TEST_CASE("a pool rolls back to a kept, tagged snapshot: every tier, new tensors
 TEST_CASE("a reboot leaves a pool recovered (a mix of points in time) until it is restored, and a damaged snapshot changes nothing") {
   fresh_boot();
   TempDir nvme("mix");
-  DaemonOptions o;
-  o.ram = "64M";
-  o.extra_args = {"--nvme-dir", nvme.path};
-  TestDaemon d(o);
+  TestDaemon d(with_nvme(nvme, "64M"));
   auto c = connect_to(d);
   REQUIRE(c->create_pool("m", {.ram_quota = 8 << 20}).has_value());
   std::vector<std::string> names = {"a", "b", "c", "d"};

@@ -88,9 +88,7 @@ bool nobody_can_list(const std::string& dir) {
 TEST_CASE("a snapshot covers tensors only on NVMe: after a reboot each reads its snapshot-time bytes") {
   fresh_boot();
   TempDir nvme("nvme");
-  DaemonOptions o;
-  o.ram = "128M";
-  o.extra_args = {"--nvme-dir", nvme.path};
+  const DaemonOptions o = with_nvme(nvme, "128M");
   constexpr size_t kSize = 1 << 20;
   std::map<std::string, uint64_t> want;  // what each tensor must read after the reboot
   {

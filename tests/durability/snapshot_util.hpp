@@ -87,4 +87,12 @@ struct TempDir {
   }
 };
 
+// A tierd with `ram` and an NVMe tier in `nvme`.
+inline DaemonOptions with_nvme(const TempDir& nvme, std::string ram) {
+  DaemonOptions o;
+  o.ram = std::move(ram);
+  o.extra_args = {"--nvme-dir", nvme.path};
+  return o;
+}
+
 }  // namespace tier::test::snap
