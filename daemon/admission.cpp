@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "daemon/tiering.hpp"
+#include "daemon/tiering/nvme_tier.hpp"
 
 namespace tier::daemon {
 
@@ -39,7 +39,7 @@ Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t s
   return Status::ok();
 }
 
-Status admit_tensor(const RamTier& ram, const TierManager* tier, const Pool& pool, int32_t node,
+Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool, int32_t node,
                     uint64_t size, std::string_view name) {
   TIER_RETURN_IF_ERROR(ram_admits(ram, pool, node, size, name));
   if (tier) TIER_RETURN_IF_ERROR(tier->nvme_admits(pool, size, name));

@@ -21,7 +21,7 @@
 
 namespace tier::daemon {
 
-class TierManager;
+class NvmeTier;
 
 // `size` rounded up to a multiple of `align` (a power of two); nullopt when that overflows.
 [[nodiscard]] std::optional<uint64_t> round_up_checked(uint64_t size, uint64_t align) noexcept;
@@ -32,8 +32,8 @@ class TierManager;
 [[nodiscard]] Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t size,
                                 std::string_view name);
 
-// ram_admits() and, with the NVMe tier (`tier` not null), TierManager::nvme_admits().
-[[nodiscard]] Status admit_tensor(const RamTier& ram, const TierManager* tier, const Pool& pool,
+// ram_admits() and, with the NVMe tier (`tier` not null), NvmeTier::nvme_admits().
+[[nodiscard]] Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool,
                                   int32_t node, uint64_t size, std::string_view name);
 
 }  // namespace tier::daemon

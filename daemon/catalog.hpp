@@ -32,7 +32,7 @@ struct RamLocation {
 };
 
 // The tensor's NVMe copy: its extents and checksums, as the NVMe engine wrote them
-// (daemon/nvme/location.hpp). Filled in by the NVMe tier (daemon/tiering.hpp).
+// (daemon/nvme/location.hpp). Filled in by the NVMe tier (daemon/tiering/nvme_tier.hpp).
 using NvmeLocation = nvme::NvmeLocation;
 
 struct Tensor {

@@ -2,7 +2,7 @@
 // request). A device reads and writes the physical pages that were pinned, not whatever the
 // arena holds at that offset later: if tierd punched such a range out of the arena on
 // eviction, the arena would get fresh pages on the next fetch while the device kept using the
-// old ones, and an H2D after evict + refetch would copy stale bytes. So TierManager punches
+// old ones, and an H2D after evict + refetch would copy stale bytes. So NvmeTier punches
 // only the parts of a freed extent that no pin covers (unpinned()); pinned pages stay the
 // arena's, resident, and are reused in place.
 //

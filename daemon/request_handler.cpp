@@ -725,7 +725,19 @@ StatusRep RequestHandler::status() const {
   r.prefetches = c.prefetches;
   r.requests = c.requests;
   r.errors = c.errors;
-  if (state_.tiering) state_.tiering->fill_status(r);
+  if (state_.tiering) {
+    const NvmeTier::Figures f = state_.tiering->figures();
+    for (const auto& d : f.dirs) r.nvme.push_back(NvmeTierW{d.path, d.numa_node, d.backend, d.capacity, d.used});
+    for (auto& n : r.ram) n.dirty = f.dirty_by_node.contains(n.node) ? f.dirty_by_node.at(n.node) : 0;
+    r.bytes_read = f.bytes_read;
+    r.bytes_written = f.bytes_written;
+    const TierStats& ts = state_.tiering->stats();
+    r.hits = ts.hits;
+    r.misses = ts.misses;
+    r.stalls = ts.stalls;
+    r.evictions = ts.evictions;
+    r.prefetches = ts.prefetches;
+  }
   return r;
 }
 

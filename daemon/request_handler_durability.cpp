@@ -2,7 +2,7 @@
 // durability.hpp does the work).
 #include "daemon/durability.hpp"
 #include "daemon/request_handler.hpp"
-#include "daemon/tiering.hpp"
+#include "daemon/tiering/nvme_tier.hpp"
 
 namespace tier::daemon {
 

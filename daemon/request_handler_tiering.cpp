@@ -1,5 +1,5 @@
 // The NVMe tier's requests (Prefetch, Evict, PlanSet) and its poll hook. Kept apart from
-// request_handler.cpp: these only translate between the wire and the TierManager.
+// request_handler.cpp: these only translate between the wire and the NvmeTier.
 #include <fmt/format.h>
 
 #include "daemon/log.hpp"

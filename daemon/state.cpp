@@ -31,7 +31,7 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
   }
   st->ram = std::make_unique<RamTier>(std::move(ro), st->topology);
   if (!cfg.nvme.empty()) {
-    auto tm = TierManager::open(cfg, st->catalog, *st->ram);
+    auto tm = NvmeTier::open(cfg, st->catalog, *st->ram);
     if (!tm) return fail(tm.error());
     st->tiering = std::move(*tm);
   }

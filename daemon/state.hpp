@@ -15,7 +15,7 @@
 #include "daemon/lease_reclaim.hpp"
 #include "daemon/leases.hpp"
 #include "daemon/ram/ram_tier.hpp"
-#include "daemon/tiering.hpp"
+#include "daemon/tiering/nvme_tier.hpp"
 #include "daemon/topology.hpp"
 
 namespace tier::daemon {
@@ -46,7 +46,7 @@ struct DaemonState {
   std::unique_ptr<Durability> durable;
   // The NVMe tier; null without NVMe directories. Declared last: destroyed (its I/O drained)
   // while the catalog and RAM tier still exist.
-  std::unique_ptr<TierManager> tiering;
+  std::unique_ptr<NvmeTier> tiering;
 };
 
 // Builds the state from a validated config and sizes: loads the topology and sets up the

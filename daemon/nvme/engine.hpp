@@ -51,7 +51,7 @@ enum class BackendChoice : uint8_t { kAuto = 0, kUring = 1, kPread = 2 };
 // Wraps a directory's backend (e.g. in a FaultBackend); see EngineOptions::wrap_backend.
 using WrapBackend = std::function<std::unique_ptr<IoBackend>(uint16_t dir, std::unique_ptr<IoBackend>)>;
 
-// Test hook for engines that code under test opens itself (the daemon's TierManager): while
+// Test hook for engines that code under test opens itself (the daemon's NvmeTier): while
 // set, Engine::open wraps each directory's backend with it unless the options give their own
 // wrap_backend. Process-wide and not synchronized: set it before the open, clear it (empty)
 // when done.

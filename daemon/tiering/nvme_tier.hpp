@@ -1,4 +1,7 @@
-// TierManager: the NVMe tier inside tierd. It owns the nvme::Engine and the per-tensor tiering
+// NvmeTier: the NVMe tier inside tierd (daemon/tiering/: nvme_tier.cpp opens it and holds the
+// shared helpers, residency.cpp the per-tensor I/O state machine, victims.cpp eviction,
+// cleaner.cpp background write-back, lease_path.cpp what leases need, plans.cpp plans and
+// prefetch). It owns the nvme::Engine and the per-tensor tiering
 // state, and decides (with daemon/policy) what leaves RAM and what comes back ahead of use.
 //
 // Placement: a tensor is in RAM (Tensor::ram), on NVMe (Tensor::nvme), or both. Both with
@@ -38,7 +41,6 @@
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "policy/watermark.hpp"
-#include "wire/messages.hpp"
 
 namespace tier::daemon {
 
@@ -61,14 +63,14 @@ struct TierStats {
   uint64_t cleaned_bytes = 0;    // written back ahead of need while the device was idle
 };
 
-class TierManager {
+class NvmeTier {
  public:
   // Opens the engine on cfg.nvme (logging each directory's backend choice).
-  [[nodiscard]] static Result<std::unique_ptr<TierManager>> open(const Config& cfg, Catalog& catalog,
+  [[nodiscard]] static Result<std::unique_ptr<NvmeTier>> open(const Config& cfg, Catalog& catalog,
                                                                  RamTier& ram);
-  ~TierManager();  // drains I/O in flight (the catalog and RAM tier must still exist)
-  TierManager(const TierManager&) = delete;
-  TierManager& operator=(const TierManager&) = delete;
+  ~NvmeTier();  // drains I/O in flight (the catalog and RAM tier must still exist)
+  NvmeTier(const NvmeTier&) = delete;
+  NvmeTier& operator=(const NvmeTier&) = delete;
 
   // Readable when poll() has work (engine completions or a prefetch timer).
   int event_fd() const noexcept { return epfd_; }
@@ -139,8 +141,14 @@ class TierManager {
   // Arena ranges clients pinned for DMA (ArenaPin): release_ram never punches them.
   DmaPins& dma_pins() noexcept { return dma_pins_; }
 
-  // NVMe entries, RAM dirty bytes and the tiering counters of a status reply.
-  void fill_status(wire::StatusRep& r) const;
+  // The tier's figures for status and metrics (the request handler puts them on the wire).
+  struct Figures {
+    struct Dir { std::string path; int32_t numa_node = -1; std::string backend; uint64_t capacity = 0, used = 0; };
+    std::vector<Dir> dirs;
+    std::unordered_map<int32_t, uint64_t> dirty_by_node;  // RAM bytes that need a write-back
+    uint64_t bytes_read = 0, bytes_written = 0;          // fetched from / written to NVMe
+  };
+  [[nodiscard]] Figures figures() const;
   const TierStats& stats() const noexcept { return stats_; }
   const nvme::Engine& engine() const noexcept { return *engine_; }
 
@@ -156,7 +164,7 @@ class TierManager {
 
  private:
   enum class Io : uint8_t { kNone, kFetch, kSpill };
-  struct TState {
+  struct TensorIo {
     uint64_t last_use = 0;     // LRU stamp
     uint64_t write_gen = 0;    // bumped by each write lease
     uint64_t spill_gen = 0;    // write_gen when the write-back in flight started
@@ -192,8 +200,8 @@ class TierManager {
     double seconds_per_use = 0; // moving average of the time between uses
   };
 
-  TierManager(Catalog& c, RamTier& r) : catalog_(c), ram_(r) {}
-  TState& ts(uint64_t id);
+  NvmeTier(Catalog& c, RamTier& r) : catalog_(c), ram_(r) {}
+  TensorIo& ts(uint64_t id);
   std::byte* ram_ptr(const RamLocation& loc);
   // Frees a RAM extent and punches its pages out of the arena.
   void release_ram(Pool& pool, const RamLocation& loc, bool punch = true);
@@ -204,7 +212,7 @@ class TierManager {
   // Drops clean, unleased RAM copies: journals every drop and commits once (one fdatasync),
   // then frees the extents and returns their pages to the OS (unless keep_pages).
   void drop_ram_many(std::span<Tensor* const> tensors);
-  // Reads and clears TState::keep_pages.
+  // Reads and clears TensorIo::keep_pages.
   bool take_keep_pages(uint64_t id);
   // Drops the tensors whose write-back completed (spill_done queues them) and that are still
   // clean and unleased: one commit per batch of completions. Called after every engine poll or
@@ -259,7 +267,7 @@ class TierManager {
   // A failed write-back of `s` is not retried for kSpillRetryS, so an allocation that cannot
   // evict fails instead of retrying the same victim forever; one refused for NVMe space is
   // retried as soon as NVMe space was freed since (forget()).
-  [[nodiscard]] bool spill_backed_off(const TState& s, double now) const;
+  [[nodiscard]] bool spill_backed_off(const TensorIo& s, double now) const;
   // "NVMe tier full: N free, M needed for the victims' write-backs" (or the pool's NVMe quota).
   [[nodiscard]] std::string nvme_short_message(const NvmeShort& sh) const;
   void maintain();
@@ -276,7 +284,7 @@ class TierManager {
   RamTier& ram_;
   policy::Watermarks marks_;
   uint64_t default_nvme_quota_ = 0;
-  std::unordered_map<uint64_t, TState> ts_;
+  std::unordered_map<uint64_t, TensorIo> ts_;
   std::unordered_map<uint64_t, Plan> plans_;  // by session
   std::unordered_set<uint64_t> pinned_;
   // The tensors of the lease prepare_lease()/lease_ready() is deciding on: never victims while
