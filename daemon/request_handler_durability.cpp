@@ -2,6 +2,7 @@
 // durability.hpp does the work).
 #include "daemon/durability.hpp"
 #include "daemon/request_handler.hpp"
+#include "daemon/request_util.hpp"
 #include "daemon/tiering/nvme_tier.hpp"
 
 namespace tier::daemon {
@@ -26,23 +27,20 @@ void RequestHandler::take_snapshot(Session& s, const Header& h, const std::strin
 
 void RequestHandler::on_snapshot(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
-  auto req = decode<PoolNameReq>(payload);
-  if (!req) return reply_err(h, req.error(), out);
-  take_snapshot(s, h, req->name, 0, 1, out);
+  TIER_DECODE(PoolNameReq, req);
+  take_snapshot(s, h, req.name, 0, 1, out);
 }
 
 void RequestHandler::on_snapshot_take(Session& s, const Header& h, std::span<const std::byte> payload,
                                       Reply& out) {
-  auto req = decode<SnapshotTakeReq>(payload);
-  if (!req) return reply_err(h, req.error(), out);
-  take_snapshot(s, h, req->pool, req->tag, req->keep, out);
+  TIER_DECODE(SnapshotTakeReq, req);
+  take_snapshot(s, h, req.pool, req.tag, req.keep, out);
 }
 
 void RequestHandler::on_snapshot_list(Session& s, const Header& h, std::span<const std::byte> payload,
                                       Reply& out) {
-  auto req = decode<PoolNameReq>(payload);
-  if (!req) return reply_err(h, req.error(), out);
-  auto pr = pool_for(s, req->name, PoolAccess::kUse);
+  TIER_DECODE(PoolNameReq, req);
+  auto pr = pool_for(s, req.name, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   SnapshotListRep rep;
   if (state_.durable) {
@@ -62,9 +60,8 @@ void RequestHandler::on_snapshot_list(Session& s, const Header& h, std::span<con
 
 void RequestHandler::on_snapshot_restore(Session& s, const Header& h, std::span<const std::byte> payload,
                                          Reply& out) {
-  auto req = decode<SnapshotRestoreReq>(payload);
-  if (!req) return reply_err(h, req.error(), out);
-  auto pr = snapshot_pool(s, req->pool);
+  TIER_DECODE(SnapshotRestoreReq, req);
+  auto pr = snapshot_pool(s, req.pool);
   if (!pr) return reply_err(h, pr.error(), out);
   Durability::RestoreHooks hooks;
   hooks.place = [this](Pool& p, Tensor& t) -> Result<std::byte*> {
@@ -80,7 +77,7 @@ void RequestHandler::on_snapshot_restore(Session& s, const Header& h, std::span<
     return dst;
   };
   hooks.erase = [this](Pool& p, Tensor& t) { erase_tensor(p, t); };
-  auto r = state_.durable->restore_snapshot(**pr, req->snapshot_id, hooks);
+  auto r = state_.durable->restore_snapshot(**pr, req.snapshot_id, hooks);
   if (!r) return reply_err(h, r.error(), out);
   reply_ok(h, SnapshotRestoreRep{r->tensors, r->bytes, r->deleted, r->dropped_snapshots}, out);
   retry_waiters();

@@ -1,6 +1,7 @@
 // RequestHandler: write leases across a restart (daemon/lease_reclaim.hpp does the work).
 #include "daemon/durability.hpp"
 #include "daemon/request_handler.hpp"
+#include "daemon/request_util.hpp"
 
 namespace tier::daemon {
 
@@ -20,18 +21,17 @@ std::optional<Clock::time_point> RequestHandler::next_deadline() const {
 
 void RequestHandler::on_lease_reclaim(Session& s, const Header& h, std::span<const std::byte> payload,
                                       Reply& out) {
-  auto req = decode<LeaseReclaimReq>(payload);
-  if (!req) return reply_err(h, req.error(), out);
+  TIER_DECODE(LeaseReclaimReq, req);
   if (s.leases.count + 1 > state_.config.max_leases_per_client)
     return reply_err(h, Status(Code::kResourceExhausted,
                                "this client holds " + std::to_string(s.leases.count) +
                                    " leases; the limit is " + std::to_string(state_.config.max_leases_per_client)),
                      out);
   const LeaseHolder who = holder_of(s);
-  auto id = state_.reclaims.reclaim(state_, s.leases, who, req->tensor_id, req->lease_id);
+  auto id = state_.reclaims.reclaim(state_, s.leases, who, req.tensor_id, req.lease_id);
   if (!id) return reply_err(h, id.error(), out);
   // An orphan's tensor can be neither deleted nor evicted: it is still there, in RAM.
-  Tensor* t = state_.catalog.find_tensor(req->tensor_id);
+  Tensor* t = state_.catalog.find_tensor(req.tensor_id);
   if (!t || !t->ram) {
     (void)state_.leases.release(s.leases, *id, state_.catalog);
     return reply_err(h, Status(Code::kInternal, "a reclaimed tensor left RAM"), out);

@@ -4,15 +4,11 @@
 
 #include "daemon/log.hpp"
 #include "daemon/request_handler.hpp"
+#include "daemon/request_util.hpp"
 
 namespace tier::daemon {
 
 using namespace tier::wire;
-
-#define TIER_DECODE_T(T, var)                                                     \
-  auto var##_r = decode<T>(payload);                                             \
-  if (!var##_r) return reply_err(h, var##_r.error(), out);                       \
-  T& var = *var##_r
 
 namespace {
 
@@ -39,7 +35,7 @@ Status RequestHandler::resolve_in_pool(const Pool& pool, std::span<const uint64_
 void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
-  TIER_DECODE_T(TensorIdsReq, req);
+  TIER_DECODE(TensorIdsReq, req);
   auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
@@ -51,7 +47,7 @@ void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const st
 void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::byte> payload,
                               Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
-  TIER_DECODE_T(TensorIdsReq, req);
+  TIER_DECODE(TensorIdsReq, req);
   auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
@@ -77,7 +73,7 @@ void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::
 
 void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std::byte> payload,
                                 Reply& out) {
-  TIER_DECODE_T(TensorIdsReq, req);
+  TIER_DECODE(TensorIdsReq, req);
   auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   if (req.tensor_ids.empty())
@@ -92,7 +88,7 @@ void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std
 void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
-  TIER_DECODE_T(PlanSetReq, req);
+  TIER_DECODE(PlanSetReq, req);
   auto pr = pool_for(s, req.pool, PoolAccess::kUse);
   if (!pr) return reply_err(h, pr.error(), out);
   Pool& p = **pr;
