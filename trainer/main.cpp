@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lr", o.adamw.lr, "peak learning rate")->capture_default_str();
   app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
+  app.add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
   app.add_option("--warmup", o.warmup, "warmup steps (0: steps/10)");
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")
       ->capture_default_str();
