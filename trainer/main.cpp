@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   app.add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "warmup steps (0: steps/10)");
+  app.add_option("--warmup", o.warmup, "warmup steps (0: max(steps/10, min(100, steps/2)))");
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")
       ->capture_default_str();
   app.add_option("--val-every", o.val_every, "validation loss every N steps (0: at the end, -1: never)");
