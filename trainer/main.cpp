@@ -83,7 +83,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lr", o.adamw.lr, "peak learning rate")->capture_default_str();
   app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW weight decay")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "warmup steps (0: steps/10)");
+  app.add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "warmup steps (0: max(steps/10, min(100, steps/2)))");
   app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")
       ->capture_default_str();
   app.add_option("--val-every", o.val_every, "validation loss every N steps (0: at the end, -1: never)");
@@ -139,6 +142,11 @@ int main(int argc, char** argv) {
                  "(DIR/grads.STEP.bin): float32, every layer's flat buffer in layer order "
                  "(docs/trainer.md); DIR must exist");
   app.add_option("--dump-steps", o.dump_steps, "steps --dump writes")->capture_default_str();
+  bool profile = false;
+  app.add_flag("--profile", profile,
+               "--backend cpu: print the step's split into GEMMs, attention, LayerNorm, GELU, "
+               "other kernels and the optimizer, and the GEMMs' GFLOP/s against OpenBLAS sgemm "
+               "on the fc shape measured after the run (docs/benchmarks.md)");
   add_plan_options(app, po);
   CLI11_PARSE(app, argc, argv);
 
@@ -283,8 +291,36 @@ int main(int argc, char** argv) {
                  m.describe().c_str(), comm.size(), nthreads, backend_desc.c_str(),
                  stream ? stream->name() : "host (MPI)", store->name(), o.batch,
                  T, data->source().c_str(), data->train_bytes(), data->val_bytes());
+  if (profile && backend != "cpu") die(&comm, "--profile needs --backend cpu", 2);
+  if (profile) set_cpu_profile(true);
   auto r = train(o, *data, comm, *be, *store, stdout);
   if (!r) die(&comm, r.error().to_string());
+  if (profile && comm.rank() == 0) {
+    const CpuProfile p = cpu_profile();
+    const double steps = static_cast<double>(r->last_step - r->first_step + 1);
+    const double step_ms = r->mean_ms;
+    auto part = [&](const char* name, double ms) {
+      return fmt::format("{} {:.1f} ms ({:.1f}%)", name, ms, 100.0 * ms / step_ms);
+    };
+    const double gemm_ms = p.gemm_s * 1e3 / steps, att_ms = p.attention_s * 1e3 / steps,
+                 ln_ms = p.layernorm_s * 1e3 / steps, gelu_ms = p.gelu_s * 1e3 / steps,
+                 other_ms = p.other_s * 1e3 / steps, opt_ms = r->mean_opt_ms;
+    const double rest_ms = step_ms - gemm_ms - att_ms - ln_ms - gelu_ms - other_ms - opt_ms;
+    const double gemm_gflops = p.gemm_s > 0 ? p.gemm_flops / p.gemm_s / 1e9 : 0;
+    // The reference: one sgemm of the fc layer's forward shape, [B*T, 4C] = [B*T, C] @ [4C, C]^T.
+    const int M = o.batch / comm.size() * T, N = 4 * m.dim, K = m.dim;
+    const double ref = sgemm_gflops(M, N, K, 5);
+    std::fprintf(stderr,
+                 "tier-train: profile, mean per step of rank 0: %.1f ms = %s, %s, %s, %s, %s, "
+                 "%s, rest %.1f ms (%.1f%%); GEMMs %.1f GFLOP/s (%ld calls/step); OpenBLAS "
+                 "sgemm [%d x %d x %d] alone %.1f GFLOP/s: the GEMMs reach %.2f of it\n",
+                 step_ms, part("gemm", gemm_ms).c_str(), part("attention", att_ms).c_str(),
+                 part("layernorm", ln_ms).c_str(), part("gelu", gelu_ms).c_str(),
+                 part("other kernels", other_ms).c_str(), part("optimizer", opt_ms).c_str(),
+                 rest_ms, 100.0 * rest_ms / step_ms, gemm_gflops,
+                 static_cast<long>(static_cast<double>(p.gemm_calls) / steps), M, N, K, ref,
+                 ref > 0 ? gemm_gflops / ref : 0.0);
+  }
   if (comm.rank() == 0) {
     std::fprintf(stderr,
                  "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %s; %.1f ms/step, "

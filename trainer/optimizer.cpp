@@ -1,5 +1,6 @@
 #include "trainer/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tier::train {
@@ -107,6 +108,10 @@ double sum_squares(const float* g, size_t n) {
     total += s;
   }
   return total;
+}
+
+int64_t default_warmup(int64_t total) {
+  return std::max<int64_t>({1, total / 10, std::min<int64_t>(100, total / 2)});
 }
 
 float lr_at(float lr, int64_t step, int64_t warmup, int64_t total, float min_lr_frac) {

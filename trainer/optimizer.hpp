@@ -13,7 +13,7 @@
 namespace tier::train {
 
 struct AdamWConfig {
-  float lr = 6e-4f;
+  float lr = 4e-4f;  // tier-train's default --lr (docs/trainer.md, the loss spikes)
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
@@ -46,5 +46,10 @@ double sum_squares(const float* g, size_t n);
 
 // Linear warmup over `warmup` steps, then cosine decay to min_lr_frac * lr at `total`.
 float lr_at(float lr, int64_t step, int64_t warmup, int64_t total, float min_lr_frac = 0.1f);
+
+// The warmup of a `total`-step run without --warmup: a tenth of the run, but at least
+// min(100, total / 2) steps, and at least 1. A short run warms up over half its steps, a long
+// one over 100 (or a tenth past 1000 steps). docs/trainer.md says why.
+int64_t default_warmup(int64_t total);
 
 }  // namespace tier::train

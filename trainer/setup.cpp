@@ -70,7 +70,7 @@ Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backe
       opt_lane(overlap_optimizer ? Lane::kOptimizer : Lane::kPass),
       loss_scale(1.0f / (static_cast<float>(Bg) * static_cast<float>(T))),
       train_uses(step_uses(L, true)), eval_uses(step_uses(L, false)),
-      warmup(o.warmup > 0 ? o.warmup : std::max<int64_t>(1, o.steps / 10)),
+      warmup(o.warmup > 0 ? o.warmup : default_warmup(o.steps)),
       val_total(static_cast<int>(round_up(static_cast<size_t>(std::max(o.val_seqs, Bg)), Bg))),
       flops_step(o.model.flops_per_token(T) * Bg * T),
       tok_h(static_cast<size_t>(B) * T), tgt_h(static_cast<size_t>(B) * T),

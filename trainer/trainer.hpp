@@ -49,7 +49,7 @@ struct TrainOptions {
   int batch = 8;   // global sequences per step, split evenly across ranks
   int seq = 0;     // tokens per sequence; 0: model.seq
   AdamWConfig adamw;
-  int64_t warmup = 0;  // 0: steps / 10
+  int64_t warmup = 0;  // 0: default_warmup(steps)
   float grad_clip = 1.0f;
   int64_t val_every = 0;  // 0: only after the last step; < 0: never
   int val_seqs = 0;       // validation sequences (rounded up to a multiple of batch); 0: batch

@@ -18,7 +18,9 @@ def main():
     exe, L, C, NH, T, B, steps, threads = sys.argv[1], *map(int, sys.argv[2:9])
     shape = {"layers": L, "dim": C, "heads": NH, "seq": T}
     r = subprocess.run([exe, *R.shape_args(shape), "--batch", str(B), "--steps", str(steps),
-                        "--threads", str(threads), "--val-every", "-1", "--seed", "1"],
+                        "--threads", str(threads), "--val-every", "-1", "--seed", "1",
+                        # PyTorch's recipe below (reference_run), not tier-train's defaults
+                        "--lr", "6e-4", "--grad-clip", "1", "--warmup", str(max(1, steps // 10))],
                        capture_output=True, text=True, check=True)
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")][1:]
     ms = sum(x["ms"] for x in lines) / len(lines)

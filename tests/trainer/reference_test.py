@@ -224,7 +224,9 @@ class Reference(unittest.TestCase):
     def check_training(self, name, ranks):
         shape = {"layers": 2, "dim": 64, "heads": 4, "seq": 64}
         steps, seed, batch, lr = 30, 3, 4, 6e-3
-        lines, d = self.dump_run(name, shape, steps, seed, batch, lr, ranks)
+        # The clip and reference_run's warmup are asked for, not left to tier-train's defaults.
+        lines, d = self.dump_run(name, shape, steps, seed, batch, lr, ranks,
+                                 extra=("--grad-clip", "1", "--warmup", str(max(1, steps // 10))))
         shapes = layer_shapes(shape["layers"], shape["dim"], 256, shape["seq"])
         P = load_flat(os.path.join(d, "params.1.bin"), shapes, torch.float64)
         ref = reference_run(P, self.data, shape, steps, seed, batch, lr, clip=1.0)

@@ -58,6 +58,15 @@ TEST_CASE("learning-rate schedule: linear warmup then cosine to 10%", "[trainer]
   CHECK(lr_at(1.0f, 100, 10, 100) == Approx(0.1f));
 }
 
+TEST_CASE("default warmup: a tenth of the run, at least min(100, half of it)", "[trainer][optimizer]") {
+  CHECK(default_warmup(1) == 1);
+  CHECK(default_warmup(2) == 1);
+  CHECK(default_warmup(12) == 6);
+  CHECK(default_warmup(20) == 10);
+  CHECK(default_warmup(500) == 100);
+  CHECK(default_warmup(5000) == 500);
+}
+
 TEST_CASE("batches do not depend on how the global batch is split", "[trainer][data]") {
   auto d = Dataset::load("", 16);
   REQUIRE(d.has_value());

@@ -4,12 +4,49 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace tier::train {
 namespace {
+
+// --profile (cpu_backend.hpp). The backend is called from one thread, so plain globals do.
+bool g_profile = false;
+CpuProfile g_prof;
+
+// Adds the wall time of its scope to *acc when profiling is on.
+class Timed {
+ public:
+  explicit Timed(double CpuProfile::*field)
+      : field_(g_profile ? field : nullptr),
+        t0_(g_profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  ~Timed() {
+    if (field_ != nullptr)
+      g_prof.*field_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double CpuProfile::*field_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// cblas_sgemm, row-major, timed and counted under --profile.
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc) {
+  Timed timed(&CpuProfile::gemm_s);
+  if (g_profile) {
+    g_prof.gemm_flops += 2.0 * M * N * K;
+    ++g_prof.gemm_calls;
+  }
+  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
 
 constexpr float kLnEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -17,6 +54,7 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 // out[N,C] = LayerNorm(inp[N,C]) * w[C] + b[C]; saves mean[N], rstd[N].
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, long N, int C) {
+  Timed timed(&CpuProfile::layernorm_s);
 #pragma omp parallel for
   for (long i = 0; i < N; ++i) {
     const float* x = inp + i * C;
@@ -39,6 +77,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, long N, int C,
                         bool accumulate) {
+  Timed timed(&CpuProfile::layernorm_s);
 #pragma omp parallel for
   for (int c = 0; c < C; ++c) {
     double sw = 0, sb = 0;
@@ -75,9 +114,9 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 // out[N,OC] = inp[N,IC] @ W[OC,IC]^T + b[OC] (b may be null).
 void matmul_forward(float* out, const float* inp, const float* W, const float* b, long N, int IC,
                     int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, 1.0f, inp, IC,
-              W, IC, 0.0f, out, OC);
+  sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC);
   if (b == nullptr) return;
+  Timed timed(&CpuProfile::other_s);
 #pragma omp parallel for
   for (long i = 0; i < N; ++i) {
     float* o = out + i * OC;
@@ -89,11 +128,10 @@ void matmul_forward(float* out, const float* inp, const float* W, const float* b
 // db[OC] += column sums of dout (db may be null).
 void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp,
                      const float* W, long N, int IC, int OC, float beta) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N), IC, OC, 1.0f, dout,
-              OC, W, IC, beta, dinp, IC);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, static_cast<int>(N), 1.0f, dout, OC,
-              inp, IC, 1.0f, dW, IC);
+  sgemm(CblasNoTrans, CblasNoTrans, static_cast<int>(N), IC, OC, dout, OC, W, IC, beta, dinp, IC);
+  sgemm(CblasTrans, CblasNoTrans, OC, IC, static_cast<int>(N), dout, OC, inp, IC, 1.0f, dW, IC);
   if (db == nullptr) return;
+  Timed timed(&CpuProfile::other_s);
 #pragma omp parallel for
   for (int c = 0; c < OC; ++c) {
     double s = 0;
@@ -107,6 +145,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int C3 = 3 * C;
+  Timed timed(&CpuProfile::attention_s);
 #pragma omp parallel for collapse(3)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
@@ -148,6 +187,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int C3 = 3 * C;
+  Timed timed(&CpuProfile::attention_s);
   std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(B) * T * C3);
   // Parallel over (b, h): each pair owns its head's slice of dqkv, so no two threads write
   // the same element.
@@ -192,6 +232,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // GELU, tanh approximation, written with the identity 0.5 * (1 + tanh(u)) = sigmoid(2u):
 // one expf per element instead of a (much slower) tanhf.
 void gelu_forward(float* out, const float* inp, long n) {
+  Timed timed(&CpuProfile::gelu_s);
 #pragma omp parallel for
   for (long i = 0; i < n; ++i) {
     const float x = inp[i];
@@ -202,6 +243,7 @@ void gelu_forward(float* out, const float* inp, long n) {
 
 // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, long n) {
+  Timed timed(&CpuProfile::gelu_s);
 #pragma omp parallel for
   for (long i = 0; i < n; ++i) {
     const float x = inp[i];
@@ -244,6 +286,7 @@ class CpuBackend final : public Backend {
     const float* wte = params + l.wte;
     const float* wpe = params + l.wpe;
     const int C = d.C;
+    Timed timed(&CpuProfile::other_s);
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < d.B; ++b)
       for (int t = 0; t < d.T; ++t) {
@@ -261,6 +304,7 @@ class CpuBackend final : public Backend {
     float* dwte = grads + l.wte;
     float* dwpe = grads + l.wpe;
     const int C = d.C;
+    Timed timed(&CpuProfile::other_s);
     // Parallel over channels: rows with the same token (or position) add into the same row of
     // dwte (dwpe), so threads split the C columns instead of the rows.
 #pragma omp parallel for
@@ -333,6 +377,7 @@ class CpuBackend final : public Backend {
     matmul_forward(a.logits, a.lnf, wte, nullptr, N, C, V);
     double loss = 0;
     const bool grad = dx != nullptr;
+    std::optional<Timed> t_loss(std::in_place, &CpuProfile::other_s);
 #pragma omp parallel for reduction(+ : loss)
     for (long i = 0; i < N; ++i) {
       float* z = a.logits + i * V;
@@ -348,6 +393,7 @@ class CpuBackend final : public Backend {
         z[tgt] -= loss_scale;
       }
     }
+    t_loss.reset();
     if (!grad) return loss;
     // dlogits[N,V] in a.logits; logits = lnf @ wte^T.
     matmul_backward(dx, grads + l.wte, nullptr, a.logits, a.lnf, wte, N, C, V, 0.0f);
@@ -359,6 +405,7 @@ class CpuBackend final : public Backend {
  private:
   static size_t round_up(size_t bytes) { return (bytes + 63) / 64 * 64 + 64; }
   static void add_inplace(float* dst, const float* src, long n) {
+    Timed timed(&CpuProfile::other_s);
 #pragma omp parallel for simd
     for (long i = 0; i < n; ++i) dst[i] += src[i];
   }
@@ -367,6 +414,29 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+void set_cpu_profile(bool on) {
+  g_profile = on;
+  g_prof = CpuProfile{};
+}
+
+CpuProfile cpu_profile() { return g_prof; }
+
+double sgemm_gflops(int M, int N, int K, int reps) {
+  std::vector<float> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(N) * K),
+      c(static_cast<size_t>(M) * N);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 97) * 0.01f - 0.48f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 89) * 0.01f - 0.44f;
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K,
+                0.0f, c.data(), N);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);  // the first call is untimed (warms caches and threads)
+  }
+  return 2.0 * M * N * K / best / 1e9;
+}
 
 void set_cpu_threads(int n) {
   if (n < 1) n = 1;

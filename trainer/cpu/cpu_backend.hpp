@@ -14,4 +14,24 @@ std::unique_ptr<Backend> make_cpu_backend();
 // Sets the OpenMP and OpenBLAS thread counts of this process (n >= 1).
 void set_cpu_threads(int n);
 
+// --profile: where the CPU backend's time goes, by kernel category, summed over every call
+// since set_cpu_profile(true) (training and validation passes alike). Off by default; off,
+// each kernel pays one untaken branch. The caller thread's wall time around each kernel (the
+// kernels are OpenMP/OpenBLAS parallel inside), so the categories add up to the backend's time.
+struct CpuProfile {
+  double gemm_s = 0;       // cblas_sgemm calls (forward and both backward products)
+  double attention_s = 0;  // attention forward and backward
+  double layernorm_s = 0;  // LayerNorm forward and backward
+  double gelu_s = 0;       // GELU forward and backward
+  double other_s = 0;      // embedding, bias adds and sums, residual adds, softmax + loss
+  double gemm_flops = 0;   // 2*M*N*K over the sgemm calls
+  long gemm_calls = 0;
+};
+void set_cpu_profile(bool on);
+CpuProfile cpu_profile();
+
+// The rate of cblas_sgemm on C[M,N] = A[M,K] @ B[N,K]^T (the shape of matmul_forward) with the
+// current thread count: the best of `reps` timed calls after one untimed, in GFLOP/s.
+double sgemm_gflops(int M, int N, int K, int reps);
+
 }  // namespace tier::train
