@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "daemon/nvme/location.hpp"
+#include "nvme/location.hpp"
 #include "tier/status.hpp"
 #include "tier/types.hpp"
 

@@ -15,7 +15,7 @@
 
 #include "daemon/lease_reclaim.hpp"
 #include "daemon/log.hpp"
-#include "daemon/nvme/location.hpp"
+#include "nvme/location.hpp"
 #include "daemon/ram/arena.hpp"
 #include "daemon/state.hpp"
 
@@ -366,7 +366,7 @@ void Durability::remove_later(const std::string& path) {
   }
 }
 
-void Durability::tensor_created(const Tensor& t) {
+TensorCreated tensor_record(const Tensor& t) {
   TensorCreated r;
   r.pool_id = t.pool_id;
   r.tensor_id = t.id;
@@ -376,18 +376,24 @@ void Durability::tensor_created(const Tensor& t) {
   r.shape = t.shape;
   r.numa_node = t.node;
   if (t.ram) {
+    r.numa_node = t.ram->node;
+    r.arena_id = t.ram->arena_id;
+    r.offset = t.ram->offset;
+    r.ram_length = t.ram->length;
+  }
+  return r;
+}
+
+void Durability::tensor_created(const Tensor& t) {
+  if (t.ram) {
     const journal::PoolImage* pi = nullptr;
     if (auto it = image_.pools().find(t.pool_id); it != image_.pools().end()) pi = &it->second;
     if (pi && !pi->arenas.contains(t.ram->arena_id)) {
       if (Arena* a = st_.ram->arena(t.ram->arena_id))
         append(ArenaCreated{t.pool_id, t.ram->arena_id, t.ram->node, a->path(), a->size()});
     }
-    r.numa_node = t.ram->node;
-    r.arena_id = t.ram->arena_id;
-    r.offset = t.ram->offset;
-    r.ram_length = t.ram->length;
   }
-  append(r);
+  append(tensor_record(t));
 }
 
 void Durability::tensor_deleted(const Tensor& t) { append(TensorDeleted{t.pool_id, t.id}); }

@@ -76,6 +76,9 @@ struct Tensor;
 
 // The journal record of a pool as it is now (name, owner, quotas, group read access).
 [[nodiscard]] journal::PoolCreated pool_record(const Pool& p);
+// The journal record of a tensor as it is now (with its RAM placement, when it has one): what
+// a create journals and what a snapshot's manifest holds per tensor.
+[[nodiscard]] journal::TensorCreated tensor_record(const Tensor& t);
 
 struct RecoveryReport {
   bool fresh = true;                 // no journal records: a first start

@@ -12,7 +12,7 @@
 #include "daemon/durability.hpp"
 #include "daemon/journal/manifest.hpp"
 #include "daemon/log.hpp"
-#include "daemon/nvme/location.hpp"
+#include "nvme/location.hpp"
 #include "daemon/state.hpp"
 #include "wire/messages.hpp"
 
@@ -86,13 +86,10 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   job->order.reserve(pool.tensors.size());
   for (const auto& [id, t] : pool.tensors) {
     Job::Entry e;
-    e.meta.pool_id = pool.id;
-    e.meta.tensor_id = t.id;
-    e.meta.name = t.name;
-    e.meta.size = t.size;
-    e.meta.dtype = static_cast<uint8_t>(t.dtype);
-    e.meta.shape = t.shape;
-    e.meta.numa_node = t.ram ? t.ram->node : t.node;
+    e.meta = tensor_record(t);
+    // Its RAM placement is the one it has when it is copied (hand_out), if any then.
+    e.meta.arena_id = 0;
+    e.meta.offset = e.meta.ram_length = 0;
     e.offset = off;
     off += t.size;
     job->entries.emplace(id, std::move(e));
@@ -137,10 +134,7 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
     // Read from the shared-memory object, not the daemon's mapping: clients wrote most of
     // these pages through their own mappings, and faulting them into ours would be the cost.
     task.pieces.push_back({fd, {}, t->ram->offset, t->size, std::nullopt});
-    e.meta.arena_id = t->ram->arena_id;
-    e.meta.numa_node = t->ram->node;
-    e.meta.offset = t->ram->offset;
-    e.meta.ram_length = t->ram->length;
+    e.meta = tensor_record(*t);
   } else if (t->nvme) {
     if (!st_.tiering) {  // journaled on NVMe, but no NVMe tier configured now: not zeros
       log_error("pool '{}': snapshot {}: tensor '{}' left out: its bytes are on NVMe and this tierd has "

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "daemon/leases.hpp"
-#include "daemon/nvme/location.hpp"
+#include "nvme/location.hpp"
 
 namespace tier::daemon::tiering {
 
