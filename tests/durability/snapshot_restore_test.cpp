@@ -48,6 +48,19 @@ void check_reads(Client& c, const std::string& pool, const std::map<std::string,
   }
 }
 
+// Flips bit 6 of the byte at `offset` of file `path` (twice: as it was).
+void flip_bit(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char ch = 0;
+  f.read(&ch, 1);
+  f.seekp(static_cast<std::streamoff>(offset));
+  ch = static_cast<char>(ch ^ 0x40);
+  f.write(&ch, 1);
+  REQUIRE(f);
+}
+
 size_t snapshot_dirs(const TestDaemon& d, const std::string& pool) {
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(d.state_dir() + "/snapshots/" + pool)) n += e.is_directory();
@@ -189,16 +202,7 @@ TEST_CASE("a reboot leaves a pool recovered (a mix of points in time) until it i
 
   // One flipped byte in the snapshot's data: refused before anything changes.
   std::string data = d.state_dir() + "/snapshots/m/" + std::to_string(s->snapshot_id) + "/data";
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f);
-    f.seekg(static_cast<std::streamoff>(2 * kSize + 100));
-    char ch = 0;
-    f.read(&ch, 1);
-    f.seekp(static_cast<std::streamoff>(2 * kSize + 100));
-    ch = static_cast<char>(ch ^ 0x40);
-    f.write(&ch, 1);
-  }
+  flip_bit(data, 2 * kSize + 100);  // in tensor c
   auto bad = c->restore_snapshot("m", s->snapshot_id);
   REQUIRE_FALSE(bad.has_value());
   CHECK(bad.error().code() == Code::kCorruption);
@@ -206,15 +210,7 @@ TEST_CASE("a reboot leaves a pool recovered (a mix of points in time) until it i
   CHECK(c->list_snapshots("m")->recovered);
 
   // Repaired: the restore brings every tensor to the snapshot's point.
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(2 * kSize + 100));
-    char ch = 0;
-    f.read(&ch, 1);
-    f.seekp(static_cast<std::streamoff>(2 * kSize + 100));
-    ch = static_cast<char>(ch ^ 0x40);
-    f.write(&ch, 1);
-  }
+  flip_bit(data, 2 * kSize + 100);
   auto r = c->restore_snapshot("m", s->snapshot_id);
   REQUIRE(r.has_value());
   CHECK(r->tensors == 4);

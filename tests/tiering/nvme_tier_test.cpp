@@ -32,6 +32,7 @@ struct Tier {
   std::unique_ptr<DaemonState> st;
 
   explicit Tier(const std::string& nvme, uint64_t ram) {
+    REQUIRE_FALSE(nvme.empty());
     char tmpl[] = "/tmp/tierd-nvme-tier.XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -60,6 +61,12 @@ struct Tier {
     std::filesystem::remove_all(dir, ec);
   }
   NvmeTier& tier() { return *st->tiering; }
+  // A pool with a 16 MiB RAM quota.
+  Pool& pool(const std::string& name) {
+    auto p = st->catalog.create_pool(name, 0, 16ull << 20, 0);
+    REQUIRE(p);
+    return **p;
+  }
 
   // A tensor of `size` bytes in RAM, its bytes `fill`, dirty as after a write lease.
   Tensor& put(Pool& p, const std::string& name, uint64_t size, std::byte fill) {
@@ -102,11 +109,8 @@ bool all_bytes(const std::byte* p, uint64_t n, std::byte v) {
 
 TEST_CASE("a failed write-back keeps the tensor in RAM, dirty, and says why, and once the device works it leaves and comes back intact") {
   nvme::testing::TempDir nvme;
-  REQUIRE_FALSE(nvme.path().empty());
   Tier t(nvme.path(), 64ull << 20);
-  auto pool = t.st->catalog.create_pool("p", 0, 16ull << 20, 0);
-  REQUIRE(pool);
-  Pool& p = **pool;
+  Pool& p = t.pool("p");
   Tensor& a = t.put(p, "a", 1 << 20, std::byte{0x5a});
   Tensor& b = t.put(p, "b", 1 << 20, std::byte{0xa5});
 
@@ -154,11 +158,8 @@ TEST_CASE("a failed write-back keeps the tensor in RAM, dirty, and says why, and
 
 TEST_CASE("a fetch that reads torn bytes fails the lease with kCorruption and never serves them") {
   nvme::testing::TempDir nvme;
-  REQUIRE_FALSE(nvme.path().empty());
   Tier t(nvme.path(), 64ull << 20);
-  auto pool = t.st->catalog.create_pool("q", 0, 16ull << 20, 0);
-  REQUIRE(pool);
-  Pool& p = **pool;
+  Pool& p = t.pool("q");
   Tensor& a = t.put(p, "a", 1 << 20, std::byte{0x11});
   Tensor* one[] = {&a};
   size_t skipped = 0;
