@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "nvme/io_backend.hpp"
-#include "nvme/nvme_log.hpp"
+#include "daemon/log.hpp"
 
 namespace tier::nvme {
 namespace {
@@ -81,7 +81,7 @@ class ThreadPoolBackend final : public IoBackend {
 
   void work(int node) {
     if (node >= 0 && numa_available() >= 0 && numa_run_on_node(node) != 0)
-      nlog_debug("pread worker: cannot run on NUMA node {}: {}", node, strerror(errno));
+      log_debug("nvme: pread worker: cannot run on NUMA node {}: {}", node, strerror(errno));
     for (;;) {
       Job j;
       {
