@@ -21,15 +21,12 @@ constexpr uint16_t kType(MsgType t) { return static_cast<uint16_t>(t); }
 // Room left for the reply status and vector counts when filling a list reply.
 constexpr size_t kListBudget = kMaxMessageBytes - 1024;
 
-// Grants that fit one LeaseRep: header, empty ReplyStatus (u16 + u32 length), vector count,
-// then 5 u64 per grant. Below wire::kMaxBatch, so it bounds lease batches.
-constexpr size_t kGrantBytes = 5 * 8;
-constexpr size_t kMaxLeaseGrants = (kMaxMessageBytes - kHeaderBytes - 6 - 4) / kGrantBytes;
-static_assert(kMaxLeaseGrants == 1637);
-
-size_t encoded_size(const TensorInfoW& t) {
-  return 8 + 4 + t.name.size() + 8 + 1 + 4 + 8 * t.shape.size() + 4 + 1 + 1 + 4 + 1;
-}
+// Grants that fit one LeaseRep, as the codec sizes them: the header, an ok ReplyStatus, the
+// grant vector's count, then one LeaseGrant each (1637; docs/daemon.md). Below wire::kMaxBatch,
+// so it bounds lease batches.
+const size_t kMaxLeaseGrants =
+    (kMaxMessageBytes - kHeaderBytes - encoded_size(ReplyStatus{}) - encoded_size(LeaseRep{})) /
+    encoded_size(LeaseGrant{});
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(
@@ -284,9 +281,10 @@ void RequestHandler::on_pool_list(Session& s, const Header& h, std::span<const s
   for (const auto& [name, id] : state_.catalog.pool_names()) {
     Pool* p = state_.catalog.find_pool(id);
     if (!p || !may_see(creds(s), *p, state_.admin_gid)) continue;
-    bytes += 64 + name.size();
+    PoolInfoW w = to_wire(effective_info(state_, *p));
+    bytes += encoded_size(w);
     if (bytes > kListBudget) break;  // 1000+ pools: the rest does not fit one reply
-    rep.pools.push_back(to_wire(effective_info(state_, *p)));
+    rep.pools.push_back(std::move(w));
   }
   reply_ok(h, rep, out);
 }
@@ -494,7 +492,8 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   }
   Status st = encode_reply(kType(MsgType::kLease), request_id, Status::ok(), lease_rep_, out);
   if (!st) {
-    // Cannot happen with kMaxBatch grants of 40 bytes; undo rather than hold unreported leases.
+    // Cannot happen: a lease names at most kMaxLeaseGrants tensors. Undo rather than hold
+    // unreported leases.
     for (uint64_t id : scratch_ids_) (void)state_.leases.release(s.leases, id, state_.catalog);
     return st;
   }

@@ -22,6 +22,7 @@ namespace tier::wire {
 
 static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian and tierd only runs on little-endian hosts");
+static_assert(sizeof(bool) == 1, "SizeCounter counts a bool in a vector as sizeof(bool)");
 
 // Upper bound on any single string field (names, messages, paths). Part of the protocol.
 inline constexpr uint32_t kMaxStringBytes = 4096;
@@ -61,6 +62,46 @@ class Writer {
   }
   std::vector<std::byte>& out_;
 };
+
+// Counts the bytes a Writer appends for the same values, writing nothing: an encoding's size
+// comes from the same visit() that encodes it, so a reply can be sized before it is built.
+class SizeCounter {
+ public:
+  size_t bytes() const { return n_; }
+
+  template <class T>
+    requires(std::is_integral_v<T> || std::is_enum_v<T>)
+  void operator()(const T&) {
+    n_ += sizeof(T);
+  }
+  void operator()(const double&) { n_ += sizeof(double); }
+  void operator()(const bool&) { n_ += 1; }
+  void operator()(const std::string& s) { n_ += 4 + s.size(); }
+  template <class T>
+  void operator()(const std::vector<T>& vec) {
+    n_ += 4;
+    if constexpr (std::is_integral_v<T> || std::is_enum_v<T> || std::is_same_v<T, double>)
+      n_ += sizeof(T) * vec.size();  // fixed width; a bool is one byte, as the Writer puts it
+    else
+      for (const T& e : vec) (*this)(e);
+  }
+  template <class T>
+    requires requires(T& t, SizeCounter& c) { t.visit(c); }
+  void operator()(const T& v) {
+    const_cast<T&>(v).visit(*this);  // visit only reads fields when given a SizeCounter
+  }
+
+ private:
+  size_t n_ = 0;
+};
+
+// Bytes the Writer appends for `v` (a message's payload, without the Header).
+template <class T>
+[[nodiscard]] size_t encoded_size(const T& v) {
+  SizeCounter c;
+  c(v);
+  return c.bytes();
+}
 
 class Reader {
  public:
