@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <string_view>
+#include <utility>
 
 namespace tier {
 
@@ -35,21 +36,17 @@ void set_log_sink(LogSink sink);
 
 void log_line(LogLevel level, std::string_view text) noexcept;
 
-template <class... Args>
-void log_error(fmt::format_string<Args...> f, Args&&... args) {
-  log_line(LogLevel::kError, fmt::format(f, std::forward<Args>(args)...));
-}
-template <class... Args>
-void log_warn(fmt::format_string<Args...> f, Args&&... args) {
-  log_line(LogLevel::kWarning, fmt::format(f, std::forward<Args>(args)...));
-}
-template <class... Args>
-void log_info(fmt::format_string<Args...> f, Args&&... args) {
-  log_line(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
-}
-template <class... Args>
-void log_debug(fmt::format_string<Args...> f, Args&&... args) {
-  log_line(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
-}
+// log_error("...{}...", x) etc.: fmt-style, checked at compile time, one line each.
+template <LogLevel L>
+struct LogAt {
+  template <class... Args>
+  void operator()(fmt::format_string<Args...> f, Args&&... args) const {
+    log_line(L, fmt::format(f, std::forward<Args>(args)...));
+  }
+};
+inline constexpr LogAt<LogLevel::kError> log_error{};
+inline constexpr LogAt<LogLevel::kWarning> log_warn{};
+inline constexpr LogAt<LogLevel::kInfo> log_info{};
+inline constexpr LogAt<LogLevel::kDebug> log_debug{};
 
 }  // namespace tier
