@@ -6,11 +6,15 @@
 #include <cstdlib>
 #include <string>
 
-namespace tier::daemon {
+namespace tier {
 
 namespace {
 std::atomic<int> g_max_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<bool> g_journal{false};
+LogSink& sink() {
+  static LogSink s;
+  return s;
+}
 }  // namespace
 
 void set_log_level(LogLevel max) noexcept { g_max_level.store(static_cast<int>(max)); }
@@ -22,9 +26,15 @@ void init_logging() noexcept {
   if (dbg && *dbg && *dbg != '0') set_log_level(LogLevel::kDebug);
 }
 
+void set_log_sink(LogSink s) { sink() = std::move(s); }
+
 void log_line(LogLevel level, std::string_view text) noexcept {
   if (static_cast<int>(level) > g_max_level.load(std::memory_order_relaxed)) return;
   try {
+    if (const LogSink& s = sink()) {
+      s(level, text);
+      return;
+    }
     std::string line;
     line.reserve(text.size() + 16);
     if (g_journal.load(std::memory_order_relaxed)) {
@@ -48,4 +58,4 @@ void log_line(LogLevel level, std::string_view text) noexcept {
   }
 }
 
-}  // namespace tier::daemon
+}  // namespace tier

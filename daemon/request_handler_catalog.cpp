@@ -18,10 +18,6 @@ namespace {
 // Room left for the reply status and vector counts when filling a list reply.
 constexpr size_t kListBudget = kMaxMessageBytes - 1024;
 
-size_t encoded_size(const TensorInfoW& t) {
-  return 8 + 4 + t.name.size() + 8 + 1 + 4 + 8 * t.shape.size() + 4 + 1 + 1 + 4 + 1;
-}
-
 }  // namespace
 
 void RequestHandler::on_pool_create(Session& s, const Header& h,
@@ -80,9 +76,10 @@ void RequestHandler::on_pool_list(Session& s, const Header& h, std::span<const s
   for (const auto& [name, id] : state_.catalog.pool_names()) {
     Pool* p = state_.catalog.find_pool(id);
     if (!p || !may_see(creds(s), *p, state_.admin_gid)) continue;
-    bytes += 64 + name.size();
+    PoolInfoW w = to_wire(effective_info(state_, *p));
+    bytes += encoded_size(w);
     if (bytes > kListBudget) break;  // 1000+ pools: the rest does not fit one reply
-    rep.pools.push_back(to_wire(effective_info(state_, *p)));
+    rep.pools.push_back(std::move(w));
   }
   reply_ok(h, rep, out);
 }

@@ -12,11 +12,12 @@ using namespace tier::wire;
 
 namespace {
 
-// Grants that fit one LeaseRep: header, empty ReplyStatus (u16 + u32 length), vector count,
-// then 5 u64 per grant. Below wire::kMaxBatch, so it bounds lease batches.
-constexpr size_t kGrantBytes = 5 * 8;
-constexpr size_t kMaxLeaseGrants = (kMaxMessageBytes - kHeaderBytes - 6 - 4) / kGrantBytes;
-static_assert(kMaxLeaseGrants == 1637);
+// Grants that fit one LeaseRep, as the codec sizes them: the header, an ok ReplyStatus, the
+// grant vector's count, then one LeaseGrant each (1637; docs/daemon.md). Below wire::kMaxBatch,
+// so it bounds lease batches.
+const size_t kMaxLeaseGrants =
+    (kMaxMessageBytes - kHeaderBytes - encoded_size(ReplyStatus{}) - encoded_size(LeaseRep{})) /
+    encoded_size(LeaseGrant{});
 
 }  // namespace
 
@@ -78,7 +79,8 @@ Status RequestHandler::grant(Session& s, LeaseMode mode, uint32_t request_id,
   }
   Status st = encode_reply(kType(MsgType::kLease), request_id, Status::ok(), lease_rep_, out);
   if (!st) {
-    // Cannot happen with kMaxBatch grants of 40 bytes; undo rather than hold unreported leases.
+    // Cannot happen: a lease names at most kMaxLeaseGrants tensors. Undo rather than hold
+    // unreported leases.
     for (uint64_t id : scratch_ids_) (void)state_.leases.release(s.leases, id, state_.catalog);
     return st;
   }

@@ -1,10 +1,11 @@
 // The wire codec: a bounds-checked binary encoding for control messages.
 //
 // Every message struct declares its fields once, in `template <class V> void visit(V& v)`,
-// and the same declaration drives both encoding (Writer) and decoding (Reader), so the two
-// can never disagree. Integers are little-endian fixed width; strings and vectors carry a
-// u32 length. A Reader never reads past its span: any overrun, oversized count or trailing
-// byte makes the whole decode fail with kProtocol. Only the daemon and libtier link this.
+// and the same declaration drives encoding (Writer), sizing (SizeCounter, encoded_size()) and
+// decoding (Reader), so they can never disagree. Integers are little-endian fixed width;
+// strings and vectors carry a u32 length. A Reader never reads past its span: any overrun,
+// oversized count or trailing byte makes the whole decode fail with kProtocol. Only the daemon
+// and libtier link this.
 #pragma once
 
 #include <bit>
@@ -14,6 +15,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tier/status.hpp"
@@ -26,41 +28,70 @@ static_assert(std::endian::native == std::endian::little,
 // Upper bound on any single string field (names, messages, paths). Part of the protocol.
 inline constexpr uint32_t kMaxStringBytes = 4096;
 
-class Writer {
+namespace detail {
+// Where a BasicWriter's bytes go: appended to a byte vector, or only counted.
+struct AppendBytes {
+  std::vector<std::byte>& out;
+  void operator()(const void* p, size_t n) {
+    auto b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  }
+};
+struct CountBytes {
+  size_t n = 0;
+  void operator()(const void*, size_t k) { n += k; }
+};
+}  // namespace detail
+
+// Walks a value's fields in visit() order and hands each field's bytes to `Sink`.
+template <class Sink>
+class BasicWriter {
  public:
-  explicit Writer(std::vector<std::byte>& out) : out_(out) {}
+  template <class... A>
+  explicit BasicWriter(A&&... a) : sink_{std::forward<A>(a)...} {}
+  const Sink& sink() const { return sink_; }
 
   template <class T>
     requires(std::is_integral_v<T> || std::is_enum_v<T>)
   void operator()(const T& v) {
-    append(&v, sizeof(T));
+    sink_(&v, sizeof(T));
   }
-  void operator()(const double& v) { append(&v, sizeof v); }
-  void operator()(const bool& v) { uint8_t b = v ? 1 : 0; append(&b, 1); }
+  void operator()(const double& v) { sink_(&v, sizeof v); }
+  void operator()(const bool& v) { uint8_t b = v ? 1 : 0; sink_(&b, 1); }
   void operator()(const std::string& s) {
     uint32_t n = static_cast<uint32_t>(s.size());
-    append(&n, 4);
-    append(s.data(), s.size());
+    sink_(&n, 4);
+    sink_(s.data(), s.size());
   }
   template <class T>
   void operator()(const std::vector<T>& vec) {
     uint32_t n = static_cast<uint32_t>(vec.size());
-    append(&n, 4);
+    sink_(&n, 4);
     for (const T& e : vec) (*this)(e);
   }
   template <class T>
-    requires requires(T& t, Writer& w) { t.visit(w); }
+    requires requires(T& t, BasicWriter& w) { t.visit(w); }
   void operator()(const T& v) {
-    const_cast<T&>(v).visit(*this);  // visit only reads fields when given a Writer
+    const_cast<T&>(v).visit(*this);  // visit only reads fields when given a writer
   }
 
  private:
-  void append(const void* p, size_t n) {
-    auto b = static_cast<const std::byte*>(p);
-    out_.insert(out_.end(), b, b + n);
-  }
-  std::vector<std::byte>& out_;
+  Sink sink_;
 };
+
+// Encodes: `Writer w(out); w(msg);` appends msg's bytes to `out`.
+using Writer = BasicWriter<detail::AppendBytes>;
+// Counts the bytes a Writer would append, writing nothing: an encoding's size comes from the
+// very code that encodes it, so a reply can be sized before it is built.
+using SizeCounter = BasicWriter<detail::CountBytes>;
+
+// Bytes the Writer appends for `v` (a message's payload, without the Header).
+template <class T>
+[[nodiscard]] size_t encoded_size(const T& v) {
+  SizeCounter c;
+  c(v);
+  return c.sink().n;
+}
 
 class Reader {
  public:

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "nvme/nvme_log.hpp"
+#include "daemon/log.hpp"
 
 namespace tier::nvme {
 namespace {
@@ -158,12 +158,14 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
       auto t = make_thread_pool_backend(bo);
       if (!t) return fail(t.error());
       backend = std::move(*t);
-      nlog_warn("NVMe directory {}: using the pread/pwrite thread pool ({} threads{}) because {}",
-                dc.path, o.threads, direct ? ", O_DIRECT" : ", page cache", why);
+      log_warn("nvme: NVMe directory {}: using the pread/pwrite thread pool ({} threads{}) "
+               "because {}",
+               dc.path, o.threads, direct ? ", O_DIRECT" : ", page cache", why);
     } else {
-      nlog_info("NVMe directory {}: io_uring{}, queue depth {}, request size {} KiB, NUMA node {}",
-                dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth,
-                o.request_size / 1024, dc.numa_node);
+      log_info("nvme: NVMe directory {}: io_uring{}, queue depth {}, request size {} KiB, "
+               "NUMA node {}",
+               dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth,
+               o.request_size / 1024, dc.numa_node);
     }
     const WrapBackend& wrap = o.wrap_backend ? o.wrap_backend : default_wrap_backend();
     if (wrap) backend = wrap(static_cast<uint16_t>(i), std::move(backend));
@@ -276,7 +278,7 @@ void Engine::hash_done(uint64_t tag, uint64_t hash) {
     ++counters_.checksum_failures;
     std::string msg = fmt::format("checksum mismatch in {} at offset {}",
                                   store_->dir(e.dir).file_path(e.file), e.offset);
-    nlog_error("{} ({} bytes)", msg, e.length);
+    log_error("nvme: {} ({} bytes)", msg, e.length);
     if (op.error.is_ok() || op.error.code() != Code::kCorruption)
       op.error = Status(Code::kCorruption, std::move(msg));
   }
@@ -446,7 +448,7 @@ void Engine::sync_done(uint64_t key, int64_t result) {
     auto file = static_cast<uint32_t>(key & 0xffffffffu);
     err = Status::from_errno(static_cast<int>(-result),
                              fmt::format("fdatasync {}", store_->dir(dir).file_path(file)));
-    nlog_error("{}", err.message());
+    log_error("nvme: {}", err.message());
     // Writes that completed while the failed sync ran may have been written back by it, their
     // error consumed by it: a later sync could report success for bytes that never landed.
     done.insert(done.end(), f.waiting.begin(), f.waiting.end());
@@ -468,7 +470,7 @@ void Engine::finish(uint64_t op_id) {
   if (op->write) {
     if (!op->error.is_ok()) {
       if (Status s = store_->release(op->loc.extents); !s)
-        nlog_error("freeing extents of a failed spill: {}", s.to_string());
+        log_error("nvme: freeing extents of a failed spill: {}", s.to_string());
       Status err(op->error.code(), fmt::format("spill of tensor {}: {}", op->tensor_id,
                                                op->error.message()));
       ready_.push_back([done = std::move(op->spill_done), err] { done(fail(err)); });
@@ -476,7 +478,7 @@ void Engine::finish(uint64_t op_id) {
     }
     if (op->has_replaces) {
       if (Status s = store_->release(op->replaces.extents); !s)
-        nlog_error("freeing the replaced copy of tensor {}: {}", op->tensor_id, s.to_string());
+        log_error("nvme: freeing the replaced copy of tensor {}: {}", op->tensor_id, s.to_string());
     }
     counters_.spill_bytes += op->loc.size;
     ready_.push_back([done = std::move(op->spill_done), loc = std::move(op->loc)]() mutable {

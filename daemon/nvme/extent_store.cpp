@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "nvme/nvme_log.hpp"
+#include "daemon/log.hpp"
 
 // Propagates a failed Status from a function returning Result<T>.
 #define NVME_TRY(expr)                                         \
@@ -115,7 +115,7 @@ Status DirStore::open_file(uint32_t n, bool create) {
   if (create) {
     int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(file_size_));
     if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
-      nlog_warn("{}: fallocate unsupported, data file is sparse (space is not reserved)", p);
+      log_warn("nvme: {}: fallocate unsupported, data file is sparse (space is not reserved)", p);
       rc = ::ftruncate(fd, static_cast<off_t>(file_size_));
     }
     if (rc != 0) {

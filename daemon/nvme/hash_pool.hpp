@@ -4,16 +4,15 @@
 // submit() queues a job; results come back through take() on the driver thread, and each
 // finished job writes 1 to `notify_fd` (an eventfd the owner polls). The memory a job hashes must
 // stay valid and unchanged until its result is taken. With zero threads, jobs run inside
-// submit() (results still come through take()).
+// submit() (results still come through take()). Threads and queue: WorkerPool (its contracts
+// apply: `notify_fd` must outlive the pool).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <mutex>
-#include <thread>
 #include <vector>
+
+#include "nvme/worker_pool.hpp"
 
 namespace tier::nvme {
 
@@ -25,31 +24,20 @@ class HashPool {
   };
 
   HashPool(unsigned threads, int notify_fd);
-  ~HashPool();  // finishes queued jobs first
-  HashPool(const HashPool&) = delete;
-  HashPool& operator=(const HashPool&) = delete;
+  // The destructor finishes queued jobs first.
 
   void submit(uint64_t tag, const std::byte* data, size_t len);
   // Appends finished results to `out`; never blocks.
   void take(std::vector<Result>& out);
-  size_t threads() const noexcept { return workers_.size(); }
+  size_t threads() const noexcept { return pool_.threads(); }
 
  private:
   struct Job {
-    uint64_t tag;
-    const std::byte* data;
-    size_t len;
+    uint64_t tag = 0;
+    const std::byte* data = nullptr;
+    size_t len = 0;
   };
-  void work();
-  void done(Result r);
-
-  int notify_fd_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_;       // guarded by mu_
-  std::vector<Result> results_;  // guarded by mu_
-  bool stop_ = false;          // guarded by mu_
-  std::vector<std::thread> workers_;
+  WorkerPool<Job, Result> pool_;
 };
 
 }  // namespace tier::nvme

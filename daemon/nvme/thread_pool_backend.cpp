@@ -7,13 +7,11 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
+#include <algorithm>
 
+#include "daemon/log.hpp"
 #include "nvme/io_backend.hpp"
-#include "nvme/nvme_log.hpp"
+#include "nvme/worker_pool.hpp"
 
 namespace tier::nvme {
 namespace {
@@ -21,18 +19,12 @@ namespace {
 class ThreadPoolBackend final : public IoBackend {
  public:
   ThreadPoolBackend(int efd, const BackendOptions& o)
-      : efd_(efd), qd_(std::max<uint32_t>(1, o.queue_depth)) {
-    uint32_t n = std::max<uint32_t>(1, o.threads);
-    for (uint32_t i = 0; i < n; ++i) workers_.emplace_back([this, node = o.numa_node] { work(node); });
-  }
+      : efd_(efd),
+        qd_(std::max<uint32_t>(1, o.queue_depth)),
+        pool_(std::max<uint32_t>(1, o.threads), efd, run, [node = o.numa_node] { bind(node); }) {}
 
   ~ThreadPoolBackend() override {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;  // workers finish the queue before exiting: nothing in flight is dropped
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
+    pool_.stop();  // workers finish the queue before exiting: nothing in flight is dropped
     ::close(efd_);
   }
 
@@ -46,12 +38,7 @@ class ThreadPoolBackend final : public IoBackend {
   bool register_memory(std::span<const MemRegion>) override { return false; }
 
   void submit(const IoRequest& req) override {
-    Job j{req, fds_.at(static_cast<size_t>(req.file))};
-    {
-      std::lock_guard lk(mu_);
-      queue_.push_back(j);
-    }
-    cv_.notify_one();
+    pool_.submit({req, fds_.at(static_cast<size_t>(req.file))});
     ++in_flight_;
   }
 
@@ -61,10 +48,7 @@ class ThreadPoolBackend final : public IoBackend {
     uint64_t v;
     while (::read(efd_, &v, sizeof v) == sizeof v) {
     }
-    std::lock_guard lk(done_mu_);
-    size_t n = done_.size();
-    out.insert(out.end(), done_.begin(), done_.end());
-    done_.clear();
+    size_t n = pool_.take(out);
     in_flight_ -= n;
     return n;
   }
@@ -75,58 +59,40 @@ class ThreadPoolBackend final : public IoBackend {
 
  private:
   struct Job {
-    IoRequest req;
-    int fd;
+    IoRequest req{};
+    int fd = -1;
   };
 
-  void work(int node) {
+  static void bind(int node) {
     if (node >= 0 && numa_available() >= 0 && numa_run_on_node(node) != 0)
-      nlog_debug("pread worker: cannot run on NUMA node {}: {}", node, strerror(errno));
-    for (;;) {
-      Job j;
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        j = queue_.front();
-        queue_.pop_front();
+      log_debug("nvme: pread worker: cannot run on NUMA node {}: {}", node, strerror(errno));
+  }
+
+  // One blocking call on a worker thread; the job carries its descriptor.
+  static IoCompletion run(Job& j) {
+    ssize_t n;
+    do {
+      switch (j.req.op) {
+        case IoOp::kRead:
+          n = ::pread(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
+          break;
+        case IoOp::kWrite:
+          n = ::pwrite(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
+          break;
+        case IoOp::kSync:
+        default:
+          n = ::fdatasync(j.fd);  // 0 or -1
+          break;
       }
-      ssize_t n;
-      do {
-        switch (j.req.op) {
-          case IoOp::kRead:
-            n = ::pread(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
-            break;
-          case IoOp::kWrite:
-            n = ::pwrite(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
-            break;
-          case IoOp::kSync:
-          default:
-            n = ::fdatasync(j.fd);  // 0 or -1
-            break;
-        }
-      } while (n < 0 && errno == EINTR);
-      IoCompletion c{j.req.user_data, n < 0 ? -errno : static_cast<int32_t>(n)};
-      {
-        std::lock_guard lk(done_mu_);
-        done_.push_back(c);
-      }
-      uint64_t one = 1;
-      [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
-    }
+    } while (n < 0 && errno == EINTR);
+    return IoCompletion{j.req.user_data, n < 0 ? -errno : static_cast<int32_t>(n)};
   }
 
   int efd_;
   uint32_t qd_;
   std::vector<int> fds_;  // driver thread only; jobs carry their descriptor
   size_t in_flight_ = 0;  // driver thread only
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;  // guarded by mu_
-  bool stop_ = false;      // guarded by mu_
-  std::mutex done_mu_;
-  std::vector<IoCompletion> done_;  // guarded by done_mu_
-  std::vector<std::thread> workers_;
+  WorkerPool<Job, IoCompletion> pool_;  // its workers write efd_ until stopped
 };
 
 }  // namespace

@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "nvme/io_backend.hpp"
-#include "nvme/nvme_log.hpp"
+#include "daemon/log.hpp"
 
 namespace tier::nvme {
 namespace {
@@ -35,7 +35,8 @@ class UringBackend final : public IoBackend {
     int rc = io_uring_register_files_sparse(&ring_, kRegisteredFileSlots);
     files_registered_ = rc == 0;
     if (!files_registered_)
-      nlog_debug("io_uring: registered files unavailable ({}), using plain descriptors", strerror(-rc));
+      log_debug("nvme: io_uring: registered files unavailable ({}), using plain descriptors",
+                strerror(-rc));
   }
 
   ~UringBackend() override {
@@ -62,8 +63,8 @@ class UringBackend final : public IoBackend {
     if (files_registered_ && static_cast<unsigned>(index) < kRegisteredFileSlots) {
       int rc = io_uring_register_files_update(&ring_, static_cast<unsigned>(index), &fd, 1);
       if (rc == 1) fixed_.back() = true;
-      else nlog_debug("io_uring: registering file {} failed ({}), using its descriptor", index,
-                      strerror(rc < 0 ? -rc : EINVAL));
+      else log_debug("nvme: io_uring: registering file {} failed ({}), using its descriptor", index,
+                     strerror(rc < 0 ? -rc : EINVAL));
     }
     return index;
   }
@@ -84,10 +85,10 @@ class UringBackend final : public IoBackend {
     for (const MemRegion& r : split) iov.push_back({r.base, r.len});
     int rc = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
     if (rc < 0) {
-      nlog_warn("io_uring: registering {} buffer(s) as fixed buffers failed ({}{}); "
-                "I/O proceeds with unregistered buffers",
-                iov.size(), strerror(-rc),
-                rc == -ENOMEM ? ": RLIMIT_MEMLOCK too low? raise LimitMEMLOCK" : "");
+      log_warn("nvme: io_uring: registering {} buffer(s) as fixed buffers failed ({}{}); "
+               "I/O proceeds with unregistered buffers",
+               iov.size(), strerror(-rc),
+               rc == -ENOMEM ? ": RLIMIT_MEMLOCK too low? raise LimitMEMLOCK" : "");
       return false;
     }
     regions_ = std::move(split);
@@ -150,7 +151,7 @@ class UringBackend final : public IoBackend {
         stash_cqes();
         if (in_kernel_ > 0) continue;
       }
-      if (rc < 0) nlog_error("io_uring_submit failed: {}", strerror(-rc));
+      if (rc < 0) log_error("nvme: io_uring_submit failed: {}", strerror(-rc));
       return;
     }
   }
@@ -254,7 +255,9 @@ Result<std::unique_ptr<IoBackend>> make_uring_backend(const BackendOptions& o) {
       for (unsigned c = 0; c < cpus->size && c < CPU_SETSIZE; ++c)
         if (numa_bitmask_isbitset(cpus, c)) CPU_SET(c, &set);
       int arc = io_uring_register_iowq_aff(&ring, sizeof set, &set);
-      if (arc < 0) nlog_debug("io_uring: io-wq affinity to node {} not set: {}", o.numa_node, strerror(-arc));
+      if (arc < 0)
+        log_debug("nvme: io_uring: io-wq affinity to node {} not set: {}", o.numa_node,
+                  strerror(-arc));
     }
     numa_free_cpumask(cpus);
   }

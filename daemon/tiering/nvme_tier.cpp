@@ -17,7 +17,6 @@
 #include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "daemon/tiering/internal.hpp"
-#include "nvme/nvme_log.hpp"
 
 namespace tier::daemon {
 
@@ -26,13 +25,6 @@ using tiering::nvme_bytes;
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& catalog,
                                                        RamTier& ram) {
-  // Engine lines carry syslog levels (3 error, 4 warning, 6 info, 7 debug).
-  nvme::set_nvme_log_sink([](int level, std::string_view line) {
-    if (level <= 3) log_error("nvme: {}", line);
-    else if (level == 4) log_warn("nvme: {}", line);
-    else if (level <= 6) log_info("nvme: {}", line);
-    else log_debug("nvme: {}", line);
-  });
   nvme::EngineOptions o;
   for (const auto& d : cfg.nvme) {
     nvme::DirConfig dc;

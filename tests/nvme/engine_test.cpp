@@ -5,10 +5,13 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 
+#include "daemon/log.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
 #include "wire/codec.hpp"
@@ -424,4 +427,31 @@ TEST_CASE("engine: the pread backend on a disk keeps O_DIRECT, bouncing unaligne
     REQUIRE(fetch(*e, *loc, dst.span()).is_ok());
     CHECK(std::memcmp(src.data(), dst.data(), size) == 0);
   }
+}
+
+TEST_CASE("engine: its lines go through tierd's logger, named nvme and at their level") {
+  struct Line {
+    tier::LogLevel level;
+    std::string text;
+  };
+  std::mutex mu;
+  std::vector<Line> lines;
+  tier::set_log_sink([&](tier::LogLevel l, std::string_view t) {
+    std::lock_guard lk(mu);
+    lines.push_back({l, std::string(t)});
+  });
+  {
+    TempDir dir;
+    auto o = small_options({dir.sub("nvme0")});
+    o.backend = BackendChoice::kPread;
+    auto e = open_engine(o);
+  }
+  tier::set_log_sink({});
+  std::lock_guard lk(mu);
+  auto it = std::find_if(lines.begin(), lines.end(), [](const Line& l) {
+    return l.text.find("using the pread/pwrite thread pool") != std::string::npos;
+  });
+  REQUIRE(it != lines.end());
+  CHECK(it->level == tier::LogLevel::kWarning);
+  CHECK(it->text.rfind("nvme: NVMe directory ", 0) == 0);
 }

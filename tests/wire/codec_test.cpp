@@ -109,3 +109,51 @@ TEST_CASE("random bytes never crash the decoder") {
   }
   SUCCEED("20000 random payloads decoded without a crash");
 }
+
+namespace {
+// The payload bytes encode() produces for `msg`, and what encoded_size() says beforehand.
+template <class T>
+void check_encoded_size(const T& msg) {
+  std::vector<std::byte> buf;
+  REQUIRE(encode(static_cast<uint16_t>(MsgType::kStatus), 1, msg, buf).is_ok());
+  CHECK(encoded_size(msg) == buf.size() - kHeaderBytes);
+}
+}  // namespace
+
+TEST_CASE("encoded_size() is the size the encoder produces, for every kind of field") {
+  check_encoded_size(Empty{});
+  check_encoded_size(ReplyStatus{3, "no such pool"});
+  check_encoded_size(LeaseReq{2, -1, {1, 2, 3}});
+  check_encoded_size(LeaseRep{{{10, 1, 3, 4096, 8192}, {11, 2, 3, 0, 1}}});
+  check_encoded_size(LeaseRep{});
+  TensorInfoW t{7, "layer.3.attn.w", 1 << 20, 2, {4, 256, 1024}, 1, 3, true, 2, false};
+  TensorInfoW u{8, "", 0, 0, {}, -1, 0, false, 0, true};
+  check_encoded_size(t);
+  check_encoded_size(TensorListRep{{t, u, t}, true});
+  check_encoded_size(PoolListRep{{PoolInfoW{1, "p", 1000, 1, 2, 3, 4, 5, 6, true}, PoolInfoW{}}});
+  check_encoded_size(PlanSetReq{"pool", {5, 6, 5}, 1 << 30, {1, 0, 1}});
+  check_encoded_size(SnapshotListRep{true, 4, 2, {{1, 10, 100}, {2, 20, 200}}});
+  StatusRep st;
+  st.daemon_version = "0.1.0";
+  st.ram = {NodeTierW{0, 1, 2, 3, 4}, NodeTierW{1, 5, 6, 7, 8}};
+  st.nvme = {NvmeTierW{"/srv/nvme0", 0, "io_uring", 9, 10}};
+  check_encoded_size(st);
+  // Sizes grow with the content, not by a constant: a longer name and shape count.
+  TensorInfoW longer = t;
+  longer.name += "xyz";
+  longer.shape.push_back(2);
+  CHECK(encoded_size(longer) == encoded_size(t) + 3 + 8);
+}
+
+TEST_CASE("the lease grants encoded_size() says fit one reply do fit, and one more does not") {
+  const size_t n = (kMaxMessageBytes - kHeaderBytes - encoded_size(ReplyStatus{}) -
+                    encoded_size(LeaseRep{})) /
+                   encoded_size(LeaseGrant{});
+  CHECK(n < kMaxBatch);
+  LeaseRep rep;
+  rep.grants.assign(n, LeaseGrant{~0ULL, ~0ULL, ~0ULL, ~0ULL, ~0ULL});
+  std::vector<std::byte> buf;
+  CHECK(encode_reply(static_cast<uint16_t>(MsgType::kLease), 1, Status::ok(), rep, buf).is_ok());
+  rep.grants.push_back({});
+  CHECK_FALSE(encode_reply(static_cast<uint16_t>(MsgType::kLease), 1, Status::ok(), rep, buf).is_ok());
+}

@@ -42,7 +42,7 @@
 
 #include "bench_common.hpp"
 #include "nvme/engine.hpp"
-#include "nvme/nvme_log.hpp"
+#include "daemon/log.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "policy/prefetch.hpp"
@@ -614,7 +614,7 @@ int run_nvme(const BenchOptions& o) {
     std::fprintf(stderr, "tier-bench nvme: create %s: %s\n", dir.c_str(), ec.message().c_str());
     return 1;
   }
-  if (o.json) set_nvme_log_level(4);
+  if (o.json) set_log_level(LogLevel::kWarning);
   int rc = 1;
   {
     EngineOptions eo;
