@@ -1,0 +1,30 @@
+# tier_include_root(<target> <PUBLIC|INTERFACE|PRIVATE> <entry>...): give <target> an include
+# root of its own that holds only the given folders or single headers, as symbolic links under
+# ${PROJECT_BINARY_DIR}/include-roots/<target>/. An entry is a path relative to the source tree
+# ("daemon/journal": included as "daemon/journal/..."), or <name>=<path> to include it under
+# another name ("nvme=daemon/nvme": included as "nvme/...").
+#
+# Headers keep one spelling everywhere ("daemon/journal/records.hpp", "nvme/engine.hpp",
+# "wire/codec.hpp"), but a target sees only the roots of the targets it links: tier_journal
+# can include "wire/..." (it links tier_wire) and cannot include "daemon/state.hpp" (it does
+# not link tierd_core), so a wrong-way include fails to compile instead of creating a cycle.
+# No target exports the repository root.
+function(tier_include_root target scope)
+  set(root ${PROJECT_BINARY_DIR}/include-roots/${target})
+  foreach(entry IN LISTS ARGN)
+    if(entry MATCHES "^([^=]+)=(.+)$")
+      set(name ${CMAKE_MATCH_1})
+      set(path ${CMAKE_MATCH_2})
+    else()
+      set(name ${entry})
+      set(path ${entry})
+    endif()
+    if(NOT EXISTS ${PROJECT_SOURCE_DIR}/${path})
+      message(FATAL_ERROR "tier_include_root(${target}): no ${path} in the source tree")
+    endif()
+    get_filename_component(parent ${root}/${name} DIRECTORY)
+    file(MAKE_DIRECTORY ${parent})
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${path} ${root}/${name} SYMBOLIC)
+  endforeach()
+  target_include_directories(${target} ${scope} $<BUILD_INTERFACE:${root}>)
+endfunction()
