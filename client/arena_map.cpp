@@ -1,4 +1,5 @@
 #include "client/arena_map.hpp"
+#include "wire/errors.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

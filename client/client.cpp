@@ -24,6 +24,8 @@
 #include "client/connection.hpp"
 #include "client/held_leases.hpp"
 #include "wire/messages.hpp"
+#include "wire/errors.hpp"
+#include "wire/names.hpp"
 
 namespace tier {
 
@@ -72,7 +74,8 @@ std::string default_socket_path() {
   return kDefaultSocketPath;
 }
 
-struct Client::Impl {
+// Hidden: nested in an exported class, it would otherwise be exported with it.
+struct [[gnu::visibility("hidden")]] Client::Impl {
   mutable std::mutex mu;
   std::string path;
   ConnectOptions opts;

@@ -19,6 +19,7 @@
 
 #include "tier/status.hpp"
 #include "wire/messages.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::client {
 

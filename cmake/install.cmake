@@ -16,7 +16,7 @@
 #     share/man/man{1,5,8}/..., share/bash-completion/completions/tierctl
 #   conffile (tierd; only for the .deb, never by a plain cmake --install): /etc/tierd/tierd.toml
 #   libtier (libtier0): LIBDIR/libtier.so.X.Y.Z, .so.X   SONAME libtier.so.X
-#   dev (libtier-dev): include/tier/{client,status,types}.hpp, LIBDIR/libtier.so,
+#   dev (libtier-dev): include/tier/{client,export,status,types}.hpp, LIBDIR/libtier.so,
 #     LIBDIR/cmake/tier/tierConfig*.cmake, tierTargets*.cmake, LIBDIR/pkgconfig/tier.pc
 #   python (python3-tierd): lib/python3/dist-packages/tierd/ (_native*.so, __init__.py, torch.py; when built)
 #   trainer (tier-train): bin/tier-train, share/man/man1/tier-train.1
@@ -55,9 +55,12 @@ set_property(TARGET tier_client APPEND PROPERTY INTERFACE_COMPILE_FEATURES cxx_s
 install(TARGETS tier_client EXPORT tierTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT libtier NAMELINK_COMPONENT dev
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-# The GPU header belongs to tier::gpu, a static CUDA library that is not installed.
+# include/tier/ holds exactly the installed API. The GPU header (client/gpu/include/tier/gpu.hpp)
+# belongs to tier::gpu, a static CUDA library for the project's own programs that is not
+# installed.
 install(FILES
     ${PROJECT_SOURCE_DIR}/include/tier/client.hpp
+    ${PROJECT_SOURCE_DIR}/include/tier/export.hpp
     ${PROJECT_SOURCE_DIR}/include/tier/status.hpp
     ${PROJECT_SOURCE_DIR}/include/tier/types.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tier COMPONENT dev)

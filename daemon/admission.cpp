@@ -3,6 +3,8 @@
 #include <string>
 
 #include "daemon/tiering/nvme_tier.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

@@ -1,4 +1,6 @@
 #include "daemon/catalog.hpp"
+#include "wire/errors.hpp"
+#include "wire/names.hpp"
 
 namespace tier::daemon {
 

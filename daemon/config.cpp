@@ -4,6 +4,8 @@
 #include <toml++/toml.h>
 
 #include "tier/types.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -1,4 +1,5 @@
 #include "daemon/metrics_http.hpp"
+#include "wire/errors.hpp"
 
 #include <httplib.h>
 

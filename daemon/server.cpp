@@ -21,6 +21,8 @@
 #include "daemon/log.hpp"
 #include "daemon/metrics_http.hpp"
 #include "wire/transport.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

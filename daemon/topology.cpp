@@ -1,4 +1,5 @@
 #include "daemon/topology.hpp"
+#include "wire/errors.hpp"
 
 #include <hwloc.h>
 

@@ -1,4 +1,5 @@
 #include "trainer/comm.hpp"
+#include "wire/errors.hpp"
 
 #define OMPI_SKIP_MPICXX 1  // the C API only: no libmpi_cxx
 #include <mpi.h>

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "trainer/model.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train {
 

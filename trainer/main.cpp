@@ -26,6 +26,7 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank, std::string* pci);  /
 #ifdef TIER_HAVE_NCCL
 #include "trainer/cuda/gpu_optimizer.hpp"
 #include "trainer/cuda/pipeline_pass.hpp"
+#include "wire/sizes.hpp"
 #endif
 #endif
 

@@ -1,4 +1,5 @@
 #include "trainer/model.hpp"
+#include "wire/errors.hpp"
 
 #include <cmath>
 #include <fmt/format.h>

@@ -5,6 +5,7 @@
 // device). Both pin a shard only after the overlapped update of its layer is done.
 
 #include "trainer/step.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train::detail {
 

@@ -1,4 +1,6 @@
 #include "trainer/plan.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

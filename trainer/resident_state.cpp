@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "trainer/state.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train {
 

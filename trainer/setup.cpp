@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "trainer/step.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train::detail {
 

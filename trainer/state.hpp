@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tier/status.hpp"
+#include "wire/errors.hpp"
 
 namespace tier {
 class Client;

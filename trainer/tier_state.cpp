@@ -12,6 +12,7 @@
 
 #include "tier/client.hpp"
 #include "trainer/gpu_map.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train {
 

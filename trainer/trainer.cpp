@@ -5,6 +5,7 @@
 
 #include "trainer/dump.hpp"
 #include "trainer/step.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train {
 

@@ -1,4 +1,5 @@
 #include "wire/messages.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::wire {
 

@@ -18,6 +18,7 @@
 #include "tier/status.hpp"
 #include "tier/types.hpp"
 #include "wire/codec.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::wire {
 

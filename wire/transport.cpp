@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "wire/messages.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::wire {
 

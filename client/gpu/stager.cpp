@@ -14,6 +14,7 @@
 
 #include "cuda_status.hpp"
 #include "registry.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::gpu {
 
@@ -276,9 +277,8 @@ struct Stager::Impl {
   }
 };
 
-namespace {
-
-Result<std::unique_ptr<Stager::Impl>> make_impl(Client* client, const StagerOptions& opts) {
+Result<std::unique_ptr<Stager::Impl>> Stager::make_impl(Client* client,
+                                                        const StagerOptions& opts) {
   auto n = device_count();
   if (!n) return fail(n.error());
   if (opts.device < 0 || opts.device >= *n)
@@ -297,8 +297,6 @@ Result<std::unique_ptr<Stager::Impl>> make_impl(Client* client, const StagerOpti
   if (err != cudaSuccess) return fail(from_cuda(err, "cudaStreamCreate"));
   return impl;
 }
-
-}  // namespace
 
 Stager::Stager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Stager::~Stager() = default;

@@ -1,4 +1,5 @@
 #include "daemon/journal/catalog_image.hpp"
+#include "wire/errors.hpp"
 
 #include <algorithm>
 #include <type_traits>

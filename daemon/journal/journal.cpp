@@ -1,4 +1,5 @@
 #include "daemon/journal/journal.hpp"
+#include "wire/errors.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -7,6 +7,7 @@
 
 #include "daemon/journal/journal.hpp"
 #include "daemon/journal/reader.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::journal {
 namespace {

@@ -1,4 +1,5 @@
 #include "daemon/journal/reader.hpp"
+#include "wire/errors.hpp"
 
 #include <algorithm>
 #include <cstring>

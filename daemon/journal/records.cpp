@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "daemon/journal/format.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::journal {
 namespace {

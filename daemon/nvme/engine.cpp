@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "daemon/log.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::nvme {
 namespace {

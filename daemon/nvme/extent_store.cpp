@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "daemon/log.hpp"
+#include "wire/errors.hpp"
 
 // Propagates a failed Status from a function returning Result<T>.
 #define NVME_TRY(expr)                                         \

@@ -1,4 +1,5 @@
 #include "nvme/fault_backend.hpp"
+#include "wire/errors.hpp"
 
 #include <errno.h>
 #include <fcntl.h>

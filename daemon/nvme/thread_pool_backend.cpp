@@ -12,6 +12,7 @@
 #include "daemon/log.hpp"
 #include "nvme/io_backend.hpp"
 #include "nvme/worker_pool.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::nvme {
 namespace {

@@ -13,6 +13,7 @@
 
 #include "nvme/io_backend.hpp"
 #include "daemon/log.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::nvme {
 namespace {

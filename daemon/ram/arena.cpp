@@ -23,6 +23,8 @@
 #include "daemon/ram/fault_guard.hpp"
 #include "daemon/ram/prefault.hpp"
 #include "tier/types.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

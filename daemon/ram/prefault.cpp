@@ -1,4 +1,5 @@
 #include "daemon/ram/prefault.hpp"
+#include "wire/errors.hpp"
 
 #include <numa.h>
 #include <sys/mman.h>

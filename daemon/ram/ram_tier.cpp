@@ -1,6 +1,8 @@
 #include "daemon/ram/ram_tier.hpp"
 
 #include "daemon/log.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

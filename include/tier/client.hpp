@@ -30,7 +30,7 @@ class Client;
 
 // The socket a client connects to when none is given: $TIERD_SOCKET, else this.
 inline constexpr const char* kDefaultSocketPath = "/run/tierd/tierd.sock";
-[[nodiscard]] std::string default_socket_path();
+[[nodiscard]] TIER_EXPORT std::string default_socket_path();
 
 struct ConnectOptions {
   std::string client_name;  // shown by tierctl status; defaults to the program name
@@ -51,7 +51,7 @@ struct LeaseWait {
 
 // A pin on one tensor: while alive, bytes() stays valid at a fixed address in the mapped
 // arena. Read leases are shared, write leases exclusive. Move-only; released on destruction.
-class [[nodiscard]] Lease {
+class [[nodiscard]] TIER_EXPORT Lease {
  public:
   Lease() = default;
   Lease(Lease&& o) noexcept;
@@ -69,11 +69,11 @@ class [[nodiscard]] Lease {
   std::span<std::byte> bytes() const noexcept { return bytes_; }
   // Releases now; returns the daemon's answer. A released or moved-from lease is a no-op.
   Status release();
-  // Forgets the lease without telling the daemon (used by batched release).
-  void detach() noexcept { client_ = nullptr; }
 
  private:
   friend class Client;
+  // Forgets the lease without telling the daemon (batched release gives it back another way).
+  void detach() noexcept { client_ = nullptr; }
   Client* client_ = nullptr;
   uint64_t id_ = 0;
   uint64_t tensor_id_ = 0;
@@ -123,7 +123,7 @@ struct PoolSnapshots {
 };
 struct RestoreInfo { uint64_t tensors; uint64_t bytes; uint64_t deleted; uint64_t dropped_snapshots; };
 
-class Client {
+class TIER_EXPORT Client {
  public:
   // Connects and says hello. socket_path empty: default_socket_path().
   [[nodiscard]] static Result<std::unique_ptr<Client>> connect(std::string_view socket_path = {},

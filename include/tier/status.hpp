@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "tier/export.hpp"
+
 namespace tier {
 
 // Wire-visible: the numeric values travel in replies and must not be renumbered.
@@ -32,9 +34,9 @@ enum class Code : uint16_t {
 };
 inline constexpr uint16_t kMaxCode = 13;
 
-[[nodiscard]] std::string_view code_name(Code c) noexcept;
+[[nodiscard]] TIER_EXPORT std::string_view code_name(Code c) noexcept;
 
-class [[nodiscard]] Status {
+class [[nodiscard]] TIER_EXPORT Status {
  public:
   Status() noexcept = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -59,17 +61,4 @@ class [[nodiscard]] Status {
 template <class T>
 using Result = std::expected<T, Status>;
 
-// Convenience for returning an error from a function that returns Result<T>.
-inline std::unexpected<Status> fail(Code code, std::string message) {
-  return std::unexpected<Status>(Status(code, std::move(message)));
-}
-inline std::unexpected<Status> fail(Status s) { return std::unexpected<Status>(std::move(s)); }
-
 }  // namespace tier
-
-// Propagate a failed Status / Result from the enclosing function.
-#define TIER_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    ::tier::Status tier_status_ = (expr);          \
-    if (!tier_status_.is_ok()) return tier_status_; \
-  } while (0)

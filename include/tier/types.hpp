@@ -16,9 +16,9 @@ enum class DType : uint8_t {
   kBytes = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kF64 = 4, kI32 = 5, kI64 = 6, kU8 = 7, kI8 = 8,
 };
 inline constexpr uint8_t kMaxDType = 8;
-[[nodiscard]] std::string_view dtype_name(DType d) noexcept;
-[[nodiscard]] std::optional<DType> dtype_from_name(std::string_view s) noexcept;
-[[nodiscard]] size_t dtype_size(DType d) noexcept;  // 1 for kBytes
+[[nodiscard]] TIER_EXPORT std::string_view dtype_name(DType d) noexcept;
+[[nodiscard]] TIER_EXPORT std::optional<DType> dtype_from_name(std::string_view s) noexcept;
+[[nodiscard]] TIER_EXPORT size_t dtype_size(DType d) noexcept;  // 1 for kBytes
 
 // kRead: shared. kWrite: exclusive, the bytes at grant are the tensor's. kOverwrite: exclusive,
 // and the holder promises to write every byte before releasing: the bytes at grant are
@@ -89,25 +89,5 @@ struct PoolInfo {
   uint32_t group = UINT32_MAX;  // UINT32_MAX: no group access
   bool group_read = false;
 };
-
-// Sizes: "4096", "512K", "512M", "64G", "1.5T" (powers of 1024), and "80%" when total is given.
-// Returns kInvalidArgument with a message naming the text on anything else.
-[[nodiscard]] Result<uint64_t> parse_size(std::string_view text, std::optional<uint64_t> total = {});
-// "1.5 GiB", "512 MiB", "12 B".
-[[nodiscard]] std::string format_size(uint64_t bytes);
-
-// Names of pools: 1..255 of [A-Za-z0-9._-]. Tensor names: 1..255 bytes of printable UTF-8
-// (see first_unprintable), no '/'. Names are printed raw by tables and logs, so a control
-// character in one (a newline, an ESC sequence) could forge or hide output: tierd refuses them.
-[[nodiscard]] Status validate_pool_name(std::string_view name);
-[[nodiscard]] Status validate_tensor_name(std::string_view name);
-// The structural part of a tensor name only (1..255 bytes, no '/' or NUL): what a catalog
-// written by an older tierd, which did not refuse control characters, may hold. New names are
-// checked with validate_tensor_name.
-[[nodiscard]] Status validate_stored_tensor_name(std::string_view name);
-// The offset of the first byte of `s` that does not begin printable UTF-8, or npos: a
-// malformed sequence (stray continuation byte, truncated, overlong, surrogate, above U+10FFFF),
-// a C0 control (U+0000..U+001F), DEL (U+007F) or a C1 control (U+0080..U+009F).
-[[nodiscard]] size_t first_unprintable(std::string_view s) noexcept;
 
 }  // namespace tier

@@ -6,6 +6,7 @@
 
 #include "daemon/config.hpp"
 #include "tier/types.hpp"
+#include "wire/sizes.hpp"
 
 using namespace tier;
 using namespace tier::daemon;

@@ -12,6 +12,7 @@
 
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
+#include "wire/errors.hpp"
 
 using namespace tier;
 using Clock = std::chrono::steady_clock;

@@ -11,6 +11,7 @@
 #include "daemon/journal/journal.hpp"
 #include "daemon/journal/reader.hpp"
 #include "journal_util.hpp"
+#include "wire/errors.hpp"
 
 using namespace tier;
 using namespace tier::journal;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tier/client.hpp"
+#include "wire/errors.hpp"
 
 using namespace tier;
 using Clock = std::chrono::steady_clock;

@@ -29,7 +29,7 @@ prefix=$tmp/prefix
 libdir=$prefix/$libdir_rel
 
 # --- layout -------------------------------------------------------------------------------
-for f in include/tier/client.hpp include/tier/status.hpp include/tier/types.hpp \
+for f in include/tier/client.hpp include/tier/export.hpp include/tier/status.hpp include/tier/types.hpp \
          "$libdir_rel/cmake/tier/tierConfig.cmake" "$libdir_rel/cmake/tier/tierConfigVersion.cmake" \
          "$libdir_rel/cmake/tier/tierTargets.cmake" "$libdir_rel/pkgconfig/tier.pc" \
          lib/systemd/system/tierd.service lib/systemd/system/tierd.service.d/10-user.conf; do
@@ -39,6 +39,13 @@ done
 soname=$(readelf -d "$libdir/libtier.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ "$soname" =~ ^libtier\.so\.[0-9]+$ ]] || fail "SONAME is '$soname'"
 [ -e "$libdir/$soname" ] || fail "missing $soname"
+# libtier.so exports the public API only (TIER_EXPORT, hidden visibility for the rest): the
+# client and Status are there, the wire codec and the connection are not.
+exports=$(nm -DC --defined-only "$libdir/libtier.so" | grep -E ' [TW] ' || true)
+grep -q 'tier::Client::lease(' <<<"$exports" || fail "libtier.so does not export tier::Client::lease"
+grep -q 'tier::Status::to_string' <<<"$exports" || fail "libtier.so does not export tier::Status::to_string"
+internal=$(grep -E 'tier::(wire|client)::|tier::Client::Impl::|format_size|parse_size' <<<"$exports" || true)
+[ -z "$internal" ] || fail "libtier.so exports internals: $(head -5 <<<"$internal")"
 # The unit runs the tierd of the prefix it was installed to.
 grep -q "^ExecStart=$prefix/$sbindir_rel/tierd " "$prefix/lib/systemd/system/tierd.service" \
   || fail "unit does not run $prefix/$sbindir_rel/tierd: $(grep ExecStart "$prefix/lib/systemd/system/tierd.service")"

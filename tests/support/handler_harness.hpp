@@ -21,6 +21,7 @@
 
 #include "daemon/ram/arena.hpp"
 #include "daemon/request_handler.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::test {
 

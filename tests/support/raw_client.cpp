@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "wire/transport.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::test {
 

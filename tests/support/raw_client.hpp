@@ -10,6 +10,7 @@
 
 #include "tier/status.hpp"
 #include "wire/messages.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::test {
 

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "tier/types.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::bench {
 

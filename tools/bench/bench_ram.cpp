@@ -22,6 +22,7 @@
 
 #include "bench_common.hpp"
 #include "tier/client.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::bench {
 

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "table.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::ctl {
 

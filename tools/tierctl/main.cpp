@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "tier/client.hpp"
+#include "wire/sizes.hpp"
 
 namespace {
 

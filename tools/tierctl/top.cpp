@@ -20,6 +20,7 @@
 
 #include "commands.hpp"
 #include "table.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::ctl {
 

@@ -1,4 +1,5 @@
 #include "trainer/cuda/nccl_comm.hpp"
+#include "wire/errors.hpp"
 
 // The C API only: without these, Open MPI's mpi.h drags in its C++ bindings (libmpi_cxx).
 #define OMPI_SKIP_MPICXX 1

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda_status.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train::cuda {
 namespace {

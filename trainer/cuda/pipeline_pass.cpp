@@ -15,6 +15,7 @@
 #include "trainer/optimizer.hpp"
 
 #include "cuda_status.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train::cuda {
 namespace {

@@ -162,9 +162,10 @@ class Stager {
   };
   Stats stats() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
+  [[nodiscard]] static Result<std::unique_ptr<Impl>> make_impl(Client* client,
+                                                               const StagerOptions& opts);
   explicit Stager(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
