@@ -12,7 +12,7 @@
 
 #include "test_util.hpp"
 
-TEST_CASE("tier-bench nvme --quick prints spill, fetch and plan figures with their baselines") {
+TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures with their baselines") {
   std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
   if (!std::filesystem::exists(bench)) {
     WARN("skipped: " << bench << " is not built");
@@ -55,18 +55,12 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and plan figures with the
     CHECK(last["nvme.spill_syncs"].at("value") > 0.0);
     CHECK(last["nvme.spill_syncs"].at("value") <= 1.0);
   }
-  for (const char* n : {"nvme.plan.misses", "nvme.plan.stall", "nvme.plan.moved", "nvme.plan.step",
-                        "nvme.plan.lru_step"})
+  // A cyclic plan over twice the RAM tier through a private tierd with an NVMe directory: plain
+  // LRU misses on (nearly) every use; with the plan registered tierd prefetches ahead.
+  for (const char* n : {"nvme.daemon_plan.misses", "nvme.daemon_plan.stall", "nvme.daemon_plan.moved",
+                        "nvme.daemon_plan.step", "nvme.daemon_plan.lru_step"})
     CHECK(seen[n] == 1);
-  // A cyclic plan over twice the RAM makes plain LRU miss on every use; the plan never does worse.
-  if (last.contains("nvme.plan.misses")) {
-    CHECK(last["nvme.plan.misses"].at("baseline") == 16.0);
-    CHECK(last["nvme.plan.misses"].at("value") <= 16.0);
-  }
-  // The same pattern through a private tierd with an NVMe directory.
-  for (const char* n : {"nvme.daemon_plan.misses", "nvme.daemon_plan.stall", "nvme.daemon_plan.step",
-                        "nvme.daemon_plan.lru_step"})
-    CHECK(seen[n] == 1);
+  if (last.contains("nvme.daemon_plan.moved")) CHECK(last["nvme.daemon_plan.moved"].at("value") > 0.0);
   if (last.contains("nvme.daemon_plan.misses")) {
     CHECK(last["nvme.daemon_plan.misses"].at("baseline") >= 24.0);  // LRU: (nearly) every use
     CHECK(last["nvme.daemon_plan.misses"].at("value") < last["nvme.daemon_plan.misses"].at("baseline"));

@@ -9,20 +9,17 @@
 //                             the fdatasync of its data file (the baseline does not sync).
 //   nvme.spill_syncs          fdatasyncs per spilled tensor (group commit shares one per data
 //                             file among the spills of a batch); baseline 1, one per tensor.
-//   nvme.plan.*               a cyclic plan over a working set twice the RAM budget, run on the
-//                             real directory with the tiering policy (Belady eviction + timed
-//                             prefetch) and with plain LRU on demand, against the ideal: the
-//                             bytes that must move divided by the raw read bandwidth, with
-//                             compute equal to that (balanced); nvme.plan.*.compute2x with
+//   nvme.daemon_plan.*        a cyclic plan over a working set twice the RAM tier, through a
+//                             private tierd (--nvme-dir on the same directory) via libtier:
+//                             lease, compute, release. tierd's own policy (Belady eviction and
+//                             timed prefetch with the plan registered, LRU on demand without)
+//                             against the ideal: the bytes any eviction order must move divided
+//                             by the raw read bandwidth, with compute equal to that (balanced);
+//                             misses and bytes read from tierd's counters; .compute2x with
 //                             twice as much compute (full runs only).
-//   nvme.daemon_plan.*        the same cyclic pattern through a private tierd (--nvme-dir on
-//                             the same directory, RAM tier half the working set) via libtier:
-//                             lease, compute, release; misses (daemon counters) and lease wait
-//                             with a registered plan vs without (LRU), step time vs the ideal.
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +34,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -45,7 +41,6 @@
 #include "daemon/log.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
-#include "policy/prefetch.hpp"
 #include "suites.hpp"
 #include "tier/client.hpp"
 
@@ -60,12 +55,6 @@ constexpr uint32_t kRequestSize = 1u << 20;
 constexpr uint64_t kMiB = 1u << 20;
 
 // Blocks until `fd` is readable or `seconds` pass (sub-millisecond precision).
-void wait_fd(int fd, double seconds) {
-  pollfd p{fd, POLLIN, 0};
-  timespec ts{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<time_t>(seconds)) * 1e9)};
-  ::ppoll(&p, 1, &ts, nullptr);
-}
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -271,147 +260,6 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
 }
 
 // One run of the cyclic plan with room for `slots` of `tensors` tensors in RAM.
-struct PlanRun {
-  uint64_t misses = 0;       // uses that found the tensor neither resident nor arriving
-  uint64_t stalled_uses = 0; // uses that had to wait
-  double stall_s = 0;        // time spent waiting for tensors
-  double elapsed_s = 0;      // wall time of the measured steps
-  uint64_t fetched = 0;      // bytes fetched in the measured steps
-};
-
-class PlanSim {
- public:
-  PlanSim(Engine& e, const std::vector<NvmeLocation>& locs, uint64_t size, size_t slots,
-          std::byte* ram, bool use_plan, double compute_s, double bandwidth)
-      : e_(e), locs_(locs), size_(size), slots_(slots), ram_(ram), use_plan_(use_plan), compute_s_(compute_s),
-        bandwidth_(bandwidth) {
-    std::vector<uint64_t> order;
-    for (uint64_t i = 0; i < locs.size(); ++i) order.push_back(i);
-    plan_ = pol::PlanIndex(order);
-    for (size_t s = 0; s < slots; ++s) free_slots_.push_back(s);
-    // Prefetched-but-unused tensors may take a quarter of the RAM budget; the rest holds what
-    // Belady keeps. More look-ahead evicts tensors Belady would keep (more bytes move); less
-    // leaves the device idle while resident tensors are used (more stalls).
-    prefetch_budget_ = std::max<uint64_t>(2, slots / 4) * size;
-  }
-
-  bool run(int warm_steps, int steps, PlanRun& out) {
-    for (int step = 0; step < warm_steps + steps; ++step) {
-      if (step == warm_steps) {
-        stats_ = {};
-        t0_ = now_s();
-      }
-      for (uint64_t pos = 0; pos < plan_.length(); ++pos) {
-        cursor_ = pos;
-        uint64_t x = plan_.at(pos);
-        if (!ok_) return false;
-        if (!resident_.contains(x)) {
-          if (!inflight_.contains(x)) {
-            ++stats_.misses;
-            if (!start_fetch(x, true)) return false;
-          }
-          double w0 = now_s();
-          while (!resident_.contains(x) && ok_) e_.wait();
-          stats_.stall_s += now_s() - w0;
-          ++stats_.stalled_uses;
-        }
-        last_use_[x] = ++clock_;
-        leased_ = x;  // held while in use: never a victim
-        cursor_ = pos + 1;
-        // "Compute" on the tensor while the event loop keeps serving completions.
-        double until = now_s() + compute_s_;
-        for (;;) {
-          e_.poll();
-          if (use_plan_) prefetch(until - compute_s_);
-          double left = until - now_s();
-          if (left <= 0) break;
-          wait_fd(e_.event_fd(), left);
-        }
-        leased_ = UINT64_MAX;
-      }
-    }
-    stats_.elapsed_s = now_s() - t0_;
-    e_.drain();
-    out = stats_;
-    return ok_;
-  }
-
- private:
-  // Makes room for one tensor: Belady victim with the plan, LRU victim without. With
-  // `must` false (a prefetch), only evicts a tensor used later than `for_id`.
-  std::optional<size_t> take_slot(uint64_t for_id, bool must) {
-    if (!free_slots_.empty()) {
-      size_t s = free_slots_.back();
-      free_slots_.pop_back();
-      return s;
-    }
-    std::vector<pol::Candidate> c;
-    for (auto [id, slot] : resident_)
-      if (id != leased_)
-        c.push_back(pol::make_candidate(id, size_, last_use_[id], use_plan_ ? &plan_ : nullptr, cursor_));
-    auto order = pol::eviction_order(c);
-    if (order.empty()) return std::nullopt;
-    uint64_t v = order.front();
-    if (!must) {
-      auto dv = plan_.next_use(v, cursor_), df = plan_.next_use(for_id, cursor_);
-      if (!dv || !df || *dv <= *df) return std::nullopt;
-    }
-    size_t s = resident_[v];
-    resident_.erase(v);  // clean copy on NVMe: dropping it is the eviction
-    return s;
-  }
-
-  bool start_fetch(uint64_t id, bool must) {
-    auto slot = take_slot(id, must);
-    if (!slot) return !must;
-    inflight_[id] = *slot;
-    stats_.fetched += size_;
-    e_.fetch(locs_[id], {ram_ + *slot * size_, size_}, [this, id](Status s) {
-      if (!s) {
-        std::fprintf(stderr, "tier-bench nvme: %s\n", s.to_string().c_str());
-        ok_ = false;
-      }
-      resident_[id] = inflight_[id];
-      inflight_.erase(id);
-    });
-    return true;
-  }
-
-  void prefetch(double cursor_at) {
-    pol::PrefetchInput in;
-    in.plan = &plan_;
-    in.cursor = cursor_;
-    in.present = [this](uint64_t id) { return resident_.contains(id) || inflight_.contains(id); };
-    in.bytes_of = [this](uint64_t) { return size_; };
-    in.budget_bytes = slots_ * size_;
-    in.ahead_bytes = prefetch_budget_;
-    in.bandwidth = bandwidth_;
-    in.seconds_per_use = compute_s_;
-    in.now = now_s();
-    in.cursor_at = cursor_at + compute_s_;
-    in.margin = 0.3;
-    for (uint64_t id : pol::plan_prefetch(in).start_now)
-      if (!start_fetch(id, false)) break;
-  }
-
-  Engine& e_;
-  const std::vector<NvmeLocation>& locs_;
-  uint64_t size_;
-  size_t slots_;
-  std::byte* ram_;
-  bool use_plan_;
-  double compute_s_, bandwidth_;
-  uint64_t prefetch_budget_ = 0;
-  pol::PlanIndex plan_;
-  uint64_t cursor_ = 0, clock_ = 0, leased_ = UINT64_MAX;
-  std::vector<size_t> free_slots_;
-  std::unordered_map<uint64_t, size_t> resident_, inflight_;  // id -> RAM slot
-  std::unordered_map<uint64_t, uint64_t> last_use_;
-  PlanRun stats_;
-  double t0_ = 0;
-  bool ok_ = true;
-};
-
 // Fewest bytes any eviction order must fetch per step (Belady is optimal for equal sizes):
 // simulated on the same plan, steady state.
 uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
@@ -435,53 +283,10 @@ uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
   return misses / steps * size;
 }
 
-// compute_factor: one step's compute time as a multiple of the ideal I/O time. 1 is the
-// balanced, hardest case; 2 leaves the prefetcher room to hide the I/O entirely.
-bool bench_plan(const BenchOptions& o, Engine& e, const Raw& raw, double compute_factor,
-                const std::string& suffix) {
-  const uint64_t size = o.quick ? 1 * kMiB : 8 * kMiB;
-  const size_t tensors = o.quick ? 16 : 64;
-  const size_t slots = tensors / 2;  // RAM budget: half the working set
-  const int warm = 1, steps = o.quick ? 1 : 3;
-  AlignedBuf data = alloc_filled(tensors * size, 3), ram = alloc_filled(slots * size, 4);
-  if (!data || !ram) return false;
-  std::vector<NvmeLocation> locs;
-  if (engine_spill(e, data.get(), tensors * size, size, locs) < 0) return false;
-  MemRegion region{ram.get(), slots * size};
-  e.register_memory({&region, 1});
-  uint64_t must = must_move_per_step(tensors, slots, size);
-  double ideal_io = static_cast<double>(must) / raw.read_bw;
-  double compute = compute_factor * ideal_io / static_cast<double>(tensors);
-  double ideal_step = std::max(ideal_io, compute * static_cast<double>(tensors));
-  PlanRun with_plan, lru;
-  {
-    PlanSim sim(e, locs, size, slots, ram.get(), true, compute, raw.read_bw);
-    if (!sim.run(warm, steps, with_plan)) return false;
-  }
-  {
-    PlanSim sim(e, locs, size, slots, ram.get(), false, compute, raw.read_bw);
-    if (!sim.run(warm, steps, lru)) return false;
-  }
-  free_all(e, locs);
-  e.register_memory({});
-  double n = steps;
-  auto name = [&](const char* base) { return std::string("nvme.plan.") + base + suffix; };
-  emit(o, {name("misses"), tensors * size, with_plan.misses / n, "misses/step", lru.misses / n,
-           lru.misses ? static_cast<double>(with_plan.misses) / lru.misses : 0});
-  emit(o, {name("stall"), tensors * size, with_plan.stall_s / n * 1e3, "ms/step",
-           lru.stall_s / n * 1e3, lru.stall_s > 0 ? with_plan.stall_s / lru.stall_s : 0});
-  emit(o, {name("moved"), tensors * size, with_plan.fetched / n / kMiB, "MiB/step",
-           static_cast<double>(must) / kMiB, with_plan.fetched / n / static_cast<double>(must)});
-  emit(o, {name("step"), tensors * size, with_plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
-           with_plan.elapsed_s / n / ideal_step});
-  emit(o, {name("lru_step"), tensors * size, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
-           lru.elapsed_s / n / ideal_step});
-  return true;
-}
-
 // The cyclic plan through tierd: one lease per use, `compute` seconds of work while it is held.
 struct DaemonRun {
-  uint64_t misses = 0;
+  uint64_t misses = 0;      // leases that found their tensor outside RAM (tierd's counter)
+  uint64_t bytes_read = 0;  // read from NVMe by tierd in the measured steps
   double wait_s = 0, elapsed_s = 0;
 };
 
@@ -491,7 +296,7 @@ bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t
     uint64_t end = now_ns() + static_cast<uint64_t>(s * 1e9);
     while (now_ns() < end) clobber();
   };
-  uint64_t misses0 = 0, t0 = 0;
+  uint64_t misses0 = 0, read0 = 0, t0 = 0;
   for (int step = 0; step < warm + steps; ++step) {
     if (step == warm) {
       auto st = c.status();
@@ -500,6 +305,7 @@ bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t
         return false;
       }
       misses0 = st->misses;
+      read0 = st->bytes_read;
       t0 = now_ns();
     }
     for (uint64_t id : ids) {
@@ -521,11 +327,15 @@ bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t
   auto st = c.status();
   if (!st) return false;
   out.misses = st->misses - misses0;
+  out.bytes_read = st->bytes_read - read0;
   (void)pool;
   return true;
 }
 
-bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw& raw) {
+// compute_factor: one step's compute time as a multiple of the ideal I/O time. 1 is the
+// balanced, hardest case; 2 leaves the prefetcher room to hide the I/O entirely.
+bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw& raw, double compute_factor,
+                       const std::string& suffix) {
   const uint64_t size = o.quick ? 1 * kMiB : 8 * kMiB;
   const uint64_t ram = o.quick ? 16 * kMiB : 128 * kMiB;
   const size_t tensors = 2 * ram / size;
@@ -534,11 +344,11 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
   const size_t slots = static_cast<size_t>(0.8 * static_cast<double>(ram / size));
   uint64_t must = must_move_per_step(tensors, slots, size);
   double ideal_io = static_cast<double>(must) / raw.read_bw;
-  double compute = ideal_io / static_cast<double>(tensors);
+  double compute = compute_factor * ideal_io / static_cast<double>(tensors);
   double ideal_step = std::max(ideal_io, compute * static_cast<double>(tensors));
   DaemonRun runs[2];
   for (int with_plan = 0; with_plan < 2; ++with_plan) {
-    std::string nv = dir + "/daemon" + std::to_string(with_plan);
+    std::string nv = dir + "/daemon" + suffix + std::to_string(with_plan);
     std::error_code ec;
     std::filesystem::create_directories(nv, ec);
     BenchOptions priv = o;
@@ -589,14 +399,15 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
   const DaemonRun& plan = runs[1];
   double n = steps;
   uint64_t set = tensors * size;
-  emit(o, {"nvme.daemon_plan.misses", set, plan.misses / n, "misses/step", lru.misses / n,
+  auto name = [&](const char* base) { return std::string("nvme.daemon_plan.") + base + suffix; };
+  emit(o, {name("misses"), set, plan.misses / n, "misses/step", lru.misses / n,
            lru.misses ? static_cast<double>(plan.misses) / static_cast<double>(lru.misses) : 0});
-  emit(o, {"nvme.daemon_plan.stall", set, plan.wait_s / n * 1e3, "ms/step", lru.wait_s / n * 1e3,
+  emit(o, {name("stall"), set, plan.wait_s / n * 1e3, "ms/step", lru.wait_s / n * 1e3,
            lru.wait_s > 0 ? plan.wait_s / lru.wait_s : 0});
-  emit(o, {"nvme.daemon_plan.step", set, plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
-           plan.elapsed_s / n / ideal_step});
-  emit(o, {"nvme.daemon_plan.lru_step", set, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
-           lru.elapsed_s / n / ideal_step});
+  emit(o, {name("moved"), set, static_cast<double>(plan.bytes_read) / n / kMiB, "MiB/step",
+           static_cast<double>(must) / kMiB, static_cast<double>(plan.bytes_read) / n / static_cast<double>(must)});
+  emit(o, {name("step"), set, plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3, plan.elapsed_s / n / ideal_step});
+  emit(o, {name("lru_step"), set, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3, lru.elapsed_s / n / ideal_step});
   return true;
 }
 
@@ -630,9 +441,8 @@ int run_nvme(const BenchOptions& o) {
                    o.dir.c_str());
     } else {
       Raw raw;
-      if (bench_bandwidth(o, **e, dir, raw) && bench_plan(o, **e, raw, 1.0, "") &&
-          (o.quick || bench_plan(o, **e, raw, 2.0, ".compute2x")) &&
-          bench_daemon_plan(o, dir, raw))
+      if (bench_bandwidth(o, **e, dir, raw) && bench_daemon_plan(o, dir, raw, 1.0, "") &&
+          (o.quick || bench_daemon_plan(o, dir, raw, 2.0, ".compute2x")))
         rc = 0;
     }
   }
