@@ -17,7 +17,10 @@
 #include "daemon/log.hpp"
 #include "nvme/location.hpp"
 #include "daemon/ram/arena.hpp"
-#include "daemon/state.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/ram/ram_tier.hpp"
+#include "nvme/engine.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 
@@ -57,11 +60,10 @@ Durability::~Durability() {
   if (efd_ >= 0) ::close(efd_);
 }
 
-Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryReport* report) {
+Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, RecoveryReport* report) {
   auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Durability> d(new Durability(st));
-  d->state_dir_ = st.config.state_dir;
-  std::string jdir = d->state_dir_ + "/journal";
+  std::unique_ptr<Durability> d(new Durability(std::move(deps)));
+  std::string jdir = d->deps_.state_dir + "/journal";
   // 0700, also when an older tierd made them 0755: snapshot directories name pools.
   if (Status st = make_private_dir(jdir); !st) return fail(Code::kIo, "cannot create " + jdir + ": " + st.message());
   if (Status st = make_private_dir(d->snapshot_root()); !st)
@@ -85,10 +87,6 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
              orep.dropped_tail_bytes);
   if (Status st = d->rebuild(); !st) return fail(std::move(st));
   d->clean_snapshot_dirs();
-  // Write leases held when the previous tierd died stay reserved for their holders.
-  st.reclaims.adopt(st, *d, std::chrono::steady_clock::now());
-  // The rebuild may have journaled losses; make them durable before serving.
-  if (Status st = d->commit(); !st) return fail(std::move(st));
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.fresh)
     log_info("recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
@@ -101,7 +99,7 @@ Result<std::unique_ptr<Durability>> Durability::open(DaemonState& st, RecoveryRe
 }
 
 Status Durability::rebuild() {
-  Catalog& cat = st_.catalog;
+  Catalog& cat = deps_.catalog;
   RecoveryReport& r = report_;
   const Watermarks& marks = image_.watermarks();
   // Pools, arenas, tensors; tensors whose arena was gone wait in `need` for a snapshot.
@@ -123,7 +121,7 @@ Status Durability::rebuild() {
       uint64_t min_size = 0;  // the object must hold every journaled extent
       for (const auto& [tid, ti] : pi.tensors)
         if (ti.meta.arena_id == aid) min_size = std::max(min_size, ti.meta.offset + ti.meta.ram_length);
-      auto attached = st_.ram->attach_arena(pool, a.numa_node, a.shm_name, a.size, min_size);
+      auto attached = deps_.ram.attach_arena(pool, a.numa_node, a.shm_name, a.size, min_size);
       if (!attached)
         return Status(attached.error().code(), "pool '" + pool.name + "': " + attached.error().message());
       if (*attached == RamTier::Attach::kAttached) {
@@ -139,7 +137,7 @@ Status Durability::rebuild() {
       } else {
         r.arenas_refused++;
       }
-      if (Arena* fresh = st_.ram->arena(aid))
+      if (Arena* fresh = deps_.ram.arena(aid))
         renamed.push_back(ArenaCreated{pid, aid, a.numa_node, fresh->path(), fresh->size()});
     }
     for (const ArenaCreated& rec : renamed) append(rec);
@@ -152,7 +150,7 @@ Status Durability::rebuild() {
       // node (its first arena's), else the first node.
       int32_t node = m.numa_node;
       if (node < 0) node = !pi.arenas.empty() ? pi.arenas.begin()->second.numa_node
-                                              : (st_.topology.nodes.empty() ? 0 : st_.topology.nodes.front().id);
+                                              : deps_.default_node;
       auto t = cat.create_tensor(pool, std::move(desc), node);
       if (!t) return Status(Code::kCorruption, "journal: tensor '" + m.name + "': " + t.error().message());
       Tensor& tensor = **t;
@@ -160,7 +158,7 @@ Status Durability::rebuild() {
       if (ti.nvme) set_nvme(tensor.nvme, *ti.nvme);
       if (m.arena_id != 0) {
         RamLocation loc{m.arena_id, m.numa_node, m.offset, m.ram_length};
-        TIER_RETURN_IF_ERROR(st_.ram->reserve(pool, loc));
+        TIER_RETURN_IF_ERROR(deps_.ram.reserve(pool, loc));
         tensor.ram = loc;
         if (std::find(gone_arenas.begin(), gone_arenas.end(), m.arena_id) != gone_arenas.end())
           pool_lost.tensors.push_back(tid);
@@ -182,7 +180,7 @@ Status Durability::rebuild() {
       if (ti && ti->nvme) {
         // A journaled NVMe copy is at least as new as any snapshot (a write lease drops it):
         // the tensor lives on NVMe now and the NVMe tier fetches it on its first lease.
-        st_.ram->release(*p, *t->ram);
+        deps_.ram.release(*p, *t->ram);
         t->ram.reset();
         ram_dropped(*t);
         r.restored_from_nvme++;
@@ -196,10 +194,10 @@ Status Durability::rebuild() {
     for (Tensor* t : need) {  // what the snapshot did not cover
       log_warn("pool '{}': tensor '{}' (id {}) was only in RAM and not in a snapshot: lost", p->name,
                t->name, t->id);
-      st_.ram->release(*p, *t->ram);
+      deps_.ram.release(*p, *t->ram);
       t->ram.reset();
       tensor_deleted(*t);
-      st_.catalog.erase_tensor(*p, t->id);
+      deps_.catalog.erase_tensor(*p, t->id);
       ++lost_here;
     }
     r.lost_tensors += lost_here;
@@ -213,14 +211,14 @@ Status Durability::rebuild() {
 }
 
 void Durability::remove_stale_arenas() {
-  std::string want = arena_prefix(state_dir_) + "-";
+  std::string want = arena_prefix(deps_.state_dir) + "-";
   DIR* dir = ::opendir("/dev/shm");
   if (!dir) return;
   std::vector<std::string> stale;
   while (dirent* e = ::readdir(dir)) {
     std::string name = e->d_name;
     if (!name.starts_with(want)) continue;
-    if (!st_.ram->has_object("/" + name)) stale.push_back(name);
+    if (!deps_.ram.has_object("/" + name)) stale.push_back(name);
   }
   ::closedir(dir);
   for (const auto& name : stale) {
@@ -270,7 +268,7 @@ void Durability::clean_snapshot_dirs() {
       report_.partial_snapshots_removed++;
       log_warn("removed snapshot directory {}: not a complete snapshot the journal keeps", g.string());
     }
-    if (fs::is_empty(pool_dir.path(), ec) && !st_.catalog.find_pool(pool_name)) fs::remove(pool_dir.path(), ec);
+    if (fs::is_empty(pool_dir.path(), ec) && !deps_.catalog.find_pool(pool_name)) fs::remove(pool_dir.path(), ec);
   }
 }
 
@@ -389,7 +387,7 @@ void Durability::tensor_created(const Tensor& t) {
     const journal::PoolImage* pi = nullptr;
     if (auto it = image_.pools().find(t.pool_id); it != image_.pools().end()) pi = &it->second;
     if (pi && !pi->arenas.contains(t.ram->arena_id)) {
-      if (Arena* a = st_.ram->arena(t.ram->arena_id))
+      if (Arena* a = deps_.ram.arena(t.ram->arena_id))
         append(ArenaCreated{t.pool_id, t.ram->arena_id, t.ram->node, a->path(), a->size()});
     }
   }
@@ -403,7 +401,7 @@ void Durability::ram_placed(const Tensor& t) {
   const journal::PoolImage* pi = nullptr;
   if (auto it = image_.pools().find(t.pool_id); it != image_.pools().end()) pi = &it->second;
   if (pi && !pi->arenas.contains(t.ram->arena_id)) {
-    if (Arena* a = st_.ram->arena(t.ram->arena_id))
+    if (Arena* a = deps_.ram.arena(t.ram->arena_id))
       append(ArenaCreated{t.pool_id, t.ram->arena_id, t.ram->node, a->path(), a->size()});
   }
   append(TensorRamPlaced{t.id, t.ram->node, t.ram->arena_id, t.ram->offset, t.ram->length});

@@ -60,16 +60,19 @@
 
 #include "daemon/journal/catalog_image.hpp"
 #include "daemon/journal/journal.hpp"
+#include "daemon/residency_log.hpp"
 #include "daemon/snapshot_writer.hpp"
 #include "tier/status.hpp"
 
 namespace tier::nvme {
+class Engine;
 struct NvmeLocation;
 }
 
 namespace tier::daemon {
 
-struct DaemonState;
+class Catalog;
+class RamTier;
 struct LeaseHolder;
 struct Pool;
 struct Tensor;
@@ -96,16 +99,29 @@ struct RecoveryReport {
   double ms = 0;                     // time open() took
 };
 
-class Durability {
+// What durability works on, and nothing else: the catalog and the RAM tier it rebuilds and
+// journals, the state directory, and the NVMe tier's files (to copy NVMe-only tensors into
+// snapshots). All must outlive the Durability.
+struct DurabilityDeps {
+  Catalog& catalog;
+  RamTier& ram;
+  std::string state_dir;
+  // Where a tensor evicted to NVMe comes back when its pool has no arena (the first node).
+  int32_t default_node = 0;
+  const nvme::Engine* nvme = nullptr;  // null without an NVMe tier
+};
+
+class Durability final : public ResidencyLog {
  public:
   using Sink = std::function<void(uint64_t session_id, std::span<const std::byte> reply)>;
 
-  // Opens (or creates) the journal in <state-dir>/journal and rebuilds `st`'s catalog and RAM
-  // tier from it (st.catalog must be empty). Errors: kCorruption/kUnsupported (the journal is
+  // Opens (or creates) the journal in <state-dir>/journal and rebuilds the catalog and RAM
+  // tier from it (the catalog must be empty). The caller then adopts the write leases held
+  // across the restart and commits (open_durability in daemon/state.hpp does all of it). Errors: kCorruption/kUnsupported (the journal is
   // damaged before its tail or newer than this tierd: refuse to start), kBusy (another tierd
   // uses the state dir), kIo.
-  [[nodiscard]] static Result<std::unique_ptr<Durability>> open(DaemonState& st, RecoveryReport* report);
-  ~Durability();  // waits for snapshot writers
+  [[nodiscard]] static Result<std::unique_ptr<Durability>> open(DurabilityDeps deps, RecoveryReport* report);
+  ~Durability() override;  // waits for snapshot writers
   Durability(const Durability&) = delete;
   Durability& operator=(const Durability&) = delete;
 
@@ -114,12 +130,12 @@ class Durability {
   void pool_dropped(const Pool& p);  // also removes the pool's snapshot directory
   void tensor_created(const Tensor& t);  // with its arena's ArenaCreated the first time
   void tensor_deleted(const Tensor& t);
-  void ram_placed(const Tensor& t);      // t.ram is its new RAM copy
-  void ram_dropped(const Tensor& t);     // t has no RAM copy any more
+  void ram_placed(const Tensor& t) override;      // t.ram is its new RAM copy
+  void ram_dropped(const Tensor& t) override;     // t has no RAM copy any more
   // The NVMe tier: only after the write of `loc` completed (never for bytes in flight).
-  void nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& loc);
+  void nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& loc) override;
   // The NVMe copy is freed or stale (a write lease was granted on the RAM copy).
-  void nvme_copy_dropped(const Tensor& t);
+  void nvme_copy_dropped(const Tensor& t) override;
   // Write leases (daemon/lease_reclaim.hpp): granted to `h` as `lease_id`, or ended (a no-op
   // when the journal has none on `t`). Appended at once (a kill -9 of tierd keeps them) but
   // never a reason to fsync: no lease outlives a power loss, its holder does not either.
@@ -140,7 +156,7 @@ class Durability {
   bool pending() const noexcept { return sync_seq_ > journal_->committed_seq(); }
   // Makes every appended record durable (one fdatasync) and compacts when due. An error is
   // fatal for the daemon: stop acknowledging.
-  [[nodiscard]] Status commit();
+  [[nodiscard]] Status commit() override;
   // OK, or the error that made the journal unusable (an append failed).
   const Status& health() const noexcept { return failed_; }
 
@@ -188,7 +204,7 @@ class Durability {
   size_t snapshots_running() const noexcept { return jobs_.size(); }
 
   const RecoveryReport& recovery() const noexcept { return report_; }
-  std::string snapshot_root() const { return state_dir_ + "/snapshots"; }
+  std::string snapshot_root() const { return deps_.state_dir + "/snapshots"; }
 
  private:
   // One snapshot in flight (loop thread only; the writer has its own state).
@@ -221,7 +237,7 @@ class Durability {
  public:
   static constexpr uint32_t kMaxSnapshotsKept = 16;  // SnapshotTake's keep
  private:
-  explicit Durability(DaemonState& st) : st_(st) {}
+  explicit Durability(DurabilityDeps deps) : deps_(std::move(deps)) {}
   void append(const journal::Record& r);
   [[nodiscard]] Status rebuild();
   // Reboot: fills the tensors of `need` from the pool's latest durable snapshot and leaves in
@@ -241,8 +257,7 @@ class Durability {
   // Finishes `job` (its writer ended): journal, reply, cleanup.
   void complete(Job& job, const Sink& sink);
 
-  DaemonState& st_;
-  std::string state_dir_;
+  DurabilityDeps deps_;
   std::unique_ptr<journal::Journal> journal_;
   journal::CatalogImage image_;
   Status failed_;

@@ -14,6 +14,7 @@
 #include "daemon/log.hpp"
 #include "daemon/ram/arena.hpp"
 #include "daemon/state.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 

@@ -1,4 +1,5 @@
 #include "daemon/leases.hpp"
+#include "wire/errors.hpp"
 
 #include <algorithm>
 

@@ -14,6 +14,7 @@
 #include "daemon/ram/arena.hpp"
 #include "daemon/server.hpp"
 #include "daemon/state.hpp"
+#include "wire/sizes.hpp"
 
 using namespace tier;
 using namespace tier::daemon;
@@ -128,14 +129,11 @@ int main(int argc, char** argv) {
   }
   // Journal replay, arena re-attach (restart) or snapshot restore (reboot). A damaged journal
   // is a refusal to start, never a silent loss.
-  auto durable = Durability::open(**state, nullptr);
-  if (!durable) {
-    log_error("cannot recover the catalog: {}", durable.error().message());
+  if (Status st = open_durability(**state); !st) {
+    log_error("cannot recover the catalog: {}", st.message());
     return 1;
   }
-  (*state)->durable = std::move(*durable);
   if ((*state)->tiering) {
-    (*state)->tiering->set_durability((*state)->durable.get());
     if (Status st = (*state)->tiering->adopt_catalog(); !st) {
       log_error("{}", st.message());
       return 1;

@@ -13,8 +13,12 @@
 #include "daemon/journal/manifest.hpp"
 #include "daemon/log.hpp"
 #include "nvme/location.hpp"
-#include "daemon/state.hpp"
+#include "daemon/catalog.hpp"
+#include "daemon/ram/ram_tier.hpp"
+#include "nvme/engine.hpp"
 #include "wire/messages.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 
@@ -113,7 +117,7 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
   auto it = job.entries.find(id);
   if (it == job.entries.end() || it->second.state != Job::State::kPending) return;
   Job::Entry& e = it->second;
-  Tensor* t = st_.catalog.find_tensor(id);
+  Tensor* t = deps_.catalog.find_tensor(id);
   if (!t || t->pool_id != job.pool_id) {  // deleted since the point: no restore asks for it
     e.state = Job::State::kLeftOut;
     return;
@@ -123,7 +127,7 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
   task.size = t->size;
   task.data_offset = e.offset;
   if (t->ram) {
-    Arena* a = st_.ram->arena(t->ram->arena_id);
+    Arena* a = deps_.ram.arena(t->ram->arena_id);
     int fd = a ? ::fcntl(a->fd(), F_DUPFD_CLOEXEC, 0) : -1;
     if (fd < 0) {
       log_error("pool '{}': snapshot {}: tensor '{}' left out: its arena cannot be read ({})", job.pool.name,
@@ -136,7 +140,7 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
     task.pieces.push_back({fd, {}, t->ram->offset, t->size, std::nullopt});
     e.meta = tensor_record(*t);
   } else if (t->nvme) {
-    if (!st_.tiering) {  // journaled on NVMe, but no NVMe tier configured now: not zeros
+    if (!deps_.nvme) {  // journaled on NVMe, but no NVMe tier configured now: not zeros
       log_error("pool '{}': snapshot {}: tensor '{}' left out: its bytes are on NVMe and this tierd has "
                 "no NVMe tier", job.pool.name, job.snapshot_id, t->name);
       e.state = Job::State::kLeftOut;
@@ -144,7 +148,7 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
     }
     // Only on NVMe: its extents, each verified against its checksum as it is read.
     for (const nvme::Extent& x : t->nvme->extents)
-      task.pieces.push_back({-1, st_.tiering->engine().file_path(x), x.offset, x.length, x.checksum});
+      task.pieces.push_back({-1, deps_.nvme->file_path(x), x.offset, x.length, x.checksum});
   }  // else in no tier: zeros
   t->readers++;  // the pin: no eviction, delete or write lease until it is copied
   e.state = Job::State::kInFlight;
@@ -162,7 +166,7 @@ void Durability::feed(Job& job) {
 void Durability::unpin(Job& job, uint64_t id) {
   auto it = job.entries.find(id);
   if (it == job.entries.end() || it->second.state != Job::State::kInFlight) return;
-  Tensor* t = st_.catalog.find_tensor(id);
+  Tensor* t = deps_.catalog.find_tensor(id);
   if (t && t->readers > 0) t->readers--;
   job.in_flight--;
   job.in_flight_bytes -= std::min(job.in_flight_bytes, it->second.meta.size);
@@ -242,7 +246,7 @@ Status Durability::poll(const Sink& sink, bool* released) {
 }
 
 void Durability::complete(Job& job, const Sink& sink) {
-  Pool* pool = st_.catalog.find_pool(job.pool_id);
+  Pool* pool = deps_.catalog.find_pool(job.pool_id);
   Status st = job.writer->result();
   job.writer.reset();  // joins the thread
   if (!pool) st = Status(Code::kNotFound, "pool '" + job.pool.name + "' was dropped during its snapshot");
@@ -313,7 +317,7 @@ Status Durability::restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& nee
   std::vector<Tensor*> rest;
   for (Tensor* t : need) {
     auto it = where.find(t->id);
-    Arena* a = st_.ram->arena(t->ram->arena_id);
+    Arena* a = deps_.ram.arena(t->ram->arena_id);
     if (it == where.end() || it->second.length != t->size || !a) {
       rest.push_back(t);
       continue;

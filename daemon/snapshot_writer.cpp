@@ -14,6 +14,7 @@
 
 #include "daemon/journal/journal.hpp"
 #include "daemon/journal/manifest.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 

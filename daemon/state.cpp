@@ -3,6 +3,7 @@
 #include <grp.h>
 
 #include "daemon/log.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 
@@ -38,6 +39,21 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
   st->config = std::move(cfg);
   st->sizes = sizes;
   return st;
+}
+
+Status open_durability(DaemonState& st, RecoveryReport* report) {
+  DurabilityDeps deps{st.catalog, *st.ram, st.config.state_dir,
+                      st.topology.nodes.empty() ? 0 : st.topology.nodes.front().id,
+                      st.tiering ? &st.tiering->engine() : nullptr};
+  auto d = Durability::open(std::move(deps), report);
+  if (!d) return d.error();
+  // Write leases held when the previous tierd died stay reserved for their holders.
+  st.reclaims.adopt(st, **d, Clock::now());
+  // The rebuild may have journaled losses; make them durable before serving.
+  TIER_RETURN_IF_ERROR((*d)->commit());
+  st.durable = std::move(*d);
+  if (st.tiering) st.tiering->set_residency_log(st.durable.get());
+  return Status::ok();
 }
 
 }  // namespace tier::daemon

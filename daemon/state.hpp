@@ -41,8 +41,8 @@ struct DaemonState {
   Clock::time_point started = Clock::now();
   gid_t admin_gid = static_cast<gid_t>(-1);  // from config admin_group; -1: none
   uint32_t clients = 0;                     // sessions open now (the server keeps it)
-  // The journal, recovery and snapshots (main opens it after make_state); null in tests that
-  // build a state without a state dir of their own.
+  // The journal, recovery and snapshots (open_durability, after make_state); null in tests
+  // that build a state without a state dir of their own.
   std::unique_ptr<Durability> durable;
   // The NVMe tier; null without NVMe directories. Declared last: destroyed (its I/O drained)
   // while the catalog and RAM tier still exist.
@@ -52,5 +52,10 @@ struct DaemonState {
 // Builds the state from a validated config and sizes: loads the topology and sets up the
 // RAM tier. Errors name what failed.
 [[nodiscard]] Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes);
+
+// Opens the journal in the state dir for `st` (daemon/durability.hpp): rebuilds its catalog
+// and RAM tier, keeps the write leases held across a restart for their holders, makes what
+// the rebuild journaled durable, and routes the NVMe tier's residency reports to it.
+[[nodiscard]] Status open_durability(DaemonState& st, RecoveryReport* report = nullptr);
 
 }  // namespace tier::daemon

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "daemon/tiering/internal.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 

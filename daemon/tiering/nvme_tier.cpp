@@ -14,9 +14,10 @@
 #include <utility>
 
 #include "daemon/admission.hpp"
-#include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "daemon/tiering/internal.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

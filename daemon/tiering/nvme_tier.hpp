@@ -41,10 +41,9 @@
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "policy/watermark.hpp"
+#include "daemon/residency_log.hpp"
 
 namespace tier::daemon {
-
-class Durability;
 
 struct TierStats {
   uint64_t hits = 0;        // leased tensors found in RAM
@@ -152,9 +151,9 @@ class NvmeTier {
   const TierStats& stats() const noexcept { return stats_; }
   const nvme::Engine& engine() const noexcept { return *engine_; }
 
-  // The journal (daemon/durability.hpp): RAM placements, drops and completed NVMe copies are
-  // recorded there. Null: nothing is journaled (tests).
-  void set_durability(Durability* d) noexcept { durable_ = d; }
+  // Where RAM placements, drops and completed NVMe copies are reported (the journal, through
+  // daemon/residency_log.hpp). Null: nothing is journaled (tests).
+  void set_residency_log(ResidencyLog* log) noexcept { durable_ = log; }
   // After a restart rebuilt the catalog: marks every journaled NVMe copy's extents used. A copy
   // whose extents the engine refuses is dropped (journaled) and logged.
   [[nodiscard]] Status adopt_catalog();
@@ -313,7 +312,7 @@ class NvmeTier {
   double next_prefetch_ = 0;  // when schedule_prefetch() is due again (0: now)
   int epfd_ = -1, timer_fd_ = -1;
   TierStats stats_;
-  Durability* durable_ = nullptr;
+  ResidencyLog* durable_ = nullptr;
   std::unique_ptr<nvme::Engine> engine_;  // last: destroyed (drained) first
 };
 

@@ -12,6 +12,7 @@
 #include "daemon/log.hpp"
 #include "daemon/tiering/internal.hpp"
 #include "policy/prefetch.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 

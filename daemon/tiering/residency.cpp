@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "daemon/tiering/internal.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

@@ -7,9 +7,10 @@
 #include <algorithm>
 
 #include "daemon/admission.hpp"
-#include "daemon/durability.hpp"
 #include "daemon/log.hpp"
 #include "daemon/tiering/internal.hpp"
+#include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 

@@ -82,10 +82,7 @@ TEST_CASE("a write-back is journaled after its writes and their fdatasync, and s
   REQUIRE(wrap.faults.size() == 1);
   nvme::FaultBackend& faults = *wrap.faults[0];
   // The journal, as tierd's main() opens it.
-  auto durable = Durability::open(*h.state, nullptr);
-  REQUIRE(durable);
-  h.state->durable = std::move(*durable);
-  h.state->tiering->set_durability(h.state->durable.get());
+  REQUIRE(open_durability(*h.state).is_ok());
   REQUIRE(h.state->tiering->adopt_catalog());
 
   auto s = h.session(::getuid(), true);
