@@ -12,12 +12,13 @@
 #include "daemon/admission.hpp"
 #include "daemon/log.hpp"
 #include "daemon/request_util.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 
 using namespace tier::wire;
 
-RequestHandler::RequestHandler(DaemonState& state) : state_(state), pid_ns_(own_pid_ns()) {
+RequestHandler::RequestHandler(DaemonState& state) : state_(state), leases_(state), pools_(state) {
   // Every write lease's end is journaled, so a restarted daemon knows which are still held.
   state_.leases.on_write_end = [this](const LeaseTable::Lease& l) {
     if (!state_.durable) return;
@@ -31,22 +32,12 @@ RequestHandler::~RequestHandler() {
 }
 
 
-void RequestHandler::session_opened(Session& s) {
-  s.leases.session_id = s.id;
-  sessions_[s.id] = &s;
-}
+void RequestHandler::session_opened(Session& s) { leases_.session_opened(s); }
 
 void RequestHandler::session_closed(Session& s) {
-  sessions_.erase(s.id);
   if (s.counted) uids_.remove_connection(s.uid);
   s.counted = false;
-  state_.leases.drop_waiters(s.id);
-  if (state_.tiering) state_.tiering->session_closed(s.id);
-  size_t n = state_.leases.release_all(s.leases, state_.catalog);
-  if (n > 0) {
-    log_debug("session {} (pid {}) closed holding {} leases; released", s.id, s.pid, n);
-    retry_waiters();
-  }
+  if (leases_.session_closed(s)) retry_waiters();
 }
 
 // --- replies ---

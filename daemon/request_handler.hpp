@@ -25,26 +25,14 @@
 #include <vector>
 
 #include "daemon/access.hpp"
+#include "daemon/lease_service.hpp"
 #include "daemon/metrics.hpp"
+#include "daemon/pool_service.hpp"
+#include "daemon/session.hpp"
 #include "daemon/state.hpp"
 #include "wire/messages.hpp"
 
 namespace tier::daemon {
-
-struct Session {
-  uint64_t id = 0;
-  uid_t uid = 0;  // from SO_PEERCRED
-  gid_t gid = 0;
-  pid_t pid = 0;
-  uint64_t pid_start = 0;  // the process's start time, read at Hello (daemon/lease_reclaim.hpp)
-  bool hello = false;
-  int32_t numa_node = -1;  // the client's node from Hello
-  std::string name;        // the client's name from Hello
-  SessionLeases leases;
-  std::vector<gid_t> groups;  // supplementary groups from SO_PEERGROUPS (daemon/access.hpp)
-  uint32_t waiting = 0;       // lease requests of this session waiting now
-  bool counted = false;       // counted in the per-uid connection table (after Hello)
-};
 
 struct Reply {
   std::vector<std::byte> bytes;  // the encoded reply; empty when deferred
@@ -56,12 +44,12 @@ struct Reply {
 
 class RequestHandler {
  public:
-  using DeferredSink = std::function<void(uint64_t session_id, std::span<const std::byte> reply)>;
+  using DeferredSink = LeaseService::DeferredSink;
 
   explicit RequestHandler(DaemonState& state);
   ~RequestHandler();
 
-  void set_deferred_sink(DeferredSink sink) { sink_ = std::move(sink); }
+  void set_deferred_sink(DeferredSink sink) { leases_.set_deferred_sink(std::move(sink)); }
   // Sessions are registered while their connection is open; `s` must outlive the registration.
   void session_opened(Session& s);
   // Releases the session's leases, drops its waiters and retries the others.
@@ -109,7 +97,6 @@ class RequestHandler {
   void on_release(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   // LeaseReclaim (request_handler_reclaim.cpp): a write lease from before a restart.
   void on_lease_reclaim(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
-  [[nodiscard]] LeaseHolder holder_of(const Session& s) const;
   void on_map_arena(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_arena_pin(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_status(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
@@ -151,35 +138,23 @@ class RequestHandler {
   enum class PoolAccess { kUse, kInspect };
   [[nodiscard]] Result<Pool*> pool_for(const Session& s, const std::string& name, PoolAccess a);
 
-  // Resolves and authorizes tensor ids into scratch_tensors_.
-  [[nodiscard]] Status resolve_for_lease(const Session& s, std::span<const uint64_t> ids, LeaseMode mode);
   // A read-only fd of the arena for group readers (opened once, closed when its pool drops).
   [[nodiscard]] int read_only_fd(const Arena& a);
   void close_read_only_fds(uint64_t pool_id);
-  // Grants into scratch_grants_ and encodes the LeaseRep into `out`; false on conflict.
-  // For an overwrite lease on scratch_tensors_: the conflicting lease it must wait for (kBusy),
-  // during which nothing is fetched or placed for it; ok for other modes.
-  [[nodiscard]] Status overwrite_conflict(LeaseMode mode) const;
-  [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
-                             std::vector<std::byte>& out);
+  // The lease waiters, tried again after something that may unblock them (LeaseService).
   void retry_waiters();
-  // Whether a running snapshot pins one of scratch_tensors_ while it copies it.
-  [[nodiscard]] bool snapshot_pinned() const;
 
   DaemonState& state_;
-  DeferredSink sink_;
-  std::unordered_map<uint64_t, Session*> sessions_;
-  // Hot-path scratch, reused so that lease and release allocate nothing in steady state.
+  LeaseService leases_;
+  PoolService pools_;
+  // Decoded requests of the hot path, reused so that lease and release allocate nothing in
+  // steady state.
   wire::LeaseReq lease_req_;
   wire::ReleaseReq release_req_;
-  wire::LeaseRep lease_rep_;
-  std::vector<Tensor*> scratch_tensors_;
-  std::vector<uint64_t> scratch_ids_;
-  std::vector<std::byte> deferred_buf_;
+  wire::LeaseRep lease_rep_;  // LeaseReclaim's reply
+  std::vector<Tensor*> scratch_tensors_;  // Prefetch, Evict, Discard
   UidTable uids_;
-  LatencyHistogram lease_latency_;
   std::map<uint64_t, int> ro_fds_;  // arena id -> owned O_RDONLY fd
-  uint64_t pid_ns_ = 0;             // tierd's pid namespace (lease holders' pids mean it)
 };
 
 template <class T>

@@ -6,6 +6,7 @@
 
 #include "daemon/log.hpp"
 #include "daemon/request_util.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 

@@ -5,9 +5,8 @@
 
 #include <algorithm>
 
-#include "daemon/admission.hpp"
-#include "daemon/log.hpp"
 #include "daemon/request_util.hpp"
+#include "wire/names.hpp"
 
 namespace tier::daemon {
 
@@ -29,33 +28,8 @@ void RequestHandler::on_pool_create(Session& s, const Header& h,
     if (Status st = may_use(s, *p); !st) return reply_err(h, st, out);
     return reply_ok(h, to_wire(effective_info(state_, *p)), out);
   }
-  uint64_t quota = req.ram_quota == 0 ? state_.sizes.pool_quota : req.ram_quota;
-  if (quota > state_.ram->capacity())
-    return reply_err(h, Status(Code::kResourceExhausted,
-                               "RAM quota " + format_size(quota) + " exceeds the RAM tier of " +
-                                   format_size(state_.ram->capacity())),
-                     out);
-  if (req.group_read && req.group == UINT32_MAX)
-    return reply_err(h, Status(Code::kInvalidArgument, "group read access needs a group"), out);
-  uint64_t nvme_quota = req.nvme_quota;
-  if (uint64_t uq = state_.sizes.uid_nvme_quota; uq > 0) {
-    // Per-uid NVMe quota: the pools' NVMe quotas are reserved from it (0 takes what is left).
-    UidUsage u = uid_usage(state_.catalog, s.uid);
-    uint64_t left = u.nvme_quota >= uq ? 0 : uq - u.nvme_quota;
-    if (nvme_quota == 0) nvme_quota = left;
-    if (nvme_quota == 0 || nvme_quota > left)
-      return reply_err(h, Status(Code::kResourceExhausted,
-                                 "uid " + std::to_string(s.uid) + " has reserved " + format_size(u.nvme_quota) +
-                                     " of its NVMe quota of " + format_size(uq) + " (uid_nvme_quota); " +
-                                     format_size(left) + " left"),
-                       out);
-  }
-  auto p = state_.catalog.create_pool(req.name, s.uid, quota, nvme_quota);
+  auto p = pools_.create_pool(s.uid, req);
   if (!p) return reply_err(h, p.error(), out);
-  (*p)->group = req.group == UINT32_MAX ? kNoGroup : static_cast<gid_t>(req.group);
-  (*p)->group_read = req.group_read;
-  if (state_.durable) state_.durable->pool_created(**p);
-  log_info("pool '{}' created by uid {} (RAM quota {})", req.name, s.uid, format_size(quota));
   reply_ok(h, to_wire(effective_info(state_, **p)), out);
 }
 
@@ -95,23 +69,8 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
     return reply_err(h, Status(Code::kBusy, "pool '" + p.name + "' has " + std::to_string(p.leases) +
                                                 " leases held"),
                      out);
-  // A million-tensor pool must not stall the loop for long: extents are not freed one by one
-  // (their allocators go with the arenas), only the usage counts are taken off per node.
-  std::map<int32_t, std::pair<uint64_t, uint64_t>> usage;  // node -> (bytes, extents)
-  for (auto& [id, t] : p.tensors) {
-    if (state_.tiering) state_.tiering->forget(p, t);
-    if (t.ram) {
-      auto& u = usage[t.ram->node];
-      u.first += t.ram->length;
-      u.second++;
-    }
-  }
-  for (const auto& [node, u] : usage) state_.ram->forget_usage(p, node, u.first, u.second);
   close_read_only_fds(p.id);
-  state_.ram->drop_pool(p.id);
-  log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, s.uid, p.tensors.size());
-  if (state_.durable) state_.durable->pool_dropped(p);
-  state_.catalog.erase_pool(p.id);
+  pools_.drop_pool(p, s.uid);
   reply_ok(h, Empty{}, out);
   retry_waiters();  // waiters on its tensors now get kNotFound
 }
@@ -139,36 +98,8 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
                        out);
     return reply_ok(h, to_wire(tensor_info(*t)), out);
   }
-  Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
-  auto node = choose_node(state_.topology, pl, s.numa_node);
-  if (!node) return reply_err(h, node.error(), out);
-  // Refused now when no lease could ever hold it (daemon/admission.hpp).
-  if (Status st = admit_tensor(*state_.ram, state_.tiering.get(), p, *node, req.size, req.name); !st)
-    return reply_err(h, st, out);
-  if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
-    UidUsage u = uid_usage(state_.catalog, p.owner_uid);
-    if (req.size > uq - std::min(uq, u.ram_used))
-      return reply_err(h, Status(Code::kResourceExhausted,
-                                 "uid " + std::to_string(p.owner_uid) + " uses " + format_size(u.ram_used) +
-                                     " of its RAM quota of " + format_size(uq) + " (uid_ram_quota); " +
-                                     format_size(req.size) + " more do not fit"),
-                       out);
-  }
-  auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
-                            : state_.ram->allocate(p, *node, req.size);
-  // With an NVMe tier, room that only write-backs in flight can free is not waited for on the
-  // event loop: the tensor starts in no tier (it reads as zeros, as a new tensor does) and gets
-  // RAM at its first lease, which is deferred like any lease that needs room.
-  const bool in_no_tier = !loc && state_.tiering && loc.error().code() == Code::kBusy;
-  if (!loc && !in_no_tier) return reply_err(h, loc.error(), out);
-  TensorDesc desc{std::move(req.name), req.size, static_cast<DType>(req.dtype), std::move(req.shape), pl};
-  auto t = state_.catalog.create_tensor(p, std::move(desc), *node);
-  if (!t) {
-    if (loc) state_.ram->release(p, *loc);
-    return reply_err(h, t.error(), out);
-  }
-  if (loc) (*t)->ram = *loc;
-  if (state_.durable) state_.durable->tensor_created(**t);
+  auto t = pools_.create_tensor(p, req, s.numa_node);
+  if (!t) return reply_err(h, t.error(), out);
   reply_ok(h, to_wire(tensor_info(**t)), out);
 }
 
@@ -221,11 +152,6 @@ void RequestHandler::on_tensor_delete(Session& s, const Header& h,
   retry_waiters();
 }
 
-void RequestHandler::erase_tensor(Pool& p, Tensor& t) {
-  if (state_.tiering) state_.tiering->forget(p, t);
-  if (t.ram) state_.ram->release(p, *t.ram);
-  if (state_.durable) state_.durable->tensor_deleted(t);
-  state_.catalog.erase_tensor(p, t.id);
-}
+void RequestHandler::erase_tensor(Pool& p, Tensor& t) { pools_.erase_tensor(p, t); }
 
 }  // namespace tier::daemon

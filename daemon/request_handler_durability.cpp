@@ -4,6 +4,7 @@
 #include "daemon/request_handler.hpp"
 #include "daemon/request_util.hpp"
 #include "daemon/tiering/nvme_tier.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::daemon {
 
@@ -86,17 +87,9 @@ void RequestHandler::on_snapshot_restore(Session& s, const Header& h, std::span<
 Status RequestHandler::snapshot_poll() {
   if (!state_.durable) return Status::ok();
   bool released = false;
-  Status st = state_.durable->poll(sink_, &released);
+  Status st = state_.durable->poll(leases_.deferred_sink(), &released);
   if (released && state_.leases.waiter_count() > 0) retry_waiters();
   return st;
-}
-
-}  // namespace tier::daemon
-
-namespace tier::daemon {
-
-bool RequestHandler::snapshot_pinned() const {
-  return state_.durable && state_.durable->pinned(scratch_tensors_);
 }
 
 }  // namespace tier::daemon

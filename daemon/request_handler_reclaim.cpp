@@ -7,10 +7,6 @@ namespace tier::daemon {
 
 using namespace tier::wire;
 
-LeaseHolder RequestHandler::holder_of(const Session& s) const {
-  return LeaseHolder{s.uid, s.pid, s.pid_start, pid_ns_};
-}
-
 std::optional<Clock::time_point> RequestHandler::next_deadline() const {
   auto waiters = state_.leases.next_deadline();
   auto orphans = state_.reclaims.next_check();
@@ -27,7 +23,7 @@ void RequestHandler::on_lease_reclaim(Session& s, const Header& h, std::span<con
                                "this client holds " + std::to_string(s.leases.count) +
                                    " leases; the limit is " + std::to_string(state_.config.max_leases_per_client)),
                      out);
-  const LeaseHolder who = holder_of(s);
+  const LeaseHolder who = leases_.holder_of(s);
   auto id = state_.reclaims.reclaim(state_, s.leases, who, req.tensor_id, req.lease_id);
   if (!id) return reply_err(h, id.error(), out);
   // An orphan's tensor can be neither deleted nor evicted: it is still there, in RAM.

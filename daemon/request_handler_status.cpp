@@ -5,6 +5,7 @@
 
 #include "daemon/log.hpp"
 #include "daemon/request_util.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 
@@ -61,7 +62,7 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.lease_waits = state_.counters.lease_waits;
   in.lease_timeouts = state_.counters.lease_timeouts;
   in.leases_granted = state_.counters.leases_granted;
-  in.lease_latency = &lease_latency_;
+  in.lease_latency = &leases_.latency();
   in.catalog = &state_.catalog;
   in.arena_repairs = [this](const Pool& p) { return state_.ram->arena_repairs(p.id); };
   if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
