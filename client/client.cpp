@@ -784,15 +784,7 @@ Result<NodeStatus> Client::status() {
     for (const auto& r : rep.ram) s.ram.push_back({r.node, r.capacity, r.used, r.dirty, r.tensors});
     for (const auto& n : rep.nvme)
       s.nvme.push_back({n.path, n.numa_node, n.backend, n.capacity, n.used});
-    s.bytes_read = rep.bytes_read;
-    s.bytes_written = rep.bytes_written;
-    s.hits = rep.hits;
-    s.misses = rep.misses;
-    s.stalls = rep.stalls;
-    s.evictions = rep.evictions;
-    s.prefetches = rep.prefetches;
-    s.requests = rep.requests;
-    s.errors = rep.errors;
+    wire::copy_counters(s, rep);
     return s;
   });
 }

@@ -77,10 +77,7 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
 
 void RequestHandler::on_tensor_create(Session& s, const Header& h,
                                       std::span<const std::byte> payload, Reply& out) {
-  TIER_DECODE(TensorCreateReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  Pool& p = **pr;
+  TIER_DECODE_IN_POOL(TensorCreateReq, req, p, kUse);
   if (Status st = validate_tensor_name(req.name); !st) return reply_err(h, st, out);
   if (req.size == 0) return reply_err(h, Status(Code::kInvalidArgument, "tensor size must be > 0"), out);
   if (req.dtype > kMaxDType) return reply_err(h, Status(Code::kInvalidArgument, "unknown dtype"), out);
@@ -105,10 +102,8 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
 
 void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const std::byte> payload,
                                     Reply& out) {
-  TIER_DECODE(TensorRefReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kInspect);
-  if (!pr) return reply_err(h, pr.error(), out);
-  Tensor* t = state_.catalog.find_tensor(**pr, req.name);
+  TIER_DECODE_IN_POOL(TensorRefReq, req, p, kInspect);
+  Tensor* t = state_.catalog.find_tensor(p, req.name);
   if (!t)
     return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
   reply_ok(h, to_wire(tensor_info(*t)), out);
@@ -116,10 +111,7 @@ void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const
 
 void RequestHandler::on_tensor_list(Session& s, const Header& h, std::span<const std::byte> payload,
                                     Reply& out) {
-  TIER_DECODE(TensorListReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kInspect);
-  if (!pr) return reply_err(h, pr.error(), out);
-  const Pool& p = **pr;
+  TIER_DECODE_IN_POOL(TensorListReq, req, p, kInspect);
   TensorListRep rep;
   size_t bytes = 0;
   uint32_t max = req.max == 0 ? UINT32_MAX : req.max;
@@ -138,10 +130,7 @@ void RequestHandler::on_tensor_list(Session& s, const Header& h, std::span<const
 
 void RequestHandler::on_tensor_delete(Session& s, const Header& h,
                                       std::span<const std::byte> payload, Reply& out) {
-  TIER_DECODE(TensorRefReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  Pool& p = **pr;
+  TIER_DECODE_IN_POOL(TensorRefReq, req, p, kUse);
   Tensor* t = state_.catalog.find_tensor(p, req.name);
   if (!t)
     return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);

@@ -20,28 +20,14 @@ StatusRep RequestHandler::status() const {
   r.pools = static_cast<uint32_t>(state_.catalog.pool_count());
   r.leases = state_.leases.live();
   for (const auto& n : state_.ram->nodes()) r.ram.push_back(NodeTierW{n.node, n.capacity, n.used, 0, n.tensors});
-  const Counters& c = state_.counters;
-  r.bytes_read = c.bytes_read;
-  r.bytes_written = c.bytes_written;
-  r.hits = c.hits;
-  r.misses = c.misses;
-  r.stalls = c.stalls;
-  r.evictions = c.evictions;
-  r.prefetches = c.prefetches;
-  r.requests = c.requests;
-  r.errors = c.errors;
+  copy_counters(r, state_.counters);
   if (state_.tiering) {
     const NvmeTier::Figures f = state_.tiering->figures();
     for (const auto& d : f.dirs) r.nvme.push_back(NvmeTierW{d.path, d.numa_node, d.backend, d.capacity, d.used});
     for (auto& n : r.ram) n.dirty = f.dirty_by_node.contains(n.node) ? f.dirty_by_node.at(n.node) : 0;
     r.bytes_read = f.bytes_read;
     r.bytes_written = f.bytes_written;
-    const TierStats& ts = state_.tiering->stats();
-    r.hits = ts.hits;
-    r.misses = ts.misses;
-    r.stalls = ts.stalls;
-    r.evictions = ts.evictions;
-    r.prefetches = ts.prefetches;
+    copy_cache_counters(r, state_.tiering->stats());
   }
   return r;
 }

@@ -35,10 +35,7 @@ Status RequestHandler::resolve_in_pool(const Pool& pool, std::span<const uint64_
 void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
-  TIER_DECODE(TensorIdsReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  Pool& p = **pr;
+  TIER_DECODE_IN_POOL(TensorIdsReq, req, p, kUse);
   if (Status st = resolve_in_pool(p, req.tensor_ids); !st) return reply_err(h, st, out);
   if (Status st = state_.tiering->prefetch(p, scratch_tensors_); !st) return reply_err(h, st, out);
   reply_empty(h, out);
@@ -47,10 +44,7 @@ void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const st
 void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::byte> payload,
                               Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
-  TIER_DECODE(TensorIdsReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  Pool& p = **pr;
+  TIER_DECODE_IN_POOL(TensorIdsReq, req, p, kUse);
   bool whole_pool = req.tensor_ids.empty();
   if (whole_pool) {
     scratch_tensors_.clear();
@@ -73,12 +67,10 @@ void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::
 
 void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std::byte> payload,
                                 Reply& out) {
-  TIER_DECODE(TensorIdsReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
+  TIER_DECODE_IN_POOL(TensorIdsReq, req, p, kUse);
   if (req.tensor_ids.empty())
     return reply_err(h, Status(Code::kInvalidArgument, "discard names no tensors"), out);
-  if (Status st = resolve_in_pool(**pr, req.tensor_ids); !st) return reply_err(h, st, out);
+  if (Status st = resolve_in_pool(p, req.tensor_ids); !st) return reply_err(h, st, out);
   // Without an NVMe tier the RAM copy is the only one and nothing is ever written back: the
   // hint has nothing to save.
   if (state_.tiering) state_.tiering->discard(scratch_tensors_);
@@ -88,10 +80,7 @@ void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std
 void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const std::byte> payload,
                                  Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
-  TIER_DECODE(PlanSetReq, req);
-  auto pr = pool_for(s, req.pool, PoolAccess::kUse);
-  if (!pr) return reply_err(h, pr.error(), out);
-  Pool& p = **pr;
+  TIER_DECODE_IN_POOL(PlanSetReq, req, p, kUse);
   for (uint64_t id : req.tensor_ids) {
     Tensor* t = state_.catalog.find_tensor(id);
     if (!t || t->pool_id != p.id)

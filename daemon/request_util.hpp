@@ -18,6 +18,14 @@ namespace tier::daemon {
   if (!var##_r) return reply_err(h, var##_r.error(), out);                       \
   T& var = *var##_r
 
+// TIER_DECODE, then the pool the request's `pool` field names as `pool_var`, when the session
+// may use it (PoolAccess::kUse) or inspect it (kInspect); otherwise replies and returns.
+#define TIER_DECODE_IN_POOL(T, var, pool_var, access)                          \
+  TIER_DECODE(T, var);                                                         \
+  auto pool_var##_r = pool_for(s, var.pool, RequestHandler::PoolAccess::access); \
+  if (!pool_var##_r) return reply_err(h, pool_var##_r.error(), out);           \
+  Pool& pool_var = **pool_var##_r
+
 constexpr uint16_t kType(wire::MsgType t) { return static_cast<uint16_t>(t); }
 
 inline PeerCreds creds(const Session& s) { return PeerCreds{s.uid, s.gid, s.groups}; }

@@ -42,32 +42,29 @@ namespace {
 // Chunk size per OpenMP task: large enough to amortize the fork, small enough to balance.
 constexpr size_t kChunk = 1 << 14;
 
+// The whole update over [0, n): chunks across OpenMP threads, each a SIMD loop. Both variants
+// below expand it; only their target attribute differs, so the compiler vectorizes each for
+// its own instruction set.
+#define TT_ADAMW_LOOP                                                       \
+  TT_ADAMW_LOCALS;                                                          \
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);         \
+  _Pragma("omp parallel for schedule(static) if (chunks > 1)")              \
+  for (long c = 0; c < chunks; ++c) {                                       \
+    const size_t lo = static_cast<size_t>(c) * kChunk;                      \
+    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                    \
+    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) TT_ADAMW_BODY(i)   \
+  }
+
 __attribute__((target("avx2"))) void update_avx2(const float* p, const float* m, const float* v,
                                                  const float* g, float* p_out, float* m_out,
                                                  float* v_out, size_t n, const AdamWStep& s,
                                                  float wd) {
-  TT_ADAMW_LOCALS;
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (long c = 0; c < chunks; ++c) {
-    const size_t lo = static_cast<size_t>(c) * kChunk;
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;
-#pragma omp simd
-    for (size_t i = lo; i < hi; ++i) TT_ADAMW_BODY(i)
-  }
+  TT_ADAMW_LOOP
 }
 
 void update_generic(const float* p, const float* m, const float* v, const float* g, float* p_out,
                     float* m_out, float* v_out, size_t n, const AdamWStep& s, float wd) {
-  TT_ADAMW_LOCALS;
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (long c = 0; c < chunks; ++c) {
-    const size_t lo = static_cast<size_t>(c) * kChunk;
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;
-#pragma omp simd
-    for (size_t i = lo; i < hi; ++i) TT_ADAMW_BODY(i)
-  }
+  TT_ADAMW_LOOP
 }
 
 bool have_avx2() {

@@ -253,6 +253,26 @@ struct StatusRep {
   }
 };
 
+// StatusRep's counters, copied between the structs that name them alike: the daemon's
+// Counters and its NVMe tier's TierStats into StatusRep, StatusRep into the client's
+// NodeStatus. Said once, so a new counter cannot be forgotten in one of the copies.
+template <class To, class From>
+void copy_cache_counters(To& to, const From& from) {
+  to.hits = from.hits;
+  to.misses = from.misses;
+  to.stalls = from.stalls;
+  to.evictions = from.evictions;
+  to.prefetches = from.prefetches;
+}
+template <class To, class From>
+void copy_counters(To& to, const From& from) {
+  to.bytes_read = from.bytes_read;
+  to.bytes_written = from.bytes_written;
+  copy_cache_counters(to, from);
+  to.requests = from.requests;
+  to.errors = from.errors;
+}
+
 struct TopoNodeW {
   int32_t id = 0;
   uint64_t memory = 0;

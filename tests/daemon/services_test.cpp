@@ -43,6 +43,12 @@ struct Fixture : tier::test::HandlerHarness {
     REQUIRE(t);
     return *t;
   }
+  // Pool "p" of uid 0 with one 1 MiB tensor "w" in RAM.
+  Tensor* one_tensor() {
+    auto p = pools.create_pool(0, wire::PoolCreateReq{"p"});
+    REQUIRE(p);
+    return tensor(**p, "w");
+  }
   static wire::LeaseReq lease_req(LeaseMode m, int32_t timeout_ms, uint64_t id) {
     return wire::LeaseReq{static_cast<uint8_t>(m), timeout_ms, {id}};
   }
@@ -112,9 +118,7 @@ TEST_CASE("pool service: tensors take RAM from their pool and give it back") {
 
 TEST_CASE("lease service: a wait is granted when the conflicting lease is released") {
   Fixture f;
-  auto p = f.pools.create_pool(0, wire::PoolCreateReq{"p"});
-  REQUIRE(p);
-  Tensor* t = f.tensor(**p, "w");
+  Tensor* t = f.one_tensor();
   auto writer = f.open(0), reader = f.open(0);
 
   std::vector<std::byte> reply;
@@ -152,9 +156,7 @@ TEST_CASE("lease service: a wait is granted when the conflicting lease is releas
 
 TEST_CASE("lease service: a wait past its deadline is answered kTimeout") {
   Fixture f;
-  auto p = f.pools.create_pool(0, wire::PoolCreateReq{"p"});
-  REQUIRE(p);
-  Tensor* t = f.tensor(**p, "w");
+  Tensor* t = f.one_tensor();
   auto a = f.open(0), b = f.open(0);
   std::vector<std::byte> reply;
   REQUIRE(f.leases.request(*a, 1, Fixture::lease_req(LeaseMode::kWrite, 0, t->id), reply).status.is_ok());
@@ -174,9 +176,7 @@ TEST_CASE("lease service: a wait past its deadline is answered kTimeout") {
 
 TEST_CASE("lease service: requests it must refuse") {
   Fixture f;
-  auto p = f.pools.create_pool(0, wire::PoolCreateReq{"p"});
-  REQUIRE(p);
-  Tensor* t = f.tensor(**p, "w");
+  Tensor* t = f.one_tensor();
   auto s = f.open(0), other = f.open(1234);
   std::vector<std::byte> reply;
   CHECK(f.leases.request(*s, 1, wire::LeaseReq{9, 0, {t->id}}, reply).status.code() == Code::kInvalidArgument);

@@ -56,6 +56,23 @@ uint64_t id_of(const Record& r) {
   }
 }
 
+// Forks a child that runs `body` with the write end of a pipe (it must not return: it exits
+// or is killed); the parent gets the child's pid and the read end.
+template <class Body>
+std::pair<pid_t, int> fork_child(Body body) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    body(fds[1]);
+    ::_exit(7);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
 }  // namespace
 
 TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged record",
@@ -67,15 +84,7 @@ TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged recor
   uint64_t total_dropped = 0, trials_with_torn_tail = 0, total_recovered = 0;
   const int kTrials = 24;
   for (int trial = 0; trial < kTrials; ++trial) {
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      child_main(dir.path(), next_id, fds[1]);
-    }
-    ::close(fds[1]);
+    auto [pid, ack_fd] = fork_child([&](int fd) { child_main(dir.path(), next_id, fd); });
     // Let it run until a random number of acks (0..40) arrived, then kill it mid-flight.
     const int want = std::uniform_int_distribution<int>(0, 40)(rng);
     int got = 0;
@@ -85,7 +94,7 @@ TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged recor
     };
     while (got < want) {
       uint64_t ack[2];
-      ssize_t n = ::read(fds[0], ack, sizeof ack);
+      ssize_t n = ::read(ack_fd, ack, sizeof ack);
       if (n != sizeof ack) break;
       record_ack(ack);
       ++got;
@@ -97,11 +106,11 @@ TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged recor
     // Acks written before the kill are still in the pipe: they count too.
     for (;;) {
       uint64_t ack[2];
-      ssize_t n = ::read(fds[0], ack, sizeof ack);
+      ssize_t n = ::read(ack_fd, ack, sizeof ack);
       if (n != sizeof ack) break;
       record_ack(ack);
     }
-    ::close(fds[0]);
+    ::close(ack_fd);
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     INFO("child exit status " << status);
@@ -144,12 +153,7 @@ TEST_CASE("kill -9 during appends and compactions: the journal is the old or the
   int compactions_seen = 0;
   const int kTrials = 20;
   for (int trial = 0; trial < kTrials; ++trial) {
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(fds[0]);
+    auto [pid, ack_fd] = fork_child([&](int ack_out) {
       // Rebuild the live set from the journal, then append small records, compacting every 8
       // with every record seen so far as the live state (so replay content is unchanged).
       std::vector<Record> live;
@@ -164,22 +168,21 @@ TEST_CASE("kill -9 during appends and compactions: the journal is the old or the
         if (!(*j)->append(r)) _exit(4);
         live.push_back(r);
         if (id % 8 == 0 && !(*j)->compact(live)) _exit(6);
-        if (::write(fds[1], &id, sizeof id) != sizeof id) _exit(5);
+        if (::write(ack_out, &id, sizeof id) != sizeof id) _exit(5);
       }
-    }
-    ::close(fds[1]);
+    });
     const int want = std::uniform_int_distribution<int>(0, 30)(rng);
     int got = 0;
     uint64_t id;
-    while (got < want && ::read(fds[0], &id, sizeof id) == sizeof id) {
+    while (got < want && ::read(ack_fd, &id, sizeof id) == sizeof id) {
       acked_ids.insert(id);
       ++got;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(
         std::uniform_int_distribution<int>(0, 3000)(rng)));
     ::kill(pid, SIGKILL);
-    while (::read(fds[0], &id, sizeof id) == sizeof id) acked_ids.insert(id);
-    ::close(fds[0]);
+    while (::read(ack_fd, &id, sizeof id) == sizeof id) acked_ids.insert(id);
+    ::close(ack_fd);
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     REQUIRE((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));

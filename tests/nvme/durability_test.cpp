@@ -20,12 +20,9 @@
 #include "nvme/io_queue.hpp"
 #include "test_util.hpp"
 
+using namespace tier;
 using namespace tier::nvme;
-using tier::Code;
-using tier::Result;
-using tier::Status;
-using tier::nvme::testing::Buffer;
-using tier::nvme::testing::TempDir;
+using namespace tier::nvme::testing;
 
 namespace {
 

@@ -17,12 +17,9 @@
 #include "wire/codec.hpp"
 #include "test_util.hpp"
 
+using namespace tier;
 using namespace tier::nvme;
-using tier::Code;
-using tier::Result;
-using tier::Status;
-using tier::nvme::testing::Buffer;
-using tier::nvme::testing::TempDir;
+using namespace tier::nvme::testing;
 
 namespace {
 

@@ -4,14 +4,8 @@
 # the socket the command line names, and nothing (no error) when the daemon is unreachable.
 set -euo pipefail
 build=$1 src=$2
-tmp=$(mktemp -d /tmp/tier-compl.XXXXXX)
-daemon_pid=
-cleanup() {
-  if [ -n "$daemon_pid" ]; then kill "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+tmp_tag=compl
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mkdir "$tmp/state"
 "$build/bin/tierd" --socket "$tmp/sock" --state-dir "$tmp/state" --ram 64M --foreground \
   --remove-arenas-on-exit >"$tmp/log" 2>&1 &

@@ -8,14 +8,8 @@
 set -euo pipefail
 build=$1 src=$2 cmake=$3 cxx=$4 libdir_rel=$5 sbindir_rel=$6 flags=${7:-}
 
-tmp=$(mktemp -d /tmp/tier-pkg.XXXXXX)
-daemon_pid=
-cleanup() {
-  if [ -n "$daemon_pid" ]; then kill "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+tmp_tag=pkg
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # loads_installed_libtier BIN: the libtier BIN resolves (ldd, by RUNPATH or LD_LIBRARY_PATH) is
 # the installed one.
 loads_installed_libtier() {
