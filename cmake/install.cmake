@@ -105,30 +105,26 @@ endforeach()
 # The unit is the daemon's own daemon/tierd.service with its ExecStart path rewritten, at install
 # time, to the prefix being installed to: `cmake --install --prefix P` gets P/sbin/tierd, the
 # .deb /usr/sbin/tierd. The drop-in packaging/systemd/10-user.conf runs it as the tierd user.
-if(EXISTS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
-  file(READ ${PROJECT_SOURCE_DIR}/daemon/tierd.service tier_unit_text)
-  # Only the ExecStart= line itself (one that starts a line), never the word in a comment.
-  string(REGEX REPLACE "(\nExecStart[^=\n]*=[-@+!:]*)[^ \n]*tierd" "\\1@TIER_UNIT_TIERD@"
-         tier_unit_text "${tier_unit_text}")
-  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
-  file(WRITE ${PROJECT_BINARY_DIR}/pkg/tierd.service.in "${tier_unit_text}")
-  if(IS_ABSOLUTE "${CMAKE_INSTALL_SBINDIR}")
-    set(tier_unit_sbin "${CMAKE_INSTALL_SBINDIR}")
-  else()
-    set(tier_unit_sbin "\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SBINDIR}")
-  endif()
-  install(CODE "
-    file(READ \"${PROJECT_BINARY_DIR}/pkg/tierd.service.in\" tier_unit)
-    string(REPLACE \"@TIER_UNIT_TIERD@\" \"${tier_unit_sbin}/tierd\" tier_unit \"\${tier_unit}\")
-    file(WRITE \"${PROJECT_BINARY_DIR}/pkg/unit/tierd.service\" \"\${tier_unit}\")
-  " COMPONENT daemon)
-  install(FILES ${PROJECT_BINARY_DIR}/pkg/unit/tierd.service
-    DESTINATION ${TIER_SYSTEMD_UNIT_DIR} COMPONENT daemon)
-  install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/10-user.conf
-    DESTINATION ${TIER_SYSTEMD_UNIT_DIR}/tierd.service.d COMPONENT daemon)
+file(READ ${PROJECT_SOURCE_DIR}/daemon/tierd.service tier_unit_text)
+# Only the ExecStart= line itself (one that starts a line), never the word in a comment.
+string(REGEX REPLACE "(\nExecStart[^=\n]*=[-@+!:]*)[^ \n]*tierd" "\\1@TIER_UNIT_TIERD@"
+       tier_unit_text "${tier_unit_text}")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/daemon/tierd.service)
+file(WRITE ${PROJECT_BINARY_DIR}/pkg/tierd.service.in "${tier_unit_text}")
+if(IS_ABSOLUTE "${CMAKE_INSTALL_SBINDIR}")
+  set(tier_unit_sbin "${CMAKE_INSTALL_SBINDIR}")
 else()
-  message(STATUS "tierd: daemon/tierd.service missing; no systemd unit is installed")
+  set(tier_unit_sbin "\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_SBINDIR}")
 endif()
+install(CODE "
+  file(READ \"${PROJECT_BINARY_DIR}/pkg/tierd.service.in\" tier_unit)
+  string(REPLACE \"@TIER_UNIT_TIERD@\" \"${tier_unit_sbin}/tierd\" tier_unit \"\${tier_unit}\")
+  file(WRITE \"${PROJECT_BINARY_DIR}/pkg/unit/tierd.service\" \"\${tier_unit}\")
+" COMPONENT daemon)
+install(FILES ${PROJECT_BINARY_DIR}/pkg/unit/tierd.service
+  DESTINATION ${TIER_SYSTEMD_UNIT_DIR} COMPONENT daemon)
+install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/10-user.conf
+  DESTINATION ${TIER_SYSTEMD_UNIT_DIR}/tierd.service.d COMPONENT daemon)
 install(TARGETS tierd-generator RUNTIME DESTINATION lib/systemd/system-generators COMPONENT daemon)
 install(FILES ${PROJECT_SOURCE_DIR}/packaging/systemd/tierd.sysusers
   DESTINATION lib/sysusers.d RENAME tierd.conf COMPONENT daemon)
