@@ -51,7 +51,9 @@ Result<const Arena*> ArenaMap::replace(uint64_t id, int fd, uint64_t size, int32
 Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
   struct CloseFd {
     int fd;
-    ~CloseFd() { if (fd >= 0) ::close(fd); }
+    ~CloseFd() {
+      if (fd >= 0) ::close(fd);
+    }
   } guard{fd};
   if (fd < 0) return fail(Code::kProtocol, "tierd sent no file descriptor for arena " + std::to_string(id));
   if (size == 0) return fail(Code::kProtocol, "tierd reported arena " + std::to_string(id) + " of size 0");
@@ -62,8 +64,7 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
   if (::fstat(fd, &st) != 0) return fail(Status::from_errno(errno, "fstat of arena " + std::to_string(id)));
   if (static_cast<uint64_t>(st.st_size) > size)
     return fail(Code::kProtocol, "arena " + std::to_string(id) + " is " + std::to_string(st.st_size) +
-                                     " bytes, larger than the " + std::to_string(size) +
-                                     " tierd announced");
+                                     " bytes, larger than the " + std::to_string(size) + " tierd announced");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   // A group reader gets a read-only fd (daemon/access.hpp): map it read-only.
   bool read_only = false;
@@ -72,10 +73,11 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
     read_only = true;
   }
   if (p == MAP_FAILED)
-    return fail(Status::from_errno(errno, "mmap of arena " + std::to_string(id) + " (" +
-                                              std::to_string(size) + " bytes)"));
-  return Arena{id, static_cast<std::byte*>(p), size, numa_node, static_cast<uint64_t>(st.st_dev),
-               static_cast<uint64_t>(st.st_ino), read_only};
+    return fail(Status::from_errno(
+        errno, "mmap of arena " + std::to_string(id) + " (" + std::to_string(size) + " bytes)"));
+  return Arena{id,        static_cast<std::byte*>(p),       size,
+               numa_node, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+               read_only};
 }
 
 }  // namespace tier::client

@@ -45,8 +45,7 @@ int32_t current_numa_node() {
 
 // Runs a public API body so that no exception leaves libtier: an allocation failure becomes
 // kResourceExhausted, anything else kInternal (short messages, so building them cannot throw).
-template <class R, class F>
-R guarded(F&& body) noexcept {
+template <class R, class F> R guarded(F&& body) noexcept {
   auto as_error = [](Code code, const char* msg) -> R {
     if constexpr (std::is_same_v<R, Status>) return Status(code, msg);
     else if constexpr (requires { typename R::error_type; }) return R(std::unexpected(Status(code, msg)));
@@ -56,9 +55,7 @@ R guarded(F&& body) noexcept {
     return body();
   } catch (const std::bad_alloc&) {
     return as_error(Code::kResourceExhausted, "out of memory");
-  } catch (...) {
-    return as_error(Code::kInternal, "exception");
-  }
+  } catch (...) { return as_error(Code::kInternal, "exception"); }
 }
 
 std::string default_client_name() {
@@ -79,7 +76,7 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
   mutable std::mutex mu;
   std::string path;
   ConnectOptions opts;
-  uint32_t epoch = 0;      // bumped by each reconnect
+  uint32_t epoch = 0;       // bumped by each reconnect
   client::HeldLeases held;  // leases the caller holds, for re-acquiring them
   // Why each lease lost in a reconnect was lost, by (id, epoch) as the Lease carries them;
   // an entry goes when that lease's release reports it.
@@ -101,8 +98,7 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
   // (re-acquiring the held leases) and runs it once more. A request that is not idempotent and
   // was sent before the link died is not repeated: the daemon may have applied it. Caller
   // holds mu.
-  template <class F>
-  Status retrying(F&& attempt, bool idempotent = true) {
+  template <class F> Status retrying(F&& attempt, bool idempotent = true) {
     Status st = attempt();
     if (st.is_ok() || st.code() != Code::kUnavailable || conn.is_open() ||
         opts.reconnect_timeout.count() <= 0)
@@ -121,7 +117,8 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
   }
   // A TensorIdsReq of `type` naming `ids` in `pool`, kMaxBatch ids per request; the caller
   // holds mu. No ids: no request, unless `send_empty` (Evict: the whole pool).
-  Status call_ids(MsgType type, std::string_view pool, std::span<const uint64_t> ids, bool send_empty = false) {
+  Status call_ids(MsgType type, std::string_view pool, std::span<const uint64_t> ids,
+                  bool send_empty = false) {
     wire::TensorIdsReq req{std::string(pool), {}};
     if (ids.empty() && send_empty) return call(type, req, empty);
     for (size_t i = 0; i < ids.size(); i += wire::kMaxBatch) {
@@ -145,8 +142,8 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
     if (!st.is_ok()) return fail(std::move(st));
     if (rep.arena_id != id) {
       if (fd >= 0) ::close(fd);
-      return fail(Code::kProtocol, "tierd mapped arena " + std::to_string(rep.arena_id) +
-                                       " when asked for " + std::to_string(id));
+      return fail(Code::kProtocol, "tierd mapped arena " + std::to_string(rep.arena_id) + " when asked for " +
+                                       std::to_string(id));
     }
     return arenas.add(id, fd, rep.size, rep.numa_node);
   }
@@ -157,8 +154,8 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
     if (!a) return fail(a.error());
     const client::Arena* ar = *a;
     if (g.offset > ar->size || g.length > ar->size - g.offset)
-      return fail(Code::kProtocol, "lease of tensor " + std::to_string(g.tensor_id) +
-                                       " lies outside arena " + std::to_string(g.arena_id));
+      return fail(Code::kProtocol, "lease of tensor " + std::to_string(g.tensor_id) + " lies outside arena " +
+                                       std::to_string(g.arena_id));
     return std::span<std::byte>(ar->base + g.offset, g.length);
   }
 
@@ -190,7 +187,8 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
       lost_why.erase(it);
     }
     return Status(Code::kUnavailable, "lease " + std::to_string(l.id_) + " on tensor " +
-                                          std::to_string(l.tensor_id_) + " was lost when tierd restarted" + why);
+                                          std::to_string(l.tensor_id_) + " was lost when tierd restarted" +
+                                          why);
   }
 
   // One attempt (one daemon-side wait of at most timeout_ms); these take mu themselves.
@@ -214,8 +212,7 @@ Client::~Client() {
 
 const std::string& Client::socket_path() const noexcept { return impl_->path; }
 
-Result<std::unique_ptr<Client>> Client::connect(std::string_view socket_path,
-                                                const ConnectOptions& opts) {
+Result<std::unique_ptr<Client>> Client::connect(std::string_view socket_path, const ConnectOptions& opts) {
   try {
     auto impl = std::make_unique<Impl>();
     impl->path = socket_path.empty() ? default_socket_path() : std::string(socket_path);
@@ -267,9 +264,9 @@ Status Client::Impl::reconnect(const Status& why) {
     if (st.is_ok()) break;
     if (std::chrono::steady_clock::now() + backoff > deadline) {
       conn.close();
-      return Status(Code::kUnavailable,
-                    why.message() + "; reconnecting gave up after " +
-                        std::to_string(opts.reconnect_timeout.count()) + " ms: " + st.message());
+      return Status(Code::kUnavailable, why.message() + "; reconnecting gave up after " +
+                                            std::to_string(opts.reconnect_timeout.count()) +
+                                            " ms: " + st.message());
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
@@ -352,8 +349,8 @@ Status Client::Impl::reconnect(const Status& why) {
 Result<PoolInfo> Client::create_pool(std::string_view name, const PoolOptions& opts, bool exist_ok) {
   return guarded<Result<PoolInfo>>([&]() -> Result<PoolInfo> {
     if (Status v = validate_pool_name(name); !v.is_ok()) return fail(std::move(v));
-    wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota, exist_ok, opts.group,
-                            opts.group_read};
+    wire::PoolCreateReq req{std::string(name), opts.ram_quota, opts.nvme_quota,
+                            exist_ok,          opts.group,     opts.group_read};
     wire::PoolInfoW rep;
     std::lock_guard g(impl_->mu);
     Status st = impl_->call(MsgType::kPoolCreate, req, rep, /*idempotent=*/exist_ok);
@@ -420,8 +417,8 @@ Result<TensorInfo> Client::open_tensor(std::string_view pool, std::string_view n
   return guarded<Result<TensorInfo>>([&]() -> Result<TensorInfo> {
     wire::TensorInfoW rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->call(MsgType::kTensorOpen,
-                                 wire::TensorRefReq{std::string(pool), std::string(name)}, rep);
+    Status st =
+        impl_->call(MsgType::kTensorOpen, wire::TensorRefReq{std::string(pool), std::string(name)}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return wire::to_public(rep);
   });
@@ -467,15 +464,18 @@ namespace {
 
 constexpr int32_t kWaitSliceMs = 20;
 
-template <class Attempt>
-auto with_wait_slices(LeaseWait wait, Attempt attempt) -> decltype(attempt(int32_t{0})) {
+template <class Attempt> auto with_wait_slices(LeaseWait wait, Attempt attempt)
+    -> decltype(attempt(int32_t{0})) {
   if (wait.timeout_ms == 0) return attempt(0);
   const bool forever = wait.timeout_ms < 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, wait.timeout_ms));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, wait.timeout_ms));
   for (;;) {
     int32_t slice = kWaitSliceMs;
     if (!forever) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+              .count();
       slice = static_cast<int32_t>(std::clamp<int64_t>(left, 1, kWaitSliceMs));
     }
     auto r = attempt(slice);
@@ -490,7 +490,8 @@ auto with_wait_slices(LeaseWait wait, Attempt attempt) -> decltype(attempt(int32
 
 Result<Lease> Client::lease(uint64_t tensor_id, LeaseMode mode, LeaseWait wait) {
   return guarded<Result<Lease>>([&]() -> Result<Lease> {
-    return with_wait_slices(wait, [&](int32_t slice) { return impl_->lease_once(this, tensor_id, mode, slice); });
+    return with_wait_slices(wait,
+                            [&](int32_t slice) { return impl_->lease_once(this, tensor_id, mode, slice); });
   });
 }
 
@@ -520,12 +521,13 @@ Result<Lease> Client::Impl::lease_once(Client* owner, uint64_t tensor_id, LeaseM
   l.mode_ = mode;
   l.bytes_ = *span;
   l.epoch_ = m.epoch;
-  m.held.insert({gr.lease_id, m.epoch, true, static_cast<uint8_t>(mode), tensor_id, gr.lease_id, gr.arena_id, gr.offset});
+  m.held.insert({gr.lease_id, m.epoch, true, static_cast<uint8_t>(mode), tensor_id, gr.lease_id, gr.arena_id,
+                 gr.offset});
   return l;
 }
 
-Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, LeaseWait wait,
-                                 Client* owner, std::vector<Lease>& out) {
+Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, LeaseWait wait, Client* owner,
+                                 std::vector<Lease>& out) {
   lease_req.mode = static_cast<uint8_t>(mode);
   lease_req.timeout_ms = wait.timeout_ms;
   lease_req.tensor_ids.assign(ids.begin(), ids.end());
@@ -543,9 +545,8 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
   for (size_t i = 0; i < grants.size(); ++i) {
     const auto& gr = grants[i];
     Result<std::span<std::byte>> span =
-        gr.tensor_id == ids[i]
-            ? span_of(gr)
-            : fail(Code::kProtocol, "tierd granted a batch out of request order");
+        gr.tensor_id == ids[i] ? span_of(gr)
+                               : fail(Code::kProtocol, "tierd granted a batch out of request order");
     if (!span) {
       for (size_t j = first; j < out.size(); ++j) forget(out[j]);
       out.resize(first);
@@ -559,7 +560,8 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
     l.mode_ = mode;
     l.bytes_ = *span;
     l.epoch_ = epoch;
-    held.insert({gr.lease_id, epoch, true, static_cast<uint8_t>(mode), gr.tensor_id, gr.lease_id, gr.arena_id, gr.offset});
+    held.insert({gr.lease_id, epoch, true, static_cast<uint8_t>(mode), gr.tensor_id, gr.lease_id, gr.arena_id,
+                 gr.offset});
     out.push_back(std::move(l));
   }
   return Status::ok();
@@ -568,14 +570,12 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
 Result<std::vector<Lease>> Client::lease_batch(std::span<const uint64_t> tensor_ids, LeaseMode mode,
                                                LeaseWait wait) {
   return guarded<Result<std::vector<Lease>>>([&]() -> Result<std::vector<Lease>> {
-    return with_wait_slices(wait, [&](int32_t slice) {
-      return impl_->lease_batch_once(this, tensor_ids, mode, slice);
-    });
+    return with_wait_slices(
+        wait, [&](int32_t slice) { return impl_->lease_batch_once(this, tensor_ids, mode, slice); });
   });
 }
 
-Result<std::vector<Lease>> Client::Impl::lease_batch_once(Client* owner,
-                                                          std::span<const uint64_t> tensor_ids,
+Result<std::vector<Lease>> Client::Impl::lease_batch_once(Client* owner, std::span<const uint64_t> tensor_ids,
                                                           LeaseMode mode, int32_t timeout_ms) {
   const LeaseWait wait{timeout_ms};
   std::vector<Lease> out;
@@ -590,7 +590,10 @@ Result<std::vector<Lease>> Client::Impl::lease_batch_once(Client* owner,
     if (!st.is_ok()) {
       std::vector<uint64_t> ids;
       ids.reserve(out.size());
-      for (Lease& l : out) { ids.push_back(daemon_id(l)); forget(l); }
+      for (Lease& l : out) {
+        ids.push_back(daemon_id(l));
+        forget(l);
+      }
       release_quietly(ids);
       return fail(std::move(st));
     }
@@ -640,7 +643,8 @@ Status Client::release_batch(std::span<Lease> leases) {
     auto send = [&] {
       m.release_req.lease_ids.clear();
       for (Lease* l : batch)
-        if (client::HeldLease* h = m.held.find(l->id_, l->epoch_)) m.release_req.lease_ids.push_back(h->daemon_id);
+        if (client::HeldLease* h = m.held.find(l->id_, l->epoch_))
+          m.release_req.lease_ids.push_back(h->daemon_id);
       if (m.release_req.lease_ids.empty()) return Status::ok();
       return m.conn.call(MsgType::kRelease, m.release_req, m.empty);
     };
@@ -737,7 +741,8 @@ Result<SnapshotInfo> Client::snapshot(std::string_view pool, const SnapshotOptio
   return guarded<Result<SnapshotInfo>>([&]() -> Result<SnapshotInfo> {
     wire::SnapshotRep rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->call(MsgType::kSnapshotTake, wire::SnapshotTakeReq{std::string(pool), opts.tag, opts.keep}, rep);
+    Status st = impl_->call(MsgType::kSnapshotTake,
+                            wire::SnapshotTakeReq{std::string(pool), opts.tag, opts.keep}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return SnapshotInfo{rep.snapshot_id, rep.bytes, rep.stall_us};
   });
@@ -759,7 +764,8 @@ Result<RestoreInfo> Client::restore_snapshot(std::string_view pool, uint64_t sna
   return guarded<Result<RestoreInfo>>([&]() -> Result<RestoreInfo> {
     wire::SnapshotRestoreRep rep;
     std::lock_guard g(impl_->mu);
-    Status st = impl_->call(MsgType::kSnapshotRestore, wire::SnapshotRestoreReq{std::string(pool), snapshot_id}, rep);
+    Status st =
+        impl_->call(MsgType::kSnapshotRestore, wire::SnapshotRestoreReq{std::string(pool), snapshot_id}, rep);
     if (!st.is_ok()) return fail(std::move(st));
     return RestoreInfo{rep.tensors, rep.bytes, rep.deleted, rep.dropped_snapshots};
   });
@@ -782,8 +788,7 @@ Result<NodeStatus> Client::status() {
     s.pools = rep.pools;
     s.leases = rep.leases;
     for (const auto& r : rep.ram) s.ram.push_back({r.node, r.capacity, r.used, r.dirty, r.tensors});
-    for (const auto& n : rep.nvme)
-      s.nvme.push_back({n.path, n.numa_node, n.backend, n.capacity, n.used});
+    for (const auto& n : rep.nvme) s.nvme.push_back({n.path, n.numa_node, n.backend, n.capacity, n.used});
     wire::copy_counters(s, rep);
     return s;
   });
@@ -826,8 +831,7 @@ std::vector<Client::ArenaMapping> Client::mapped_arenas() const {
   return guarded<std::vector<Client::ArenaMapping>>([&]() -> std::vector<Client::ArenaMapping> {
     std::lock_guard g(impl_->mu);
     std::vector<ArenaMapping> out;
-    for (const auto& a : impl_->arenas.all())
-      out.push_back({a.id, a.base, a.size, a.numa_node, a.read_only});
+    for (const auto& a : impl_->arenas.all()) out.push_back({a.id, a.base, a.size, a.numa_node, a.read_only});
     return out;
   });
 }
@@ -840,14 +844,16 @@ Status Client::pin_for_dma(std::span<const std::byte> range, bool pinned) {
       const auto base = reinterpret_cast<uintptr_t>(a.base);
       if (range.empty() || p < base || p - base > a.size || range.size() > a.size - (p - base)) continue;
       wire::ArenaPinReq req{a.id, p - base, range.size(), true};
-      TIER_RETURN_IF_ERROR(impl_->call(MsgType::kArenaPin, wire::ArenaPinReq{req.arena_id, req.offset, req.length, pinned},
-                                       impl_->empty));
+      TIER_RETURN_IF_ERROR(impl_->call(
+          MsgType::kArenaPin, wire::ArenaPinReq{req.arena_id, req.offset, req.length, pinned}, impl_->empty));
       auto& pins = impl_->dma_pins;
       if (pinned) {
         pins.push_back(req);
-      } else if (auto it = std::ranges::find_if(pins, [&](const wire::ArenaPinReq& q) {
-                   return q.arena_id == req.arena_id && q.offset == req.offset && q.length == req.length;
-                 });
+      } else if (auto it = std::ranges::find_if(pins,
+                                                [&](const wire::ArenaPinReq& q) {
+                                                  return q.arena_id == req.arena_id &&
+                                                         q.offset == req.offset && q.length == req.length;
+                                                });
                  it != pins.end()) {
         pins.erase(it);
       }
@@ -860,8 +866,12 @@ Status Client::pin_for_dma(std::span<const std::byte> range, bool pinned) {
 // ---- Lease ----
 
 Lease::Lease(Lease&& o) noexcept
-    : client_(std::exchange(o.client_, nullptr)), id_(o.id_), tensor_id_(o.tensor_id_),
-      mode_(o.mode_), bytes_(std::exchange(o.bytes_, {})), epoch_(o.epoch_) {}
+    : client_(std::exchange(o.client_, nullptr)),
+      id_(o.id_),
+      tensor_id_(o.tensor_id_),
+      mode_(o.mode_),
+      bytes_(std::exchange(o.bytes_, {})),
+      epoch_(o.epoch_) {}
 
 Lease& Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {

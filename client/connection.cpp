@@ -35,9 +35,8 @@ Status Connection::open(const std::string& path, int64_t timeout_ms) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path)
-    return Status(Code::kInvalidArgument,
-                  "socket path '" + path + "' is empty or longer than " +
-                      std::to_string(sizeof addr.sun_path - 1) + " bytes");
+    return Status(Code::kInvalidArgument, "socket path '" + path + "' is empty or longer than " +
+                                              std::to_string(sizeof addr.sun_path - 1) + " bytes");
   std::memcpy(addr.sun_path, path.data(), path.size());
   if (!recv_buf_) recv_buf_ = std::make_unique<std::byte[]>(wire::kMaxMessageBytes + 1);
   send_buf_.reserve(4096);
@@ -114,10 +113,9 @@ Status Connection::receive_reply(wire::MsgType type, int* fd_out) {
   if (!hdr) return fail_with(Status(Code::kProtocol, "bad reply from tierd: " + hdr.error().message()));
   if (hdr->type != (static_cast<uint16_t>(type) | wire::kReplyBit) || hdr->request_id != last_id_)
     return fail_with(Status(Code::kProtocol,
-                            "tierd answered request " + std::to_string(hdr->request_id) +
-                                " (type " + std::to_string(hdr->type) + ") while request " +
-                                std::to_string(last_id_) + " (type " +
-                                std::to_string(static_cast<uint16_t>(type)) + ") was pending"));
+                            "tierd answered request " + std::to_string(hdr->request_id) + " (type " +
+                                std::to_string(hdr->type) + ") while request " + std::to_string(last_id_) +
+                                " (type " + std::to_string(static_cast<uint16_t>(type)) + ") was pending"));
   payload_ = wire::payload_of(dgram);
   if (fd_out) *fd_out = got_fd;
   return Status::ok();

@@ -54,8 +54,7 @@ class Connection {
   }
 
  private:
-  template <class Req>
-  Status send_request(wire::MsgType type, const Req& req) {
+  template <class Req> Status send_request(wire::MsgType type, const Req& req) {
     Status st = wire::encode(static_cast<uint16_t>(type), ++last_id_, req, send_buf_);
     if (!st.is_ok()) return st;  // too large to send: the caller's fault, the link is intact
     return send_buf();
@@ -64,8 +63,7 @@ class Connection {
   // Receives the reply to the last request; on success payload_ holds the reply payload.
   Status receive_reply(wire::MsgType type, int* fd_out);
   // Status, then body, consumed exactly; mirrors wire::decode_reply but decodes in place.
-  template <class Rep>
-  Status decode_body(Rep& rep) {
+  template <class Rep> Status decode_body(Rep& rep) {
     wire::Reader r(payload_);
     r(status_scratch_);
     if (!r.ok()) return mark_broken(Status(Code::kProtocol, "truncated reply status from tierd"));

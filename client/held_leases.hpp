@@ -15,12 +15,12 @@
 namespace tier::client {
 
 struct HeldLease {
-  uint64_t id = 0;         // key: the id the Lease object carries
-  uint32_t epoch = 0;      // key: the connection epoch it was granted in
+  uint64_t id = 0;     // key: the id the Lease object carries
+  uint32_t epoch = 0;  // key: the connection epoch it was granted in
   bool used = false;
-  uint8_t mode = 0;        // tier::LeaseMode
+  uint8_t mode = 0;  // tier::LeaseMode
   uint64_t tensor_id = 0;
-  uint64_t daemon_id = 0;  // the id to release with (differs after a re-acquire)
+  uint64_t daemon_id = 0;             // the id to release with (differs after a re-acquire)
   uint64_t arena_id = 0, offset = 0;  // where its bytes are: a re-acquire must land there
 };
 

@@ -11,10 +11,8 @@ bool is_no_device(cudaError_t err) noexcept {
     case cudaErrorStubLibrary:
     case cudaErrorDevicesUnavailable:
     case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-      return true;
-    default:
-      return false;
+    case cudaErrorCompatNotSupportedOnDevice: return true;
+    default: return false;
   }
 }
 
@@ -31,12 +29,9 @@ Status from_cuda(cudaError_t err, std::string_view context) {
     case cudaErrorInvalidDevice:
     case cudaErrorInvalidDevicePointer:
     case cudaErrorInvalidMemcpyDirection:
-    case cudaErrorHostMemoryNotRegistered:
-      return Status(Code::kInvalidArgument, detail);
-    case cudaErrorNotSupported:
-      return Status(Code::kUnsupported, detail);
-    default:
-      return Status(Code::kInternal, detail);
+    case cudaErrorHostMemoryNotRegistered: return Status(Code::kInvalidArgument, detail);
+    case cudaErrorNotSupported: return Status(Code::kUnsupported, detail);
+    default: return Status(Code::kInternal, detail);
   }
 }
 

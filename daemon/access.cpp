@@ -9,9 +9,7 @@ bool in_group(const PeerCreds& p, gid_t g) noexcept {
   return p.gid == g || std::find(p.groups.begin(), p.groups.end(), g) != p.groups.end();
 }
 
-bool is_admin(const PeerCreds& p, gid_t admin_gid) noexcept {
-  return p.uid == 0 || in_group(p, admin_gid);
-}
+bool is_admin(const PeerCreds& p, gid_t admin_gid) noexcept { return p.uid == 0 || in_group(p, admin_gid); }
 
 bool is_group_reader(const PeerCreds& p, const Pool& pool) noexcept {
   return pool.group_read && in_group(p, pool.group);
@@ -26,8 +24,7 @@ Status check_right(const PeerCreds& p, const Pool& pool, Right r, gid_t admin_gi
     case Right::kRead:
       if (is_group_reader(p, pool)) return Status::ok();
       break;
-    case Right::kUse:
-      break;
+    case Right::kUse: break;
   }
   std::string why = "pool '" + pool.name + "' belongs to uid " + std::to_string(pool.owner_uid);
   if (r == Right::kRead && pool.group_read) why += " (group " + std::to_string(pool.group) + " may read)";

@@ -57,7 +57,9 @@ class UidTable {
 };
 
 // Bytes of RAM and NVMe quota/usage over every pool `uid` owns.
-struct UidUsage { uint64_t ram_used = 0, nvme_used = 0, nvme_quota = 0, pools = 0; };
+struct UidUsage {
+  uint64_t ram_used = 0, nvme_used = 0, nvme_quota = 0, pools = 0;
+};
 [[nodiscard]] UidUsage uid_usage(Catalog& catalog, uid_t uid);
 
 }  // namespace tier::daemon

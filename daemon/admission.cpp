@@ -23,8 +23,7 @@ Status never(std::string_view name, uint64_t size, const std::string& why) {
 
 }  // namespace
 
-Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t size,
-                  std::string_view name) {
+Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t size, std::string_view name) {
   const NodeUsage* nu = nullptr;
   for (const NodeUsage& n : ram.nodes())
     if (n.node == node) nu = &n;
@@ -41,8 +40,8 @@ Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t s
   return Status::ok();
 }
 
-Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool, int32_t node,
-                    uint64_t size, std::string_view name) {
+Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool, int32_t node, uint64_t size,
+                    std::string_view name) {
   TIER_RETURN_IF_ERROR(ram_admits(ram, pool, node, size, name));
   if (tier) TIER_RETURN_IF_ERROR(tier->nvme_admits(pool, size, name));
   return Status::ok();

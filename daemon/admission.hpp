@@ -33,7 +33,7 @@ class NvmeTier;
                                 std::string_view name);
 
 // ram_admits() and, with the NVMe tier (`tier` not null), NvmeTier::nvme_admits().
-[[nodiscard]] Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool,
-                                  int32_t node, uint64_t size, std::string_view name);
+[[nodiscard]] Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool, int32_t node,
+                                  uint64_t size, std::string_view name);
 
 }  // namespace tier::daemon

@@ -4,8 +4,7 @@
 
 namespace tier::daemon {
 
-Result<Pool*> Catalog::create_pool(std::string name, uid_t owner, uint64_t ram_quota,
-                                   uint64_t nvme_quota) {
+Result<Pool*> Catalog::create_pool(std::string name, uid_t owner, uint64_t ram_quota, uint64_t nvme_quota) {
   if (Status s_ = validate_pool_name(name); !s_) return fail(std::move(s_));
   if (by_name_.contains(name)) return fail(Code::kAlreadyExists, "pool '" + name + "' exists");
   auto p = std::make_unique<Pool>();
@@ -95,8 +94,8 @@ TensorInfo tensor_info(const Tensor& t) {
 }
 
 PoolInfo pool_info(const Pool& p) {
-  return PoolInfo{p.id, p.name, p.owner_uid, p.ram_quota, p.nvme_quota, p.ram_used, p.nvme_used,
-                  p.tensors.size(), p.group, p.group_read};
+  return PoolInfo{p.id,       p.name,      p.owner_uid,      p.ram_quota, p.nvme_quota,
+                  p.ram_used, p.nvme_used, p.tensors.size(), p.group,     p.group_read};
 }
 
 }  // namespace tier::daemon

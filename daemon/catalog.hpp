@@ -45,9 +45,9 @@ struct Tensor {
   int32_t node = -1;  // the NUMA node chosen at create
   std::optional<RamLocation> ram;
   std::optional<NvmeLocation> nvme;
-  bool dirty = false;     // RAM copy newer than NVMe
-  uint32_t readers = 0;   // read leases held
-  bool writer = false;    // a write lease is held
+  bool dirty = false;    // RAM copy newer than NVMe
+  uint32_t readers = 0;  // read leases held
+  bool writer = false;   // a write lease is held
 };
 
 struct Pool {

@@ -41,8 +41,7 @@ Result<HugePages> parse_hugepages(std::string_view s) {
   if (s == "none" || s == "off" || s.empty()) return HugePages::kNone;
   if (s == "2M" || s == "2m") return HugePages::k2M;
   if (s == "1G" || s == "1g") return HugePages::k1G;
-  return fail(Code::kInvalidArgument,
-              "hugepages must be none, 2M or 1G, not '" + std::string(s) + "'");
+  return fail(Code::kInvalidArgument, "hugepages must be none, 2M or 1G, not '" + std::string(s) + "'");
 }
 
 namespace {
@@ -60,8 +59,8 @@ std::string where(const toml::node& n) {
 }
 
 Status bad_type(std::string_view key, const toml::node& n, std::string_view want) {
-  return Status(Code::kInvalidArgument, "config key '" + std::string(key) + "' (" + where(n) +
-                                            ") must be " + std::string(want));
+  return Status(Code::kInvalidArgument,
+                "config key '" + std::string(key) + "' (" + where(n) + ") must be " + std::string(want));
 }
 
 Status get_string(std::string_view key, const toml::node& n, std::string& out) {
@@ -183,8 +182,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
     else if (key == "nvme_capacity") {
       if (v.is_string() && v.value<std::string>()->empty()) c.nvme_capacity.clear();
       else st = get_size(key, v, c.nvme_capacity);
-    }
-    else if (key == "uid_ram_quota") st = get_size(key, v, c.uid_ram_quota);
+    } else if (key == "uid_ram_quota") st = get_size(key, v, c.uid_ram_quota);
     else if (key == "uid_nvme_quota") st = get_size(key, v, c.uid_nvme_quota);
     else if (key == "max_connections_per_uid") st = get_u32(key, v, c.max_connections_per_uid, 1);
     else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
@@ -196,8 +194,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
         auto addr = parse_metrics_listen(c.metrics_listen);
         if (!addr) return addr.error();
       }
-    }
-    else if (key == "prefault") st = get_bool(key, v, c.prefault);
+    } else if (key == "prefault") st = get_bool(key, v, c.prefault);
     else if (key == "log_level") {
       st = get_string(key, v, c.log_level);
       if (st && c.log_level != "error" && c.log_level != "warning" && c.log_level != "info" &&
@@ -232,9 +229,8 @@ Result<Config> parse_config(std::string_view toml_text) {
     if (!st) return fail(std::move(st));
   } catch (const toml::parse_error& e) {
     const auto& src = e.source();
-    return fail(Code::kInvalidArgument, "config syntax error at line " +
-                                            std::to_string(src.begin.line) + ": " +
-                                            std::string(e.description()));
+    return fail(Code::kInvalidArgument, "config syntax error at line " + std::to_string(src.begin.line) +
+                                            ": " + std::string(e.description()));
   } catch (const std::exception& e) {
     return fail(Code::kInvalidArgument, std::string("config: ") + e.what());
   }
@@ -321,10 +317,11 @@ Status check_paths(const Config& cfg, bool create_state_dir) {
   TIER_RETURN_IF_ERROR(check_nvme_dirs(cfg.nvme));
   if (!create_state_dir) {
     fs::path a = fs::absolute(cfg.state_dir, ec);
-    while (!a.empty() && !fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path()) a = a.parent_path();
+    while (!a.empty() && !fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path())
+      a = a.parent_path();
     if (!fs::is_directory(a, ec))
-      return Status(Code::kInvalidArgument, "cannot create state dir '" + cfg.state_dir + "': '" + a.string() +
-                                                "' is not a directory");
+      return Status(Code::kInvalidArgument, "cannot create state dir '" + cfg.state_dir + "': '" +
+                                                a.string() + "' is not a directory");
   } else if (!fs::is_directory(cfg.state_dir, ec)) {
     fs::create_directories(cfg.state_dir, ec);
     if (ec)

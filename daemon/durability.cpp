@@ -31,8 +31,7 @@ namespace {
 
 // The catalog's NvmeLocation becomes nvme::NvmeLocation with the NVMe tier; until then a
 // journaled copy cannot be represented in the catalog and is kept only in the image.
-template <class Opt>
-void set_nvme(Opt& dst, const NvmeCopyWritten& w) {
+template <class Opt> void set_nvme(Opt& dst, const NvmeCopyWritten& w) {
   if constexpr (std::is_assignable_v<Opt&, nvme::NvmeLocation>) {
     nvme::NvmeLocation loc;
     for (const Extent& e : w.extents) {
@@ -65,7 +64,8 @@ Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, Recove
   std::unique_ptr<Durability> d(new Durability(std::move(deps)));
   std::string jdir = d->deps_.state_dir + "/journal";
   // 0700, also when an older tierd made them 0755: snapshot directories name pools.
-  if (Status st = make_private_dir(jdir); !st) return fail(Code::kIo, "cannot create " + jdir + ": " + st.message());
+  if (Status st = make_private_dir(jdir); !st)
+    return fail(Code::kIo, "cannot create " + jdir + ": " + st.message());
   if (Status st = make_private_dir(d->snapshot_root()); !st)
     return fail(Code::kIo, "cannot create " + d->snapshot_root() + ": " + st.message());
   d->efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -89,11 +89,13 @@ Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, Recove
   d->clean_snapshot_dirs();
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.fresh)
-    log_info("recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
-             "re-attached, {} recreated (gone: reboot), {} refused (not tierd's or damaged), {} tensors restored from snapshots, {} "
-             "from NVMe, {} lost; {} partial snapshots removed",
-             r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost, r.arenas_refused,
-             r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors, r.partial_snapshots_removed);
+    log_info(
+        "recovered {} pools, {} tensors from {} journal records in {:.1f} ms: {} arenas "
+        "re-attached, {} recreated (gone: reboot), {} refused (not tierd's or damaged), {} tensors restored "
+        "from snapshots, {} "
+        "from NVMe, {} lost; {} partial snapshots removed",
+        r.pools, r.tensors, r.records, r.ms, r.arenas_attached, r.arenas_lost, r.arenas_refused,
+        r.restored_from_snapshot, r.restored_from_nvme, r.lost_tensors, r.partial_snapshots_removed);
   if (report) *report = r;
   return d;
 }
@@ -103,7 +105,10 @@ Status Durability::rebuild() {
   RecoveryReport& r = report_;
   const Watermarks& marks = image_.watermarks();
   // Pools, arenas, tensors; tensors whose arena was gone wait in `need` for a snapshot.
-  struct Lost { uint64_t pool; std::vector<uint64_t> tensors; };
+  struct Lost {
+    uint64_t pool;
+    std::vector<uint64_t> tensors;
+  };
   std::vector<Lost> lost;
   for (const auto& [pid, pi] : image_.pools()) {
     cat.set_next_ids(pid, marks.next_tensor_id);
@@ -149,8 +154,7 @@ Status Durability::rebuild() {
       // A tensor evicted to NVMe has no RAM node in the journal; it comes back on the pool's
       // node (its first arena's), else the first node.
       int32_t node = m.numa_node;
-      if (node < 0) node = !pi.arenas.empty() ? pi.arenas.begin()->second.numa_node
-                                              : deps_.default_node;
+      if (node < 0) node = !pi.arenas.empty() ? pi.arenas.begin()->second.numa_node : deps_.default_node;
       auto t = cat.create_tensor(pool, std::move(desc), node);
       if (!t) return Status(Code::kCorruption, "journal: tensor '" + m.name + "': " + t.error().message());
       Tensor& tensor = **t;
@@ -192,8 +196,8 @@ Status Durability::rebuild() {
     TIER_RETURN_IF_ERROR(restore_pool_from_snapshot(*p, need, &from));
     uint64_t lost_here = 0;
     for (Tensor* t : need) {  // what the snapshot did not cover
-      log_warn("pool '{}': tensor '{}' (id {}) was only in RAM and not in a snapshot: lost", p->name,
-               t->name, t->id);
+      log_warn("pool '{}': tensor '{}' (id {}) was only in RAM and not in a snapshot: lost", p->name, t->name,
+               t->id);
       deps_.ram.release(*p, *t->ram);
       t->ram.reset();
       tensor_deleted(*t);
@@ -255,7 +259,8 @@ void Durability::clean_snapshot_dirs() {
     (void)::chmod(pool_dir.path().c_str(), 0700);
     std::vector<fs::path> gone;
     for (const auto& snap : fs::directory_iterator(pool_dir.path(), ec)) {
-      if (keep.contains({pool_name, snap.path().filename().string()})) (void)::chmod(snap.path().c_str(), 0700);
+      if (keep.contains({pool_name, snap.path().filename().string()}))
+        (void)::chmod(snap.path().c_str(), 0700);
       else gone.push_back(snap.path());
     }
     for (const fs::path& g : gone) {
@@ -268,7 +273,8 @@ void Durability::clean_snapshot_dirs() {
       report_.partial_snapshots_removed++;
       log_warn("removed snapshot directory {}: not a complete snapshot the journal keeps", g.string());
     }
-    if (fs::is_empty(pool_dir.path(), ec) && !deps_.catalog.find_pool(pool_name)) fs::remove(pool_dir.path(), ec);
+    if (fs::is_empty(pool_dir.path(), ec) && !deps_.catalog.find_pool(pool_name))
+      fs::remove(pool_dir.path(), ec);
   }
 }
 
@@ -326,9 +332,7 @@ PoolCreated pool_record(const Pool& p) {
   return r;
 }
 
-void Durability::pool_created(const Pool& p) {
-  append(pool_record(p));
-}
+void Durability::pool_created(const Pool& p) { append(pool_record(p)); }
 
 void Durability::pool_dropped(const Pool& p) {
   append(PoolDropped{p.id});
@@ -344,7 +348,8 @@ void Durability::remove_later(const std::string& path) {
     r.thread.join();
     return true;
   });
-  std::string trash = snapshot_root() + "/.removing-" + std::to_string(::getpid()) + "-" + std::to_string(++removals_);
+  std::string trash =
+      snapshot_root() + "/.removing-" + std::to_string(::getpid()) + "-" + std::to_string(++removals_);
   std::error_code ec;
   if (::rename(path.c_str(), trash.c_str()) != 0) {
     if (errno == ENOENT) return;
@@ -359,9 +364,7 @@ void Durability::remove_later(const std::string& path) {
                            done->store(true);
                          }),
                          done});
-  } catch (const std::system_error&) {
-    fs::remove_all(trash, ec);
-  }
+  } catch (const std::system_error&) { fs::remove_all(trash, ec); }
 }
 
 TensorCreated tensor_record(const Tensor& t) {
@@ -414,7 +417,8 @@ void Durability::nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& lo
   r.tensor_id = t.id;
   r.generation = image_.watermarks().next_generation;
   for (const nvme::Extent& e : loc.extents)
-    r.extents.push_back(Extent{std::to_string(e.dir), std::to_string(e.file), e.offset, e.length, e.checksum});
+    r.extents.push_back(
+        Extent{std::to_string(e.dir), std::to_string(e.file), e.offset, e.length, e.checksum});
   append(r);
 }
 

@@ -15,8 +15,8 @@
 // journaled extents used. Only an object that proves to be tierd's own is re-attached
 // (Arena::attach: its random name, owner, mode, size). An arena that is gone (a reboot) or
 // refused (a squatter's object, or one a tenant truncated) is created empty under a new name
-// (journaled) and its tensors are restored from the pool's latest durable snapshot; tensors neither in the snapshot nor with a
-// journaled NVMe copy are lost: deleted from the catalog (journaled), counted and logged.
+// (journaled) and its tensors are restored from the pool's latest durable snapshot; tensors neither in the
+// snapshot nor with a journaled NVMe copy are lost: deleted from the catalog (journaled), counted and logged.
 // Arena objects of this state dir that the journal does not name are removed.
 //
 // Snapshots (docs/daemon.md "Snapshots"): a snapshot is the point-in-time image of every
@@ -67,7 +67,7 @@
 namespace tier::nvme {
 class Engine;
 struct NvmeLocation;
-}
+}  // namespace tier::nvme
 
 namespace tier::daemon {
 
@@ -84,19 +84,19 @@ struct Tensor;
 [[nodiscard]] journal::TensorCreated tensor_record(const Tensor& t);
 
 struct RecoveryReport {
-  bool fresh = true;                 // no journal records: a first start
-  uint64_t records = 0;              // replayed
-  uint64_t dropped_tail_bytes = 0;   // torn tail cut off
-  uint64_t pools = 0, tensors = 0;   // rebuilt
-  uint64_t arenas_attached = 0;      // found in shared memory with their bytes
-  uint64_t arenas_lost = 0;          // gone (reboot): recreated empty
-  uint64_t arenas_refused = 0;       // not tierd's own or damaged: not used, removed, recreated empty
+  bool fresh = true;                // no journal records: a first start
+  uint64_t records = 0;             // replayed
+  uint64_t dropped_tail_bytes = 0;  // torn tail cut off
+  uint64_t pools = 0, tensors = 0;  // rebuilt
+  uint64_t arenas_attached = 0;     // found in shared memory with their bytes
+  uint64_t arenas_lost = 0;         // gone (reboot): recreated empty
+  uint64_t arenas_refused = 0;      // not tierd's own or damaged: not used, removed, recreated empty
   uint64_t restored_from_snapshot = 0;
   uint64_t restored_from_nvme = 0;
-  uint64_t lost_tensors = 0;         // RAM-only tensors not in a snapshot: gone
+  uint64_t lost_tensors = 0;  // RAM-only tensors not in a snapshot: gone
   uint64_t stale_arenas_removed = 0;
   uint64_t partial_snapshots_removed = 0;  // snapshot dirs not recorded durable, or dropped
-  double ms = 0;                     // time open() took
+  double ms = 0;                           // time open() took
 };
 
 // What durability works on, and nothing else: the catalog and the RAM tier it rebuilds and
@@ -117,9 +117,9 @@ class Durability final : public ResidencyLog {
 
   // Opens (or creates) the journal in <state-dir>/journal and rebuilds the catalog and RAM
   // tier from it (the catalog must be empty). The caller then adopts the write leases held
-  // across the restart and commits (open_durability in daemon/state.hpp does all of it). Errors: kCorruption/kUnsupported (the journal is
-  // damaged before its tail or newer than this tierd: refuse to start), kBusy (another tierd
-  // uses the state dir), kIo.
+  // across the restart and commits (open_durability in daemon/state.hpp does all of it). Errors:
+  // kCorruption/kUnsupported (the journal is damaged before its tail or newer than this tierd: refuse to
+  // start), kBusy (another tierd uses the state dir), kIo.
   [[nodiscard]] static Result<std::unique_ptr<Durability>> open(DurabilityDeps deps, RecoveryReport* report);
   ~Durability() override;  // waits for snapshot writers
   Durability(const Durability&) = delete;
@@ -127,11 +127,11 @@ class Durability final : public ResidencyLog {
 
   // --- records (call right after the in-memory change) ---
   void pool_created(const Pool& p);
-  void pool_dropped(const Pool& p);  // also removes the pool's snapshot directory
+  void pool_dropped(const Pool& p);      // also removes the pool's snapshot directory
   void tensor_created(const Tensor& t);  // with its arena's ArenaCreated the first time
   void tensor_deleted(const Tensor& t);
-  void ram_placed(const Tensor& t) override;      // t.ram is its new RAM copy
-  void ram_dropped(const Tensor& t) override;     // t has no RAM copy any more
+  void ram_placed(const Tensor& t) override;   // t.ram is its new RAM copy
+  void ram_dropped(const Tensor& t) override;  // t has no RAM copy any more
   // The NVMe tier: only after the write of `loc` completed (never for bytes in flight).
   void nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& loc) override;
   // The NVMe copy is freed or stale (a write lease was granted on the RAM copy).
@@ -185,7 +185,9 @@ class Durability final : public ResidencyLog {
     // Deletes `t`: its storage, its journal record and its catalog entry.
     std::function<void(Pool&, Tensor&)> erase;
   };
-  struct RestoreCounts { uint64_t tensors = 0, bytes = 0, deleted = 0, dropped_snapshots = 0; };
+  struct RestoreCounts {
+    uint64_t tensors = 0, bytes = 0, deleted = 0, dropped_snapshots = 0;
+  };
   [[nodiscard]] Result<RestoreCounts> restore_snapshot(Pool& pool, uint64_t snapshot_id,
                                                        const RestoreHooks& hooks);
   bool snapshot_running(uint64_t pool_id) const;

@@ -141,10 +141,13 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
       continue;
     }
     if (timeout.count() == 0 || liveness(st, t->id, h) == Liveness::kGone) {
-      std::string why = timeout.count() == 0 ? "lease_reclaim_timeout_ms = 0: no write lease is kept across a restart"
-                                             : "its holder was gone when tierd restarted";
-      log_info("pool '{}': tensor '{}' was write-leased by {} when tierd stopped; not kept ({}), the "
-               "tensor keeps the bytes it left (dirty)", p->name, t->name, holder_text(h), why);
+      std::string why = timeout.count() == 0
+                            ? "lease_reclaim_timeout_ms = 0: no write lease is kept across a restart"
+                            : "its holder was gone when tierd restarted";
+      log_info(
+          "pool '{}': tensor '{}' was write-leased by {} when tierd stopped; not kept ({}), the "
+          "tensor keeps the bytes it left (dirty)",
+          p->name, t->name, holder_text(h), why);
       d.write_lease_ended(*t);
       t->dirty = true;
       lost_[w.tensor_id] = {w.lease_id, std::move(why)};
@@ -159,9 +162,10 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
     }
     t->dirty = true;  // the writer may have stored anything since the last write-back
     orphans_[t->id] = Orphan{w.lease_id, ids.front(), h, now + timeout};
-    log_warn("pool '{}': tensor '{}' was write-leased by {} when tierd stopped: reserved for it "
-             "until it reclaims the lease (at most {} ms)", p->name, t->name, holder_text(h),
-             st.config.lease_reclaim_timeout_ms);
+    log_warn(
+        "pool '{}': tensor '{}' was write-leased by {} when tierd stopped: reserved for it "
+        "until it reclaims the lease (at most {} ms)",
+        p->name, t->name, holder_text(h), st.config.lease_reclaim_timeout_ms);
   }
   next_recheck_ = now + kRecheck;
 }
@@ -183,11 +187,12 @@ Result<uint64_t> ReclaimTable::reclaim(DaemonState& st, SessionLeases& s, const 
   const Orphan& o = it->second;
   // The same uid always; the same process where the pid means the same thing to both.
   bool same_ns = o.holder.pid_ns != 0 && o.holder.pid_ns == who.pid_ns;
-  if (who.uid != o.holder.uid ||
-      (same_ns && o.holder.pid > 0 && who.pid > 0 &&
-       (who.pid != o.holder.pid || (o.holder.pid_start && who.pid_start && who.pid_start != o.holder.pid_start))))
+  if (who.uid != o.holder.uid || (same_ns && o.holder.pid > 0 && who.pid > 0 &&
+                                  (who.pid != o.holder.pid || (o.holder.pid_start && who.pid_start &&
+                                                               who.pid_start != o.holder.pid_start))))
     return fail(Code::kPermissionDenied, "write lease " + std::to_string(lease_id) + " on tensor " +
-                                             std::to_string(tensor_id) + " belongs to " + holder_text(o.holder));
+                                             std::to_string(tensor_id) + " belongs to " +
+                                             holder_text(o.holder));
   auto id = st.leases.transfer(session_, s, o.lease_id);
   if (!id) return id;
   orphans_.erase(it);
@@ -199,9 +204,10 @@ void ReclaimTable::end(DaemonState& st, uint64_t tensor_id, uint64_t old_lease_i
   if (it == orphans_.end()) return;
   Tensor* t = st.catalog.find_tensor(tensor_id);
   Pool* p = t ? st.catalog.find_pool(t->pool_id) : nullptr;
-  log_warn("pool '{}': tensor '{}': the write lease of {} from before the restart is lost ({}); the "
-           "tensor keeps the bytes it left (dirty)", p ? p->name : "?", t ? t->name : "?",
-           holder_text(it->second.holder), why);
+  log_warn(
+      "pool '{}': tensor '{}': the write lease of {} from before the restart is lost ({}); the "
+      "tensor keeps the bytes it left (dirty)",
+      p ? p->name : "?", t ? t->name : "?", holder_text(it->second.holder), why);
   // LeaseTable's write-end hook journals WriteLeaseEnded.
   (void)st.leases.release(session_, it->second.lease_id, st.catalog);
   if (t) t->dirty = true;

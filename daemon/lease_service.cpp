@@ -63,7 +63,8 @@ Status LeaseService::resolve(const Session& s, std::span<const uint64_t> ids, Le
       if (!st) return st;
     }
     if (!t->ram && !state_.tiering)
-      return Status(Code::kUnsupported, "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
+      return Status(Code::kUnsupported,
+                    "tensor '" + t->name + "' is not in RAM and the NVMe tier is not configured");
     scratch_tensors_.push_back(t);
   }
   // A running snapshot copies these first; the lease then waits for its pins (durability.hpp).
@@ -141,9 +142,9 @@ LeaseService::Outcome LeaseService::request(Session& s, uint32_t request_id, con
     return {Status(Code::kInvalidArgument, "a lease names 1.." + std::to_string(max_grants()) +
                                                " tensors (the grants must fit one 64 KiB reply)")};
   if (s.leases.count + req.tensor_ids.size() > state_.config.max_leases_per_client)
-    return {Status(Code::kResourceExhausted,
-                   "this client holds " + std::to_string(s.leases.count) + " leases; the limit is " +
-                       std::to_string(state_.config.max_leases_per_client))};
+    return {Status(Code::kResourceExhausted, "this client holds " + std::to_string(s.leases.count) +
+                                                 " leases; the limit is " +
+                                                 std::to_string(state_.config.max_leases_per_client))};
   const LeaseMode mode = static_cast<LeaseMode>(req.mode);
   if (Status st = resolve(s, req.tensor_ids, mode); !st) return {st};
   const Status conflict = overwrite_conflict(mode);
@@ -165,8 +166,7 @@ LeaseService::Outcome LeaseService::request(Session& s, uint32_t request_id, con
   if (st.code() != Code::kBusy || (req.timeout_ms == 0 && !snapshot_pinned())) return {st};
   if (s.waiting >= state_.config.max_waiters_per_client)
     return {Status(Code::kResourceExhausted,
-                   "this client has " + std::to_string(s.waiting) +
-                       " lease requests waiting; the limit is " +
+                   "this client has " + std::to_string(s.waiting) + " lease requests waiting; the limit is " +
                        std::to_string(state_.config.max_waiters_per_client) + " (max_waiters_per_client)")};
   s.waiting++;
   wait(s, request_id, req, /*io=*/false);
@@ -231,8 +231,9 @@ void LeaseService::expire(Clock::time_point now) {
     state_.counters.lease_timeouts++;
     if (auto it = sessions_.find(w.session_id); !w.io && it != sessions_.end() && it->second->waiting > 0)
       it->second->waiting--;
-    Status st(Code::kTimeout, w.io ? "lease not granted within the timeout: its tensors are still being read from NVMe"
-                                   : "lease not granted within the timeout: a conflicting lease is still held");
+    Status st(Code::kTimeout,
+              w.io ? "lease not granted within the timeout: its tensors are still being read from NVMe"
+                   : "lease not granted within the timeout: a conflicting lease is still held");
     log_debug("waiting lease {} answered {}", w.request_id, st.to_string());
     (void)encode_reply(kLeaseType, w.request_id, st, Empty{}, deferred_buf_);
     if (sink_) sink_(w.session_id, deferred_buf_);

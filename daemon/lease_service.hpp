@@ -71,8 +71,7 @@ class LeaseService {
   // during which nothing is fetched or placed for it; ok for other modes.
   [[nodiscard]] Status overwrite_conflict(LeaseMode mode) const;
   // Grants scratch_tensors_ and encodes the LeaseRep into `out`.
-  [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id,
-                             std::vector<std::byte>& out);
+  [[nodiscard]] Status grant(Session& s, LeaseMode mode, uint32_t request_id, std::vector<std::byte>& out);
   // Parks the request as a waiter: `io` for an NVMe fetch, otherwise a conflicting lease.
   void wait(const Session& s, uint32_t request_id, const wire::LeaseReq& req, bool io);
   // Whether a running snapshot pins one of scratch_tensors_ while it copies it.

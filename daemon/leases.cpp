@@ -13,9 +13,9 @@ uint64_t make_id(uint32_t gen, uint32_t slot) { return (static_cast<uint64_t>(ge
 Status LeaseTable::check(LeaseMode mode, std::span<Tensor* const> tensors) const {
   for (const Tensor* t : tensors) {
     if (is_write(mode) && (t->writer || t->readers > 0))
-      return Status(Code::kBusy, "tensor '" + t->name + "' is leased (" +
-                                     (t->writer ? std::string("write") :
-                                                  std::to_string(t->readers) + " read") + ")");
+      return Status(Code::kBusy,
+                    "tensor '" + t->name + "' is leased (" +
+                        (t->writer ? std::string("write") : std::to_string(t->readers) + " read") + ")");
     if (mode == LeaseMode::kRead && t->writer)
       return Status(Code::kBusy, "tensor '" + t->name + "' is write-leased");
   }
@@ -25,7 +25,10 @@ Status LeaseTable::check(LeaseMode mode, std::span<Tensor* const> tensors) const
     if (tensors.size() <= 16) {
       for (size_t i = 1; i < tensors.size() && !dup; ++i)
         for (size_t j = 0; j < i; ++j)
-          if (tensors[j] == tensors[i]) { dup = tensors[i]; break; }
+          if (tensors[j] == tensors[i]) {
+            dup = tensors[i];
+            break;
+          }
     } else {
       dup_scratch_.assign(tensors.begin(), tensors.end());
       std::sort(dup_scratch_.begin(), dup_scratch_.end());

@@ -83,16 +83,14 @@ class LeaseTable {
   void drop_waiters(uint64_t session_id);
   // Calls `try_grant(waiter)` for each waiter in FIFO order; a waiter for which it returns true
   // (granted or answered with an error) is removed.
-  template <class F>
-  void retry_waiters(F&& try_grant) {
+  template <class F> void retry_waiters(F&& try_grant) {
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (try_grant(*it)) it = waiters_.erase(it);
       else ++it;
     }
   }
   // Removes the waiters whose deadline is <= now, calling `on_timeout(waiter)` for each.
-  template <class F>
-  void expire_waiters(Clock::time_point now, F&& on_timeout) {
+  template <class F> void expire_waiters(Clock::time_point now, F&& on_timeout) {
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline <= now) {
         on_timeout(*it);

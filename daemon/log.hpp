@@ -37,10 +37,8 @@ void set_log_sink(LogSink sink);
 void log_line(LogLevel level, std::string_view text) noexcept;
 
 // log_error("...{}...", x) etc.: fmt-style, checked at compile time, one line each.
-template <LogLevel L>
-struct LogAt {
-  template <class... Args>
-  void operator()(fmt::format_string<Args...> f, Args&&... args) const {
+template <LogLevel L> struct LogAt {
+  template <class... Args> void operator()(fmt::format_string<Args...> f, Args&&... args) const {
     log_line(L, fmt::format(f, std::forward<Args>(args)...));
   }
 };

@@ -57,20 +57,23 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", state_dir, "state directory (default /var/lib/tierd)");
   app.add_option("--ram", ram, "RAM tier size: 64G, 1.5T or 80% of MemTotal");
   app.add_option("--nvme-dir", ov.nvme_dirs, "an NVMe tier directory (repeatable)");
-  app.add_flag("--foreground", foreground, "stay in the foreground (tierd never forks; accepted for unit files)");
+  app.add_flag("--foreground", foreground,
+               "stay in the foreground (tierd never forks; accepted for unit files)");
   app.add_flag("--check-config", check_config, "validate the configuration and exit");
-  auto* xml_opt = app.add_option("--topology-xml", topo_xml, "use an hwloc XML topology instead of this machine's");
-  auto* synth_opt = app.add_option("--topology-synthetic", topo_synth, "use an hwloc synthetic topology, e.g. \"pack:2 numa:1 core:4 pu:1\"");
+  auto* xml_opt =
+      app.add_option("--topology-xml", topo_xml, "use an hwloc XML topology instead of this machine's");
+  auto* synth_opt = app.add_option("--topology-synthetic", topo_synth,
+                                   "use an hwloc synthetic topology, e.g. \"pack:2 numa:1 core:4 pu:1\"");
   app.add_option("--hugepages", hugepages, "huge pages for arenas: none, 2M or 1G");
   app.add_option("--pool-quota", pool_quota, "default RAM quota of a pool: a size or % of the RAM tier");
-  app.add_flag("--remove-arenas-on-exit", remove_on_exit, "unlink this daemon's arenas on a clean exit (tests)");
-  app.add_flag("--cleanup-arenas", cleanup, "unlink every arena of this state dir and exit (tierd must not be running)");
+  app.add_flag("--remove-arenas-on-exit", remove_on_exit,
+               "unlink this daemon's arenas on a clean exit (tests)");
+  app.add_flag("--cleanup-arenas", cleanup,
+               "unlink every arena of this state dir and exit (tierd must not be running)");
   xml_opt->excludes(synth_opt);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
     return usage_error(e.what());
   }
   (void)foreground;
@@ -114,11 +117,13 @@ int main(int argc, char** argv) {
     // Topology is part of the configuration: load it too.
     auto topo = make_topology_source(cfg.topology)->load();
     if (!topo) return usage_error(topo.error().message());
-    if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs) return usage_error(hs.message());
-    std::printf("configuration ok: socket %s, state dir %s, RAM tier %s over %zu NUMA nodes, "
-                "%zu NVMe dirs\n",
-                resolve_socket(cfg).c_str(), cfg.state_dir.c_str(), format_size(sizes->ram).c_str(),
-                topo->nodes.size(), cfg.nvme.size());
+    if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs)
+      return usage_error(hs.message());
+    std::printf(
+        "configuration ok: socket %s, state dir %s, RAM tier %s over %zu NUMA nodes, "
+        "%zu NVMe dirs\n",
+        resolve_socket(cfg).c_str(), cfg.state_dir.c_str(), format_size(sizes->ram).c_str(),
+        topo->nodes.size(), cfg.nvme.size());
     return 0;
   }
   std::string sock = resolve_socket(cfg);

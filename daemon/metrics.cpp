@@ -44,9 +44,13 @@ std::string render_metrics(const MetricsInput& in) {
   o.one("tierd_pools", "gauge", "Pools.", st.pools);
   o.one("tierd_leases", "gauge", "Leases held.", st.leases);
   o.one("tierd_requests_total", "counter", "Control requests served.", st.requests);
-  o.one("tierd_errors_total", "counter", "Requests answered with an error (leases that waited until their deadline count in tierd_lease_timeouts_total instead).", st.errors);
+  o.one("tierd_errors_total", "counter",
+        "Requests answered with an error (leases that waited until their deadline count in "
+        "tierd_lease_timeouts_total instead).",
+        st.errors);
   o.one("tierd_leases_granted_total", "counter", "Tensor leases granted.", in.leases_granted);
-  o.one("tierd_lease_waits_total", "counter", "Lease requests that waited for a conflicting lease.", in.lease_waits);
+  o.one("tierd_lease_waits_total", "counter", "Lease requests that waited for a conflicting lease.",
+        in.lease_waits);
   o.one("tierd_lease_timeouts_total", "counter", "Lease waits that timed out.", in.lease_timeouts);
   o.one("tierd_hits_total", "counter", "Leased tensors found in RAM.", st.hits);
   o.one("tierd_misses_total", "counter", "Leased tensors that had to be read from NVMe.", st.misses);
@@ -58,12 +62,17 @@ std::string render_metrics(const MetricsInput& in) {
 
   auto per_node = [&](const char* name, const char* help, auto get) {
     o.family(name, "gauge", help);
-    for (const auto& n : st.ram) o.s += fmt::format("{}{{tier=\"ram\",node=\"{}\"}} {}\n", name, n.node, get(n));
+    for (const auto& n : st.ram)
+      o.s += fmt::format("{}{{tier=\"ram\",node=\"{}\"}} {}\n", name, n.node, get(n));
   };
-  per_node("tierd_ram_capacity_bytes", "RAM tier capacity per NUMA node.", [](const wire::NodeTierW& n) { return n.capacity; });
-  per_node("tierd_ram_used_bytes", "RAM tier bytes allocated per NUMA node.", [](const wire::NodeTierW& n) { return n.used; });
-  per_node("tierd_ram_dirty_bytes", "RAM tier bytes not yet written to NVMe per NUMA node.", [](const wire::NodeTierW& n) { return n.dirty; });
-  per_node("tierd_ram_tensors", "Tensors in RAM per NUMA node.", [](const wire::NodeTierW& n) { return n.tensors; });
+  per_node("tierd_ram_capacity_bytes", "RAM tier capacity per NUMA node.",
+           [](const wire::NodeTierW& n) { return n.capacity; });
+  per_node("tierd_ram_used_bytes", "RAM tier bytes allocated per NUMA node.",
+           [](const wire::NodeTierW& n) { return n.used; });
+  per_node("tierd_ram_dirty_bytes", "RAM tier bytes not yet written to NVMe per NUMA node.",
+           [](const wire::NodeTierW& n) { return n.dirty; });
+  per_node("tierd_ram_tensors", "Tensors in RAM per NUMA node.",
+           [](const wire::NodeTierW& n) { return n.tensors; });
 
   auto per_dir = [&](const char* name, const char* help, auto get) {
     o.family(name, "gauge", help);
@@ -71,19 +80,27 @@ std::string render_metrics(const MetricsInput& in) {
       o.s += fmt::format("{}{{tier=\"nvme\",path=\"{}\",node=\"{}\",backend=\"{}\"}} {}\n", name, esc(d.path),
                          node_label(d.numa_node), esc(d.backend), get(d));
   };
-  per_dir("tierd_nvme_capacity_bytes", "NVMe tier capacity per directory.", [](const wire::NvmeTierW& d) { return d.capacity; });
-  per_dir("tierd_nvme_used_bytes", "NVMe tier bytes used per directory.", [](const wire::NvmeTierW& d) { return d.used; });
+  per_dir("tierd_nvme_capacity_bytes", "NVMe tier capacity per directory.",
+          [](const wire::NvmeTierW& d) { return d.capacity; });
+  per_dir("tierd_nvme_used_bytes", "NVMe tier bytes used per directory.",
+          [](const wire::NvmeTierW& d) { return d.used; });
 
   if (!in.nvme_io.empty()) {
     auto per_io = [&](const char* name, const char* type, const char* help, auto get) {
       o.family(name, type, help);
-      for (const auto& d : in.nvme_io) o.s += fmt::format("{}{{tier=\"nvme\",path=\"{}\"}} {}\n", name, esc(d.path), get(d));
+      for (const auto& d : in.nvme_io)
+        o.s += fmt::format("{}{{tier=\"nvme\",path=\"{}\"}} {}\n", name, esc(d.path), get(d));
     };
     using Io = MetricsInput::NvmeIo;
-    per_io("tierd_nvme_io_in_flight", "gauge", "NVMe requests in flight now per directory.", [](const Io& d) { return d.in_flight; });
-    per_io("tierd_nvme_io_queue_depth", "gauge", "NVMe queue depth per directory (the most requests in flight).", [](const Io& d) { return d.queue_depth; });
-    per_io("tierd_nvme_dir_read_bytes_total", "counter", "Device bytes read per NVMe directory.", [](const Io& d) { return d.bytes_read; });
-    per_io("tierd_nvme_dir_written_bytes_total", "counter", "Device bytes written per NVMe directory.", [](const Io& d) { return d.bytes_written; });
+    per_io("tierd_nvme_io_in_flight", "gauge", "NVMe requests in flight now per directory.",
+           [](const Io& d) { return d.in_flight; });
+    per_io("tierd_nvme_io_queue_depth", "gauge",
+           "NVMe queue depth per directory (the most requests in flight).",
+           [](const Io& d) { return d.queue_depth; });
+    per_io("tierd_nvme_dir_read_bytes_total", "counter", "Device bytes read per NVMe directory.",
+           [](const Io& d) { return d.bytes_read; });
+    per_io("tierd_nvme_dir_written_bytes_total", "counter", "Device bytes written per NVMe directory.",
+           [](const Io& d) { return d.bytes_written; });
   }
 
   if (const LatencyHistogram* h = in.lease_latency) {
@@ -110,11 +127,15 @@ std::string render_metrics(const MetricsInput& in) {
         o.s += fmt::format("{}{{pool=\"{}\",uid=\"{}\"}} {}\n", name, esc(p->name), p->owner_uid, get(*p));
     };
     per_pool("tierd_pool_ram_quota_bytes", "RAM quota per pool.", [](const Pool& p) { return p.ram_quota; });
-    per_pool("tierd_pool_ram_used_bytes", "RAM allocated per pool.", [](const Pool& p) { return p.ram_used; });
-    per_pool("tierd_pool_nvme_quota_bytes", "NVMe quota per pool (effective: the default where none was set).",
+    per_pool("tierd_pool_ram_used_bytes", "RAM allocated per pool.",
+             [](const Pool& p) { return p.ram_used; });
+    per_pool("tierd_pool_nvme_quota_bytes",
+             "NVMe quota per pool (effective: the default where none was set).",
              [&](const Pool& p) { return in.nvme_quota ? in.nvme_quota(p) : p.nvme_quota; });
-    per_pool("tierd_pool_nvme_used_bytes", "NVMe bytes used per pool.", [](const Pool& p) { return p.nvme_used; });
-    per_pool("tierd_pool_tensors", "Tensors per pool.", [](const Pool& p) { return static_cast<uint64_t>(p.tensors.size()); });
+    per_pool("tierd_pool_nvme_used_bytes", "NVMe bytes used per pool.",
+             [](const Pool& p) { return p.nvme_used; });
+    per_pool("tierd_pool_tensors", "Tensors per pool.",
+             [](const Pool& p) { return static_cast<uint64_t>(p.tensors.size()); });
     per_pool("tierd_pool_leases", "Leases held per pool.", [](const Pool& p) { return p.leases; });
     if (in.arena_repairs)
       per_pool("tierd_pool_arena_repairs",

@@ -22,7 +22,7 @@ namespace tier::daemon {
 // Cumulative histogram with fixed upper bounds in microseconds (and +Inf).
 class LatencyHistogram {
  public:
-  static constexpr std::array<double, 13> kBoundsUs = {5,    10,   25,    50,    100,   250,   500,
+  static constexpr std::array<double, 13> kBoundsUs = {5,    10,   25,   50,    100,   250,   500,
                                                        1000, 2500, 5000, 10000, 25000, 100000};
   void observe(uint64_t ns) noexcept {
     double us = static_cast<double>(ns) / 1e3;
@@ -47,7 +47,10 @@ struct MetricsInput {
   const LatencyHistogram* lease_latency = nullptr;
   Catalog* catalog = nullptr;  // per-pool figures; null: none
   // NVMe I/O per directory (from the NVMe engine; empty without an NVMe tier).
-  struct NvmeIo { std::string path; uint64_t in_flight = 0, queue_depth = 0, bytes_read = 0, bytes_written = 0; };
+  struct NvmeIo {
+    std::string path;
+    uint64_t in_flight = 0, queue_depth = 0, bytes_read = 0, bytes_written = 0;
+  };
   std::vector<NvmeIo> nvme_io;
   // Per pool: faults in its arenas the SIGBUS guard repaired; empty: not reported.
   std::function<uint64_t(const Pool&)> arena_repairs;
@@ -61,7 +64,6 @@ struct MetricsInput {
 
 // Page `page` of `text`: pieces of at most `max_bytes`, cut after a newline (a line longer than
 // that is cut where the page ends). Sets `more` when pages follow.
-[[nodiscard]] std::string metrics_page(const std::string& text, uint32_t page, size_t max_bytes,
-                                       bool& more);
+[[nodiscard]] std::string metrics_page(const std::string& text, uint32_t page, size_t max_bytes, bool& more);
 
 }  // namespace tier::daemon

@@ -23,7 +23,8 @@ Status bind_failure(const ListenAddr& a) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
   if (int g = ::getaddrinfo(a.host.c_str(), std::to_string(a.port).c_str(), &hints, &res); g != 0)
-    return Status(Code::kInvalidArgument, "metrics_listen: cannot resolve " + a.host + ": " + ::gai_strerror(g));
+    return Status(Code::kInvalidArgument,
+                  "metrics_listen: cannot resolve " + a.host + ": " + ::gai_strerror(g));
   int err = 0;
   int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
   if (fd < 0) err = errno;
@@ -50,7 +51,8 @@ Result<ListenAddr> parse_metrics_listen(const std::string& s) {
     return fail(Code::kInvalidArgument, "metrics_listen '" + s + "' is not HOST:PORT");
   ListenAddr a;
   a.host = s.substr(0, colon);
-  if (a.host.size() > 2 && a.host.front() == '[' && a.host.back() == ']') a.host = a.host.substr(1, a.host.size() - 2);
+  if (a.host.size() > 2 && a.host.front() == '[' && a.host.back() == ']')
+    a.host = a.host.substr(1, a.host.size() - 2);
   std::string_view ps(s);
   ps.remove_prefix(colon + 1);
   auto [p, ec] = std::from_chars(ps.data(), ps.data() + ps.size(), a.port);
@@ -58,9 +60,10 @@ Result<ListenAddr> parse_metrics_listen(const std::string& s) {
     return fail(Code::kInvalidArgument, "metrics_listen '" + s + "': bad port");
   bool loopback = a.host == "localhost" || a.host == "::1" || a.host.rfind("127.", 0) == 0;
   if (!loopback)
-    return fail(Code::kInvalidArgument, "metrics_listen '" + s +
-                                            "': only loopback addresses (127.0.0.0/8, ::1, localhost) are served; "
-                                            "put a proxy in front to expose metrics further");
+    return fail(Code::kInvalidArgument,
+                "metrics_listen '" + s +
+                    "': only loopback addresses (127.0.0.0/8, ::1, localhost) are served; "
+                    "put a proxy in front to expose metrics further");
   return a;
 }
 

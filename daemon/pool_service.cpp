@@ -28,10 +28,10 @@ Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& r
     uint64_t left = u.nvme_quota >= uq ? 0 : uq - u.nvme_quota;
     if (nvme_quota == 0) nvme_quota = left;
     if (nvme_quota == 0 || nvme_quota > left)
-      return fail(Code::kResourceExhausted,
-                  "uid " + std::to_string(owner) + " has reserved " + format_size(u.nvme_quota) +
-                      " of its NVMe quota of " + format_size(uq) + " (uid_nvme_quota); " + format_size(left) +
-                      " left");
+      return fail(Code::kResourceExhausted, "uid " + std::to_string(owner) + " has reserved " +
+                                                format_size(u.nvme_quota) + " of its NVMe quota of " +
+                                                format_size(uq) + " (uid_nvme_quota); " + format_size(left) +
+                                                " left");
   }
   auto p = state_.catalog.create_pool(req.name, owner, quota, nvme_quota);
   if (!p) return fail(p.error());
@@ -71,12 +71,13 @@ Result<Tensor*> PoolService::create_tensor(Pool& p, wire::TensorCreateReq& req, 
   if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
     UidUsage u = uid_usage(state_.catalog, p.owner_uid);
     if (req.size > uq - std::min(uq, u.ram_used))
-      return fail(Code::kResourceExhausted,
-                  "uid " + std::to_string(p.owner_uid) + " uses " + format_size(u.ram_used) +
-                      " of its RAM quota of " + format_size(uq) + " (uid_ram_quota); " + format_size(req.size) +
-                      " more do not fit");
+      return fail(Code::kResourceExhausted, "uid " + std::to_string(p.owner_uid) + " uses " +
+                                                format_size(u.ram_used) + " of its RAM quota of " +
+                                                format_size(uq) + " (uid_ram_quota); " +
+                                                format_size(req.size) + " more do not fit");
   }
-  auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size) : state_.ram->allocate(p, *node, req.size);
+  auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
+                            : state_.ram->allocate(p, *node, req.size);
   // With an NVMe tier, room that only write-backs in flight can free is not waited for on the
   // event loop: the tensor starts in no tier (it reads as zeros, as a new tensor does) and gets
   // RAM at its first lease, which is deferred like any lease that needs room.

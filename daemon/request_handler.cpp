@@ -31,7 +31,6 @@ RequestHandler::~RequestHandler() {
   for (auto& [id, fd] : ro_fds_) ::close(fd);
 }
 
-
 void RequestHandler::session_opened(Session& s) { leases_.session_opened(s); }
 
 void RequestHandler::session_closed(Session& s) {
@@ -42,8 +41,7 @@ void RequestHandler::session_closed(Session& s) {
 
 // --- replies ---
 
-void RequestHandler::reply_err_raw(uint16_t type, uint32_t request_id, const Status& st,
-                                   Reply& out) {
+void RequestHandler::reply_err_raw(uint16_t type, uint32_t request_id, const Status& st, Reply& out) {
   state_.counters.errors++;
   log_debug("request {} (type {}) answered {}", request_id, type, st.to_string());
   Status enc = encode_reply(type, request_id, st, Empty{}, out.bytes);
@@ -78,7 +76,8 @@ Result<Pool*> RequestHandler::pool_named(const std::string& name) {
 Result<Pool*> RequestHandler::pool_for(const Session& s, const std::string& name, PoolAccess a) {
   auto p = pool_named(name);
   if (!p) return p;
-  if (Status st = a == PoolAccess::kUse ? may_use(s, **p) : may_inspect(s, **p); !st) return fail(std::move(st));
+  if (Status st = a == PoolAccess::kUse ? may_use(s, **p) : may_inspect(s, **p); !st)
+    return fail(std::move(st));
   return p;
 }
 
@@ -146,24 +145,26 @@ void RequestHandler::handle(Session& s, std::span<const std::byte> datagram, Rep
   (this->*kHandlers[h.type])(s, h, payload, out);
 }
 
-void RequestHandler::on_hello(Session& s, const Header& h, std::span<const std::byte> payload,
-                              Reply& out) {
+void RequestHandler::on_hello(Session& s, const Header& h, std::span<const std::byte> payload, Reply& out) {
   TIER_DECODE(HelloReq, req);
   if (req.version != kVersion) {
-    reply_err(h, Status(Code::kProtocol, "protocol version " + std::to_string(req.version) +
-                                             " is not supported (tierd speaks " +
-                                             std::to_string(kVersion) + ")"),
-              out);
+    reply_err(
+        h,
+        Status(Code::kProtocol, "protocol version " + std::to_string(req.version) +
+                                    " is not supported (tierd speaks " + std::to_string(kVersion) + ")"),
+        out);
     out.close = true;
     return;
   }
   if (!s.counted) {
     if (!uids_.add_connection(s.uid, state_.config.max_connections_per_uid)) {
-      reply_err(h, Status(Code::kResourceExhausted,
-                          "uid " + std::to_string(s.uid) + " has " + std::to_string(uids_.connections(s.uid)) +
-                              " connections to tierd; the limit is " +
-                              std::to_string(state_.config.max_connections_per_uid) + " (max_connections_per_uid)"),
-                out);
+      reply_err(
+          h,
+          Status(Code::kResourceExhausted,
+                 "uid " + std::to_string(s.uid) + " has " + std::to_string(uids_.connections(s.uid)) +
+                     " connections to tierd; the limit is " +
+                     std::to_string(state_.config.max_connections_per_uid) + " (max_connections_per_uid)"),
+          out);
       out.close = true;
       return;
     }

@@ -39,7 +39,12 @@ struct Reply {
   int fd = -1;                   // an fd to pass with it (borrowed: the arena keeps it open)
   bool close = false;            // close the connection after sending
   bool deferred = false;         // a lease wait: the reply comes through the DeferredSink
-  void reset() { bytes.clear(); fd = -1; close = false; deferred = false; }
+  void reset() {
+    bytes.clear();
+    fd = -1;
+    close = false;
+    deferred = false;
+  }
 };
 
 class RequestHandler {
@@ -82,8 +87,7 @@ class RequestHandler {
   [[nodiscard]] std::string status_line() const;
 
  private:
-  using Handler = void (RequestHandler::*)(Session&, const wire::Header&,
-                                           std::span<const std::byte>, Reply&);
+  using Handler = void (RequestHandler::*)(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_hello(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_pool_create(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
   void on_pool_open(Session&, const wire::Header&, std::span<const std::byte>, Reply&);
@@ -123,8 +127,7 @@ class RequestHandler {
   [[nodiscard]] Status resolve_in_pool(const Pool& pool, std::span<const uint64_t> ids);
   [[nodiscard]] std::string tier_metrics_text() const;
 
-  template <class T>
-  void reply_ok(const wire::Header& h, const T& body, Reply& out);
+  template <class T> void reply_ok(const wire::Header& h, const T& body, Reply& out);
   void reply_err(const wire::Header& h, const Status& st, Reply& out);
   void reply_err_raw(uint16_t type, uint32_t request_id, const Status& st, Reply& out);
 
@@ -151,14 +154,13 @@ class RequestHandler {
   // steady state.
   wire::LeaseReq lease_req_;
   wire::ReleaseReq release_req_;
-  wire::LeaseRep lease_rep_;  // LeaseReclaim's reply
+  wire::LeaseRep lease_rep_;              // LeaseReclaim's reply
   std::vector<Tensor*> scratch_tensors_;  // Prefetch, Evict, Discard
   UidTable uids_;
   std::map<uint64_t, int> ro_fds_;  // arena id -> owned O_RDONLY fd
 };
 
-template <class T>
-void RequestHandler::reply_ok(const wire::Header& h, const T& body, Reply& out) {
+template <class T> void RequestHandler::reply_ok(const wire::Header& h, const T& body, Reply& out) {
   Status st = wire::encode_reply(h.type, h.request_id, Status::ok(), body, out.bytes);
   if (!st) reply_err(h, st, out);
 }

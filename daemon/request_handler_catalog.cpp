@@ -19,12 +19,13 @@ constexpr size_t kListBudget = kMaxMessageBytes - 1024;
 
 }  // namespace
 
-void RequestHandler::on_pool_create(Session& s, const Header& h,
-                                    std::span<const std::byte> payload, Reply& out) {
+void RequestHandler::on_pool_create(Session& s, const Header& h, std::span<const std::byte> payload,
+                                    Reply& out) {
   TIER_DECODE(PoolCreateReq, req);
   if (Status st = validate_pool_name(req.name); !st) return reply_err(h, st, out);
   if (Pool* p = state_.catalog.find_pool(req.name)) {
-    if (!req.exist_ok) return reply_err(h, Status(Code::kAlreadyExists, "pool '" + req.name + "' exists"), out);
+    if (!req.exist_ok)
+      return reply_err(h, Status(Code::kAlreadyExists, "pool '" + req.name + "' exists"), out);
     if (Status st = may_use(s, *p); !st) return reply_err(h, st, out);
     return reply_ok(h, to_wire(effective_info(state_, *p)), out);
   }
@@ -66,17 +67,17 @@ void RequestHandler::on_pool_drop(Session& s, const Header& h, std::span<const s
   Pool& p = **pr;
   if (s.uid != p.owner_uid && !is_admin(s)) return reply_err(h, may_use(s, p), out);
   if (p.leases > 0)
-    return reply_err(h, Status(Code::kBusy, "pool '" + p.name + "' has " + std::to_string(p.leases) +
-                                                " leases held"),
-                     out);
+    return reply_err(
+        h, Status(Code::kBusy, "pool '" + p.name + "' has " + std::to_string(p.leases) + " leases held"),
+        out);
   close_read_only_fds(p.id);
   pools_.drop_pool(p, s.uid);
   reply_ok(h, Empty{}, out);
   retry_waiters();  // waiters on its tensors now get kNotFound
 }
 
-void RequestHandler::on_tensor_create(Session& s, const Header& h,
-                                      std::span<const std::byte> payload, Reply& out) {
+void RequestHandler::on_tensor_create(Session& s, const Header& h, std::span<const std::byte> payload,
+                                      Reply& out) {
   TIER_DECODE_IN_POOL(TensorCreateReq, req, p, kUse);
   if (Status st = validate_tensor_name(req.name); !st) return reply_err(h, st, out);
   if (req.size == 0) return reply_err(h, Status(Code::kInvalidArgument, "tensor size must be > 0"), out);
@@ -89,9 +90,10 @@ void RequestHandler::on_tensor_create(Session& s, const Header& h,
     return reply_err(h, Status(Code::kInvalidArgument, "unknown placement kind"), out);
   if (Tensor* t = state_.catalog.find_tensor(p, req.name)) {
     if (!req.exist_ok || t->size != req.size)
-      return reply_err(h, Status(Code::kAlreadyExists,
-                                 "tensor '" + req.name + "' exists in pool '" + p.name + "'" +
-                                     (t->size != req.size ? " with size " + std::to_string(t->size) : "")),
+      return reply_err(h,
+                       Status(Code::kAlreadyExists,
+                              "tensor '" + req.name + "' exists in pool '" + p.name + "'" +
+                                  (t->size != req.size ? " with size " + std::to_string(t->size) : "")),
                        out);
     return reply_ok(h, to_wire(tensor_info(*t)), out);
   }
@@ -105,7 +107,8 @@ void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const
   TIER_DECODE_IN_POOL(TensorRefReq, req, p, kInspect);
   Tensor* t = state_.catalog.find_tensor(p, req.name);
   if (!t)
-    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
+    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"),
+                     out);
   reply_ok(h, to_wire(tensor_info(*t)), out);
 }
 
@@ -128,12 +131,13 @@ void RequestHandler::on_tensor_list(Session& s, const Header& h, std::span<const
   reply_ok(h, rep, out);
 }
 
-void RequestHandler::on_tensor_delete(Session& s, const Header& h,
-                                      std::span<const std::byte> payload, Reply& out) {
+void RequestHandler::on_tensor_delete(Session& s, const Header& h, std::span<const std::byte> payload,
+                                      Reply& out) {
   TIER_DECODE_IN_POOL(TensorRefReq, req, p, kUse);
   Tensor* t = state_.catalog.find_tensor(p, req.name);
   if (!t)
-    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"), out);
+    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"),
+                     out);
   if (t->readers > 0 || t->writer)
     return reply_err(h, Status(Code::kBusy, "tensor '" + req.name + "' is leased"), out);
   erase_tensor(p, *t);

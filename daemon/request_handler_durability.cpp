@@ -66,7 +66,8 @@ void RequestHandler::on_snapshot_restore(Session& s, const Header& h, std::span<
   if (!pr) return reply_err(h, pr.error(), out);
   Durability::RestoreHooks hooks;
   hooks.place = [this](Pool& p, Tensor& t) -> Result<std::byte*> {
-    Result<std::byte*> dst = fail(Code::kInternal, "tensor '" + t.name + "' is in no tier and there is no NVMe tier");
+    Result<std::byte*> dst =
+        fail(Code::kInternal, "tensor '" + t.name + "' is in no tier and there is no NVMe tier");
     if (state_.tiering) {
       dst = state_.tiering->place_for_restore(p, t);
     } else if (t.ram) {

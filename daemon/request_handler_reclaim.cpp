@@ -19,9 +19,10 @@ void RequestHandler::on_lease_reclaim(Session& s, const Header& h, std::span<con
                                       Reply& out) {
   TIER_DECODE(LeaseReclaimReq, req);
   if (s.leases.count + 1 > state_.config.max_leases_per_client)
-    return reply_err(h, Status(Code::kResourceExhausted,
-                               "this client holds " + std::to_string(s.leases.count) +
-                                   " leases; the limit is " + std::to_string(state_.config.max_leases_per_client)),
+    return reply_err(h,
+                     Status(Code::kResourceExhausted,
+                            "this client holds " + std::to_string(s.leases.count) + " leases; the limit is " +
+                                std::to_string(state_.config.max_leases_per_client)),
                      out);
   const LeaseHolder who = leases_.holder_of(s);
   auto id = state_.reclaims.reclaim(state_, s.leases, who, req.tensor_id, req.lease_id);

@@ -11,7 +11,6 @@ namespace tier::daemon {
 
 using namespace tier::wire;
 
-
 StatusRep RequestHandler::status() const {
   StatusRep r;
   r.daemon_version = kDaemonVersion;
@@ -19,11 +18,13 @@ StatusRep RequestHandler::status() const {
   r.clients = state_.clients;
   r.pools = static_cast<uint32_t>(state_.catalog.pool_count());
   r.leases = state_.leases.live();
-  for (const auto& n : state_.ram->nodes()) r.ram.push_back(NodeTierW{n.node, n.capacity, n.used, 0, n.tensors});
+  for (const auto& n : state_.ram->nodes())
+    r.ram.push_back(NodeTierW{n.node, n.capacity, n.used, 0, n.tensors});
   copy_counters(r, state_.counters);
   if (state_.tiering) {
     const NvmeTier::Figures f = state_.tiering->figures();
-    for (const auto& d : f.dirs) r.nvme.push_back(NvmeTierW{d.path, d.numa_node, d.backend, d.capacity, d.used});
+    for (const auto& d : f.dirs)
+      r.nvme.push_back(NvmeTierW{d.path, d.numa_node, d.backend, d.capacity, d.used});
     for (auto& n : r.ram) n.dirty = f.dirty_by_node.contains(n.node) ? f.dirty_by_node.at(n.node) : 0;
     r.bytes_read = f.bytes_read;
     r.bytes_written = f.bytes_written;
@@ -62,27 +63,24 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
 }
 
 std::string RequestHandler::status_line() const {
-  return fmt::format("RAM {} of {} used, {} pools, {} clients, {} leases",
-                     format_size(state_.ram->used()), format_size(state_.ram->capacity()),
-                     state_.catalog.pool_count(), state_.clients, state_.leases.live());
+  return fmt::format("RAM {} of {} used, {} pools, {} clients, {} leases", format_size(state_.ram->used()),
+                     format_size(state_.ram->capacity()), state_.catalog.pool_count(), state_.clients,
+                     state_.leases.live());
 }
 
-void RequestHandler::on_status(Session&, const Header& h, std::span<const std::byte> payload,
-                               Reply& out) {
+void RequestHandler::on_status(Session&, const Header& h, std::span<const std::byte> payload, Reply& out) {
   TIER_DECODE(Empty, req);
   (void)req;
   reply_ok(h, status(), out);
 }
 
-void RequestHandler::on_topo(Session&, const Header& h, std::span<const std::byte> payload,
-                             Reply& out) {
+void RequestHandler::on_topo(Session&, const Header& h, std::span<const std::byte> payload, Reply& out) {
   TIER_DECODE(Empty, req);
   (void)req;
   reply_ok(h, topo(), out);
 }
 
-void RequestHandler::on_metrics(Session& s, const Header& h, std::span<const std::byte> payload,
-                                Reply& out) {
+void RequestHandler::on_metrics(Session& s, const Header& h, std::span<const std::byte> payload, Reply& out) {
   // Pages of at most kMaxStringBytes, cut at line ends; an empty payload asks for page 0.
   MetricsReq req;
   if (!payload.empty()) {
@@ -95,8 +93,7 @@ void RequestHandler::on_metrics(Session& s, const Header& h, std::span<const std
   reply_ok(h, rep, out);
 }
 
-void RequestHandler::on_nvme_only(Session&, const Header& h, std::span<const std::byte>,
-                                  Reply& out) {
+void RequestHandler::on_nvme_only(Session&, const Header& h, std::span<const std::byte>, Reply& out) {
   reply_err(h, Status(Code::kUnsupported, "the NVMe tier is not configured"), out);
 }
 

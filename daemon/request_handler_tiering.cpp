@@ -26,7 +26,8 @@ Status RequestHandler::resolve_in_pool(const Pool& pool, std::span<const uint64_
   for (uint64_t id : ids) {
     Tensor* t = state_.catalog.find_tensor(id);
     if (!t || t->pool_id != pool.id)
-      return Status(Code::kNotFound, "no tensor with id " + std::to_string(id) + " in pool '" + pool.name + "'");
+      return Status(Code::kNotFound,
+                    "no tensor with id " + std::to_string(id) + " in pool '" + pool.name + "'");
     scratch_tensors_.push_back(t);
   }
   return Status::ok();
@@ -41,8 +42,7 @@ void RequestHandler::on_prefetch(Session& s, const Header& h, std::span<const st
   reply_empty(h, out);
 }
 
-void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::byte> payload,
-                              Reply& out) {
+void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::byte> payload, Reply& out) {
   if (!state_.tiering) return on_nvme_only(s, h, payload, out);
   TIER_DECODE_IN_POOL(TensorIdsReq, req, p, kUse);
   bool whole_pool = req.tensor_ids.empty();
@@ -59,14 +59,14 @@ void RequestHandler::on_evict(Session& s, const Header& h, std::span<const std::
   // Named tensors that are leased are an error the caller should see; a whole-pool eviction
   // skips them (and says so in the log).
   if (skipped > 0 && !whole_pool)
-    return reply_err(h, Status(Code::kBusy, std::to_string(skipped) + " of the tensors are leased and stay in RAM"), out);
+    return reply_err(
+        h, Status(Code::kBusy, std::to_string(skipped) + " of the tensors are leased and stay in RAM"), out);
   if (skipped > 0) log_info("evict pool '{}': {} leased tensors stay in RAM", p.name, skipped);
   reply_empty(h, out);
   retry_waiters();  // write-backs may have completed fetches of waiting leases meanwhile
 }
 
-void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std::byte> payload,
-                                Reply& out) {
+void RequestHandler::on_discard(Session& s, const Header& h, std::span<const std::byte> payload, Reply& out) {
   TIER_DECODE_IN_POOL(TensorIdsReq, req, p, kUse);
   if (req.tensor_ids.empty())
     return reply_err(h, Status(Code::kInvalidArgument, "discard names no tensors"), out);
@@ -84,22 +84,25 @@ void RequestHandler::on_plan_set(Session& s, const Header& h, std::span<const st
   for (uint64_t id : req.tensor_ids) {
     Tensor* t = state_.catalog.find_tensor(id);
     if (!t || t->pool_id != p.id)
-      return reply_err(h, Status(Code::kNotFound, "plan names tensor id " + std::to_string(id) +
-                                                      ", which is not in pool '" + p.name + "'"),
+      return reply_err(h,
+                       Status(Code::kNotFound, "plan names tensor id " + std::to_string(id) +
+                                                   ", which is not in pool '" + p.name + "'"),
                        out);
   }
   if (req.tensor_ids.size() > state_.config.max_plan_uses)
-    return reply_err(h, Status(Code::kResourceExhausted,
-                               "plan of " + std::to_string(req.tensor_ids.size()) + " uses; the limit is " +
-                                   std::to_string(state_.config.max_plan_uses) + " (max_plan_uses)"),
+    return reply_err(h,
+                     Status(Code::kResourceExhausted,
+                            "plan of " + std::to_string(req.tensor_ids.size()) + " uses; the limit is " +
+                                std::to_string(state_.config.max_plan_uses) + " (max_plan_uses)"),
                      out);
   if (!req.overwrite.empty() && req.overwrite.size() != req.tensor_ids.size())
-    return reply_err(h, Status(Code::kInvalidArgument,
-                               "plan has " + std::to_string(req.tensor_ids.size()) + " uses but " +
-                                   std::to_string(req.overwrite.size()) + " overwrite flags"),
-                     out);
-  if (Status st = state_.tiering->set_plan(s.id, p, std::move(req.tensor_ids), req.budget,
-                                           std::move(req.overwrite));
+    return reply_err(
+        h,
+        Status(Code::kInvalidArgument, "plan has " + std::to_string(req.tensor_ids.size()) + " uses but " +
+                                           std::to_string(req.overwrite.size()) + " overwrite flags"),
+        out);
+  if (Status st =
+          state_.tiering->set_plan(s.id, p, std::move(req.tensor_ids), req.budget, std::move(req.overwrite));
       !st)
     return reply_err(h, st, out);
   reply_empty(h, out);
@@ -112,19 +115,26 @@ std::string RequestHandler::tier_metrics_text() const {
   auto metric = [&](const char* name, const char* help, uint64_t v) {
     o += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
   };
-  o += fmt::format("# HELP tierd_stall_seconds_total Time lease requests waited for NVMe I/O.\n"
-                   "# TYPE tierd_stall_seconds_total counter\ntierd_stall_seconds_total {:.6f}\n",
-                   static_cast<double>(t.stall_us) / 1e6);
+  o += fmt::format(
+      "# HELP tierd_stall_seconds_total Time lease requests waited for NVMe I/O.\n"
+      "# TYPE tierd_stall_seconds_total counter\ntierd_stall_seconds_total {:.6f}\n",
+      static_cast<double>(t.stall_us) / 1e6);
   metric("tierd_writebacks_total", "Write-backs to NVMe completed.", t.writebacks);
   metric("tierd_fetches_total", "Fetches from NVMe completed.", t.fetches);
   metric("tierd_fetch_errors_total", "Fetches that failed (I/O error or checksum mismatch).", t.fetch_errors);
-  o += "# HELP tierd_nvme_registered_buffers 1 when the arenas are io_uring fixed buffers for this directory (prefault = true).\n"
+  o += "# HELP tierd_nvme_registered_buffers 1 when the arenas are io_uring fixed buffers for this directory "
+       "(prefault = true).\n"
        "# TYPE tierd_nvme_registered_buffers gauge\n";
   for (const auto& d : state_.tiering->engine().stats().dirs)
-    o += fmt::format("tierd_nvme_registered_buffers{{path=\"{}\"}} {}\n", label_escape(d.path), d.registered_buffers ? 1 : 0);
-  metric("tierd_cleaned_bytes_total", "Bytes written back ahead of need while the NVMe device was idle (ram_dirty_background).", t.cleaned_bytes);
-  metric("tierd_discarded_bytes_total", "RAM copies made clean by Discard requests (write-backs saved).", t.discarded_bytes);
-  metric("tierd_fetches_skipped_total", "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
+    o += fmt::format("tierd_nvme_registered_buffers{{path=\"{}\"}} {}\n", label_escape(d.path),
+                     d.registered_buffers ? 1 : 0);
+  metric("tierd_cleaned_bytes_total",
+         "Bytes written back ahead of need while the NVMe device was idle (ram_dirty_background).",
+         t.cleaned_bytes);
+  metric("tierd_discarded_bytes_total", "RAM copies made clean by Discard requests (write-backs saved).",
+         t.discarded_bytes);
+  metric("tierd_fetches_skipped_total",
+         "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
   metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);
   nvme::EngineStats es = state_.tiering->engine().stats();
   metric("tierd_nvme_checksum_failures_total", "Extents whose checksum did not match.", es.checksum_failures);

@@ -13,17 +13,17 @@ namespace tier::daemon {
 
 // Decodes the request body `payload` into `var` of type T, or replies with the decode error
 // (kProtocol) and returns. For handlers of the form (Session&, const Header& h, payload, Reply& out).
-#define TIER_DECODE(T, var)                                                       \
-  auto var##_r = wire::decode<T>(payload);                                       \
-  if (!var##_r) return reply_err(h, var##_r.error(), out);                       \
+#define TIER_DECODE(T, var)                                \
+  auto var##_r = wire::decode<T>(payload);                 \
+  if (!var##_r) return reply_err(h, var##_r.error(), out); \
   T& var = *var##_r
 
 // TIER_DECODE, then the pool the request's `pool` field names as `pool_var`, when the session
 // may use it (PoolAccess::kUse) or inspect it (kInspect); otherwise replies and returns.
-#define TIER_DECODE_IN_POOL(T, var, pool_var, access)                          \
-  TIER_DECODE(T, var);                                                         \
+#define TIER_DECODE_IN_POOL(T, var, pool_var, access)                            \
+  TIER_DECODE(T, var);                                                           \
   auto pool_var##_r = pool_for(s, var.pool, RequestHandler::PoolAccess::access); \
-  if (!pool_var##_r) return reply_err(h, pool_var##_r.error(), out);           \
+  if (!pool_var##_r) return reply_err(h, pool_var##_r.error(), out);             \
   Pool& pool_var = **pool_var##_r
 
 constexpr uint16_t kType(wire::MsgType t) { return static_cast<uint16_t>(t); }

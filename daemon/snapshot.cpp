@@ -59,8 +59,8 @@ bool Durability::snapshot_running(uint64_t pool_id) const {
   return false;
 }
 
-Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id,
-                                  uint16_t reply_type, uint64_t tag, uint32_t keep) {
+Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id, uint16_t reply_type,
+                                  uint64_t tag, uint32_t keep) {
   if (!failed_.is_ok()) return failed_;
   if (keep < 1 || keep > kMaxSnapshotsKept)
     return Status(Code::kInvalidArgument, "keep must be 1.." + std::to_string(kMaxSnapshotsKept) +
@@ -141,8 +141,10 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
     e.meta = tensor_record(*t);
   } else if (t->nvme) {
     if (!deps_.nvme) {  // journaled on NVMe, but no NVMe tier configured now: not zeros
-      log_error("pool '{}': snapshot {}: tensor '{}' left out: its bytes are on NVMe and this tierd has "
-                "no NVMe tier", job.pool.name, job.snapshot_id, t->name);
+      log_error(
+          "pool '{}': snapshot {}: tensor '{}' left out: its bytes are on NVMe and this tierd has "
+          "no NVMe tier",
+          job.pool.name, job.snapshot_id, t->name);
       e.state = Job::State::kLeftOut;
       return;
     }
@@ -158,8 +160,8 @@ void Durability::hand_out(Job& job, uint64_t id, bool urgent) {
 }
 
 void Durability::feed(Job& job) {
-  while (job.next < job.order.size() &&
-         (job.in_flight == 0 || (job.in_flight_bytes < kSnapshotWindow && job.in_flight < kSnapshotWindowTensors)))
+  while (job.next < job.order.size() && (job.in_flight == 0 || (job.in_flight_bytes < kSnapshotWindow &&
+                                                                job.in_flight < kSnapshotWindowTensors)))
     hand_out(job, job.order[job.next++], false);
 }
 
@@ -183,7 +185,8 @@ bool Durability::pinned(std::span<Tensor* const> tensors) const {
   for (const auto& job : jobs_)
     for (const Tensor* t : tensors)
       if (t->pool_id == job->pool_id)
-        if (auto it = job->entries.find(t->id); it != job->entries.end() && it->second.state == Job::State::kInFlight)
+        if (auto it = job->entries.find(t->id);
+            it != job->entries.end() && it->second.state == Job::State::kInFlight)
           return true;
   return false;
 }
@@ -222,7 +225,8 @@ Status Durability::poll(const Sink& sink, bool* released) {
         for (const auto& [id, e] : job.entries) {
           if (e.state != Job::State::kDone) continue;
           body.push_back(e.meta);
-          body.push_back(NvmeCopyWritten{id, job.snapshot_id, {Extent{job.dir, kDataName, e.offset, e.meta.size, e.checksum}}});
+          body.push_back(NvmeCopyWritten{
+              id, job.snapshot_id, {Extent{job.dir, kDataName, e.offset, e.meta.size, e.checksum}}});
         }
         job.finishing = true;
         job.writer->finish(ManifestBegin{job.pool_id, job.snapshot_id, now_unix_ms()}, std::move(body));
@@ -275,8 +279,8 @@ void Durability::complete(Job& job, const Sink& sink) {
       }
       log_info("pool '{}': snapshot {} durable ({}, loop time {} us)", job.pool.name, job.snapshot_id,
                format_size(job.bytes), job.stall_us);
-      (void)wire::encode_reply(job.reply_type, job.request_id, Status::ok(), wire::SnapshotRep{job.snapshot_id, job.bytes, job.stall_us},
-                               reply);
+      (void)wire::encode_reply(job.reply_type, job.request_id, Status::ok(),
+                               wire::SnapshotRep{job.snapshot_id, job.bytes, job.stall_us}, reply);
     }
   }
   if (!st) {
@@ -379,19 +383,23 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
   if (pit == image_.pools().end()) return fail(Code::kInternal, "pool '" + pool.name + "' is not journaled");
   for (const auto& [tid, ti] : pit->second.tensors)
     if (ti.write_lease)
-      return fail(Code::kBusy, "tensor '" + ti.meta.name + "' of pool '" + pool.name +
-                                   "' is write-leased (reserved for its holder since a restart); a restore needs no leases");
+      return fail(
+          Code::kBusy,
+          "tensor '" + ti.meta.name + "' of pool '" + pool.name +
+              "' is write-leased (reserved for its holder since a restart); a restore needs no leases");
   auto sit = pit->second.snapshots.find(snapshot_id);
   if (sit == pit->second.snapshots.end() || !sit->second.durable) {
     std::string have;
     for (const auto& [sid, s] : pit->second.snapshots)
       if (s.durable) have += (have.empty() ? "" : ", ") + std::to_string(sid);
-    return fail(Code::kNotFound, "pool '" + pool.name + "' has no durable snapshot " + std::to_string(snapshot_id) +
+    return fail(Code::kNotFound, "pool '" + pool.name + "' has no durable snapshot " +
+                                     std::to_string(snapshot_id) +
                                      " (it has: " + (have.empty() ? "none" : have) + ")");
   }
   const std::string dir = sit->second.path;
   auto m = read_manifest(dir + "/" + kManifestName);
-  if (!m) return fail(m.error().code(), "snapshot " + std::to_string(snapshot_id) + ": " + m.error().message());
+  if (!m)
+    return fail(m.error().code(), "snapshot " + std::to_string(snapshot_id) + ": " + m.error().message());
   std::map<uint64_t, Extent> where;  // tensor id -> its bytes in the data file
   for (const Record& r : m->body)
     if (const auto* w = std::get_if<NvmeCopyWritten>(&r); w && w->extents.size() == 1)
@@ -399,7 +407,10 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
   const std::string data = dir + "/" + kDataName;
   int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(Status::from_errno(errno, "open " + data));
-  struct CloseFd { int fd; ~CloseFd() { ::close(fd); } } close_fd{fd};
+  struct CloseFd {
+    int fd;
+    ~CloseFd() { ::close(fd); }
+  } close_fd{fd};
 
   // Check everything before changing anything: sizes, then every checksum.
   std::vector<Tensor*> keep, drop;
@@ -439,7 +450,8 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
                 snapshot_id, t->name, c.tensors, keep.size(), st.message());
       if (Status cs = commit(); !cs) return fail(std::move(cs));
       return fail(st.code(), "restore of snapshot " + std::to_string(snapshot_id) + " failed at tensor '" +
-                                 t->name + "' (the pool is partly restored; retry the restore): " + st.message());
+                                 t->name +
+                                 "' (the pool is partly restored; retry the restore): " + st.message());
     }
     c.tensors++;
     c.bytes += t->size;
@@ -454,8 +466,8 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
   }
   append(PoolRestored{pool.id, snapshot_id});
   if (Status st = commit(); !st) return fail(std::move(st));
-  log_info("pool '{}': restored snapshot {}: {} tensors ({}), {} deleted, {} newer snapshots dropped", pool.name,
-           snapshot_id, c.tensors, format_size(c.bytes), c.deleted, c.dropped_snapshots);
+  log_info("pool '{}': restored snapshot {}: {} tensors ({}), {} deleted, {} newer snapshots dropped",
+           pool.name, snapshot_id, c.tensors, format_size(c.bytes), c.deleted, c.dropped_snapshots);
   return c;
 }
 

@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 
 Status make_private_dir(const std::string& path) {
   std::string parent = fs::path(path).parent_path().string();
-  if (!parent.empty() && parent != path && !fs::exists(parent)) TIER_RETURN_IF_ERROR(make_private_dir(parent));
+  if (!parent.empty() && parent != path && !fs::exists(parent))
+    TIER_RETURN_IF_ERROR(make_private_dir(parent));
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return Status::from_errno(errno, "mkdir " + path);
   if (::chmod(path.c_str(), 0700) != 0) return Status::from_errno(errno, "chmod 0700 " + path);
   return Status::ok();
@@ -147,7 +148,8 @@ Status SnapshotWriter::open_data() {
   data_fd_ = ::open(data.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (data_fd_ < 0) return Status::from_errno(errno, "create " + data);
   // Tensors in no tier (and tensors deleted before they were copied) stay holes: zeros.
-  if (::ftruncate(data_fd_, static_cast<off_t>(data_bytes_)) != 0) return Status::from_errno(errno, "truncate " + data);
+  if (::ftruncate(data_fd_, static_cast<off_t>(data_bytes_)) != 0)
+    return Status::from_errno(errno, "truncate " + data);
   return Status::ok();
 }
 
@@ -224,9 +226,11 @@ Status SnapshotWriter::copy(Task& t, uint64_t& checksum) {
       done += got;
     }
     if (st && p.checksum && XXH3_64bits_digest(part) != *p.checksum)
-      st = Status(Code::kCorruption, "checksum mismatch in " + p.path + " at offset " + std::to_string(p.offset));
+      st = Status(Code::kCorruption,
+                  "checksum mismatch in " + p.path + " at offset " + std::to_string(p.offset));
     if (own) {
-      (void)::posix_fadvise(fd, static_cast<off_t>(p.offset), static_cast<off_t>(p.length), POSIX_FADV_DONTNEED);
+      (void)::posix_fadvise(fd, static_cast<off_t>(p.offset), static_cast<off_t>(p.length),
+                            POSIX_FADV_DONTNEED);
       ::close(fd);
     }
   }
@@ -242,7 +246,7 @@ Status SnapshotWriter::persist() {
   ::close(data_fd_);
   data_fd_ = -1;
   TIER_RETURN_IF_ERROR(journal::write_manifest(dir_ + "/manifest", begin_, body_));
-  TIER_RETURN_IF_ERROR(journal::fsync_dir_of(dir_));  // <pool>: its entry <id>
+  TIER_RETURN_IF_ERROR(journal::fsync_dir_of(dir_));                    // <pool>: its entry <id>
   return journal::fsync_dir_of(fs::path(dir_).parent_path().string());  // snapshots/: <pool>
 }
 

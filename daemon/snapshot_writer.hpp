@@ -55,7 +55,7 @@ class SnapshotWriter {
   struct Task {
     uint64_t tensor_id = 0;
     uint64_t size = 0;
-    uint64_t data_offset = 0;  // in the snapshot's data file
+    uint64_t data_offset = 0;   // in the snapshot's data file
     std::vector<Piece> pieces;  // in order, lengths adding up to `size`; empty: zeros
     Task() = default;
     Task(Task&&) noexcept = default;

@@ -40,7 +40,7 @@ struct DaemonState {
   Counters counters;
   Clock::time_point started = Clock::now();
   gid_t admin_gid = static_cast<gid_t>(-1);  // from config admin_group; -1: none
-  uint32_t clients = 0;                     // sessions open now (the server keeps it)
+  uint32_t clients = 0;                      // sessions open now (the server keeps it)
   // The journal, recovery and snapshots (open_durability, after make_state); null in tests
   // that build a state without a state dir of their own.
   std::unique_ptr<Durability> durable;

@@ -50,8 +50,8 @@ int32_t nearest_node(hwloc_topology_t t, hwloc_obj_t dev) {
 
 std::string pci_name(hwloc_obj_t pci) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%01x", pci->attr->pcidev.domain,
-                pci->attr->pcidev.bus, pci->attr->pcidev.dev, pci->attr->pcidev.func);
+  std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%01x", pci->attr->pcidev.domain, pci->attr->pcidev.bus,
+                pci->attr->pcidev.dev, pci->attr->pcidev.func);
   return buf;
 }
 
@@ -185,9 +185,9 @@ Result<int32_t> choose_node(const Topology& topo, Placement p, int32_t client_no
   switch (p.kind) {
     case Placement::Kind::kNode:
       if (!topo.has_node(p.index))
-        return fail(Code::kInvalidArgument,
-                    "NUMA node " + std::to_string(p.index) + " does not exist on this node (it has " +
-                        std::to_string(topo.nodes.size()) + ")");
+        return fail(Code::kInvalidArgument, "NUMA node " + std::to_string(p.index) +
+                                                " does not exist on this node (it has " +
+                                                std::to_string(topo.nodes.size()) + ")");
       return p.index;
     case Placement::Kind::kNearGpu: {
       if (p.index < 0 || static_cast<size_t>(p.index) >= topo.gpus.size())
@@ -197,8 +197,7 @@ Result<int32_t> choose_node(const Topology& topo, Placement p, int32_t client_no
       int32_t n = topo.gpus[static_cast<size_t>(p.index)].numa_node;
       return topo.has_node(n) ? n : topo.nodes.front().id;
     }
-    case Placement::Kind::kAny:
-      return topo.has_node(client_node) ? client_node : topo.nodes.front().id;
+    case Placement::Kind::kAny: return topo.has_node(client_node) ? client_node : topo.nodes.front().id;
   }
   return fail(Code::kInvalidArgument, "unknown placement kind");
 }

@@ -4,11 +4,10 @@
 
 #include <cstdio>
 
-#define FUZZ_CHECK(cond)                                                          \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "fuzz property failed: %s at %s:%d\n", #cond, __FILE__, \
-                   __LINE__);                                                     \
-      __builtin_trap();                                                           \
-    }                                                                             \
+#define FUZZ_CHECK(cond)                                                                      \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "fuzz property failed: %s at %s:%d\n", #cond, __FILE__, __LINE__); \
+      __builtin_trap();                                                                       \
+    }                                                                                         \
   } while (0)

@@ -66,9 +66,8 @@ World& world() {
   g_world = new World;
   g_world->state = std::move(*st);
   g_world->handler = std::make_unique<RequestHandler>(*g_world->state);
-  g_world->handler->set_deferred_sink([](uint64_t, std::span<const std::byte> reply) {
-    FUZZ_CHECK(wire::parse_header(reply).has_value());
-  });
+  g_world->handler->set_deferred_sink(
+      [](uint64_t, std::span<const std::byte> reply) { FUZZ_CHECK(wire::parse_header(reply).has_value()); });
   std::atexit(cleanup);
   return *g_world;
 }
@@ -119,8 +118,8 @@ void reset(World& w) {
   FUZZ_CHECK(list.has_value());
   for (const auto& p : list->pools) {
     r.reset();
-    if (wire::encode(static_cast<uint16_t>(wire::MsgType::kPoolDrop), 3,
-                     wire::PoolNameReq{p.name}, buf).is_ok())
+    if (wire::encode(static_cast<uint16_t>(wire::MsgType::kPoolDrop), 3, wire::PoolNameReq{p.name}, buf)
+            .is_ok())
       w.handler->handle(admin, buf, r);
     auto dropped = wire::decode_reply<wire::Empty>(wire::payload_of(r.bytes));
     if (!dropped) {

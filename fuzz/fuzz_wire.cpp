@@ -18,20 +18,17 @@ using namespace tier::wire;
 
 namespace {
 
-template <class T>
-std::vector<std::byte> encode_body(const T& msg) {
+template <class T> std::vector<std::byte> encode_body(const T& msg) {
   std::vector<std::byte> out;
   Writer w(out);
   w(msg);
   return out;
 }
 
-template <class T>
-void check_body(std::span<const std::byte> payload) {
+template <class T> void check_body(std::span<const std::byte> payload) {
   if (auto r = decode<T>(payload)) {
     auto again = encode_body(*r);
-    FUZZ_CHECK(again.size() == payload.size() &&
-               std::equal(again.begin(), again.end(), payload.begin()));
+    FUZZ_CHECK(again.size() == payload.size() && std::equal(again.begin(), again.end(), payload.begin()));
   }
   if (auto r = decode_reply<T>(payload)) {
     std::vector<std::byte> reply;
@@ -46,20 +43,15 @@ void check_body(std::span<const std::byte> payload) {
   }
 }
 
-template <class... T>
-void check_all(std::span<const std::byte> payload) {
-  (check_body<T>(payload), ...);
-}
+template <class... T> void check_all(std::span<const std::byte> payload) { (check_body<T>(payload), ...); }
 
 // The request body of each MsgType, for the header-driven round trip.
-template <class T>
-void check_request(const Header& h, std::span<const std::byte> datagram) {
+template <class T> void check_request(const Header& h, std::span<const std::byte> datagram) {
   auto r = decode<T>(payload_of(datagram));
   if (!r) return;
   std::vector<std::byte> out;
   if (!encode(h.type, h.request_id, *r, out).is_ok()) return;
-  FUZZ_CHECK(out.size() == datagram.size() &&
-             std::equal(out.begin(), out.end(), datagram.begin()));
+  FUZZ_CHECK(out.size() == datagram.size() && std::equal(out.begin(), out.end(), datagram.begin()));
 }
 
 void check_datagram(std::span<const std::byte> d) {
@@ -99,11 +91,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check_datagram(in);
   // Every message body, from the payload of a datagram or from the raw input.
   std::span<const std::byte> payload = in.size() >= kHeaderBytes ? payload_of(in) : in;
-  check_all<ReplyStatus, HelloReq, HelloRep, PoolInfoW, PoolCreateReq, PoolNameReq, PoolListRep,
-            TensorInfoW, TensorCreateReq, TensorRefReq, TensorListReq, TensorListRep, LeaseReq,
-            LeaseGrant, LeaseRep, ReleaseReq, LeaseReclaimReq, MapArenaReq, MapArenaRep, NodeTierW, NvmeTierW,
-            StatusRep, TopoNodeW, TopoDevW, TopoRep, TensorIdsReq, PlanSetReq, SnapshotRep,
-            SnapshotTakeReq, SnapshotInfoW, SnapshotListRep, SnapshotRestoreReq, SnapshotRestoreRep,
-            TextRep, Empty>(payload);
+  check_all<ReplyStatus, HelloReq, HelloRep, PoolInfoW, PoolCreateReq, PoolNameReq, PoolListRep, TensorInfoW,
+            TensorCreateReq, TensorRefReq, TensorListReq, TensorListRep, LeaseReq, LeaseGrant, LeaseRep,
+            ReleaseReq, LeaseReclaimReq, MapArenaReq, MapArenaRep, NodeTierW, NvmeTierW, StatusRep, TopoNodeW,
+            TopoDevW, TopoRep, TensorIdsReq, PlanSetReq, SnapshotRep, SnapshotTakeReq, SnapshotInfoW,
+            SnapshotListRep, SnapshotRestoreReq, SnapshotRestoreRep, TextRep, Empty>(payload);
   return 0;
 }

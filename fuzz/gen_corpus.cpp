@@ -30,8 +30,7 @@ void put_text(const std::string& target, const std::string& name, const std::str
   put(target, name, b);
 }
 
-template <class T>
-std::vector<std::byte> req(wire::MsgType t, const T& msg, uint32_t id = 1) {
+template <class T> std::vector<std::byte> req(wire::MsgType t, const T& msg, uint32_t id = 1) {
   std::vector<std::byte> out;
   if (!wire::encode(static_cast<uint16_t>(t), id, msg, out).is_ok()) std::abort();
   return out;
@@ -68,19 +67,37 @@ void wire_corpus() {
   put(t, "snapshot_list", req(MsgType::kSnapshotList, PoolNameReq{"job-a"}));
   put(t, "snapshot_restore", req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"job-a", 3}));
   put(t, "rep_error", rep(MsgType::kPoolOpen, Status(Code::kNotFound, "no pool named 'x'"), Empty{}));
-  put(t, "rep_pool", rep(MsgType::kPoolOpen, Status::ok(),
-                         PoolInfoW{1, "job-a", 1000, 1 << 30, 0, 4096, 0, 1}));
-  put(t, "rep_lease", rep(MsgType::kLease, Status::ok(),
-                          LeaseRep{{LeaseGrant{1, 2, 3, 4096, 4096}, LeaseGrant{2, 3, 3, 8192, 64}}}));
+  put(t, "rep_pool",
+      rep(MsgType::kPoolOpen, Status::ok(), PoolInfoW{1, "job-a", 1000, 1 << 30, 0, 4096, 0, 1}));
+  put(t, "rep_lease",
+      rep(MsgType::kLease, Status::ok(),
+          LeaseRep{{LeaseGrant{1, 2, 3, 4096, 4096}, LeaseGrant{2, 3, 3, 8192, 64}}}));
   put(t, "rep_tensors",
       rep(MsgType::kTensorList, Status::ok(),
           TensorListRep{{TensorInfoW{1, "w", 4096, 3, {64, 32}, 0, 1, false, 1, false}}, true}));
-  StatusRep st{"0.1.0", 1234, 2, 1, 5, {NodeTierW{0, 1 << 30, 4096, 0, 1}},
-               {NvmeTierW{"/nvme", 0, "io_uring", 1ull << 40, 0}}, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  StatusRep st{"0.1.0",
+               1234,
+               2,
+               1,
+               5,
+               {NodeTierW{0, 1 << 30, 4096, 0, 1}},
+               {NvmeTierW{"/nvme", 0, "io_uring", 1ull << 40, 0}},
+               1,
+               2,
+               3,
+               4,
+               5,
+               6,
+               7,
+               8,
+               9};
   put(t, "rep_status", rep(MsgType::kStatus, Status::ok(), st));
-  put(t, "rep_topo", rep(MsgType::kTopo, Status::ok(),
-                         TopoRep{"hwloc:this system", {TopoNodeW{0, 1ull << 34, "0-1"}},
-                                 {TopoDevW{0, "A100", "0000:07:00.0", 0}}, {}}));
+  put(t, "rep_topo",
+      rep(MsgType::kTopo, Status::ok(),
+          TopoRep{"hwloc:this system",
+                  {TopoNodeW{0, 1ull << 34, "0-1"}},
+                  {TopoDevW{0, "A100", "0000:07:00.0", 0}},
+                  {}}));
 }
 
 void journal_corpus() {
@@ -139,8 +156,7 @@ void journal_corpus() {
   std::vector<Record> body = {PoolCreated{1, "job", 1000, 1000, 0, 1 << 30, 0},
                               TensorCreated{1, 5, "w", 4096, 3, {32, 32}, 0, 65536, 0, 4096},
                               NvmeCopyWritten{5, 1, {Extent{"/snap", "s1.data", 0, 4096, 77}}}};
-  if (!write_manifest((g_root / t / "manifest").string(), ManifestBegin{1, 1, 1700000000000ull},
-                      body)
+  if (!write_manifest((g_root / t / "manifest").string(), ManifestBegin{1, 1, 1700000000000ull}, body)
            .is_ok())
     std::abort();
 }
@@ -174,8 +190,8 @@ void config_corpus() {
            "nvme = [ { path = \"/mnt/nvme0/tier\" }, { path = \"/mnt/nvme0//tier/.\", numa_node = 1 } ]\n");
   std::error_code ec;
   fs::path example = fs::path(g_root).parent_path().parent_path() / "daemon" / "tierd.toml.example";
-  if (fs::exists(example, ec)) fs::copy_file(example, g_root / t / "tierd.toml.example",
-                                             fs::copy_options::overwrite_existing, ec);
+  if (fs::exists(example, ec))
+    fs::copy_file(example, g_root / t / "tierd.toml.example", fs::copy_options::overwrite_existing, ec);
 }
 
 void request_corpus() {
@@ -186,78 +202,76 @@ void request_corpus() {
   };
   auto hello = req(MsgType::kHello, HelloReq{kVersion, 1, 0, "fuzz"}, 1);
   auto pool = req(MsgType::kPoolCreate, PoolCreateReq{"p", 64 << 20, 0, false}, 2);
-  auto tensor = req(MsgType::kTensorCreate,
-                    TensorCreateReq{"p", "w", 8192, 1, {2048}, 0, -1, false}, 3);
-  auto tensor2 = req(MsgType::kTensorCreate,
-                     TensorCreateReq{"p", "b", 4 << 20, 3, {1024, 2048}, 1, 0, true}, 4);
+  auto tensor = req(MsgType::kTensorCreate, TensorCreateReq{"p", "w", 8192, 1, {2048}, 0, -1, false}, 3);
+  auto tensor2 =
+      req(MsgType::kTensorCreate, TensorCreateReq{"p", "b", 4 << 20, 3, {1024, 2048}, 1, 0, true}, 4);
   put(t, "hello_only", seq(0, {hello}));
-  put(t, "create", seq(0, {hello, pool, tensor, tensor2,
-                           req(MsgType::kTensorList, TensorListReq{"p", 0, 0}, 5),
-                           req(MsgType::kPoolList, Empty{}, 6)}));
+  put(t, "create",
+      seq(0, {hello, pool, tensor, tensor2, req(MsgType::kTensorList, TensorListReq{"p", 0, 0}, 5),
+              req(MsgType::kPoolList, Empty{}, 6)}));
   put(t, "lease_release",
       seq(1, {hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
-              req(MsgType::kLease, LeaseReq{1, 0, {1}}, 5),
-              req(MsgType::kRelease, ReleaseReq{{1}}, 6),
-              req(MsgType::kLease, LeaseReq{1, 0, {1, 1}}, 7),
-              req(MsgType::kMapArena, MapArenaReq{1}, 8)}));
+              req(MsgType::kLease, LeaseReq{1, 0, {1}}, 5), req(MsgType::kRelease, ReleaseReq{{1}}, 6),
+              req(MsgType::kLease, LeaseReq{1, 0, {1, 1}}, 7), req(MsgType::kMapArena, MapArenaReq{1}, 8)}));
   // A reclaim with no lease to take back (no restart), then one naming a live lease of B's.
   put(t, "lease_reclaim",
-      fuzzreq::frame(0x5, {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
-                           req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 1}, 5),
-                           req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 0}, 6)},
+      fuzzreq::frame(0x5,
+                     {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
+                      req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 1}, 5),
+                      req(MsgType::kLeaseReclaim, LeaseReclaimReq{1, 0}, 6)},
                      {false, true, false, false, false, true, false}));
   put(t, "delete_drop",
       seq(0, {hello, pool, tensor, req(MsgType::kTensorOpen, TensorRefReq{"p", "w"}, 4),
               req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 5),
               req(MsgType::kPoolDrop, PoolNameReq{"p"}, 6)}));
-  put(t, "inspect", seq(2, {hello, req(MsgType::kStatus, Empty{}, 2),
-                            req(MsgType::kTopo, Empty{}, 3), req(MsgType::kMetrics, Empty{}, 4),
-                            req(MsgType::kPoolOpen, PoolNameReq{"nope"}, 5)}));
+  put(t, "inspect",
+      seq(2, {hello, req(MsgType::kStatus, Empty{}, 2), req(MsgType::kTopo, Empty{}, 3),
+              req(MsgType::kMetrics, Empty{}, 4), req(MsgType::kPoolOpen, PoolNameReq{"nope"}, 5)}));
   put(t, "no_hello", seq(0, {pool, tensor}));
   // Two sessions: B (uid 1000) waits for a lease A holds, then tries A's pool as another uid.
   put(t, "two_sessions",
-      fuzzreq::frame(0x4 /* A root, B uid 1000 */,
-                     {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
-                      req(MsgType::kLease, LeaseReq{1, 1000, {1}}, 5),
-                      req(MsgType::kRelease, ReleaseReq{{1}}, 6),
-                      req(MsgType::kPoolOpen, PoolNameReq{"p"}, 7),
-                      req(MsgType::kPoolDrop, PoolNameReq{"p"}, 8)},
-                     {false, true, false, false, false, true, false, true, true}));
+      fuzzreq::frame(
+          0x4 /* A root, B uid 1000 */,
+          {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{2, 0, {1}}, 4),
+           req(MsgType::kLease, LeaseReq{1, 1000, {1}}, 5), req(MsgType::kRelease, ReleaseReq{{1}}, 6),
+           req(MsgType::kPoolOpen, PoolNameReq{"p"}, 7), req(MsgType::kPoolDrop, PoolNameReq{"p"}, 8)},
+          {false, true, false, false, false, true, false, true, true}));
   put(t, "two_sessions_same_uid",
-      fuzzreq::frame(0x5 /* both uid 1000 */,
-                     {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
-                      req(MsgType::kLease, LeaseReq{1, 0, {1}}, 5),
-                      req(MsgType::kLease, LeaseReq{2, -1, {1}}, 6),
-                      req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 7)},
-                     {false, true, false, false, false, true, true, false}));
+      fuzzreq::frame(
+          0x5 /* both uid 1000 */,
+          {hello, hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
+           req(MsgType::kLease, LeaseReq{1, 0, {1}}, 5), req(MsgType::kLease, LeaseReq{2, -1, {1}}, 6),
+           req(MsgType::kTensorDelete, TensorRefReq{"p", "w"}, 7)},
+          {false, true, false, false, false, true, true, false}));
   // Names with control characters and malformed UTF-8, sizes no pool can hold (2^63, 2^64-1).
   auto named = [](std::string name, uint64_t size, uint32_t id) {
     return req(MsgType::kTensorCreate, TensorCreateReq{"p", std::move(name), size, 0, {}, 0, -1, false}, id);
   };
   put(t, "names_and_sizes",
       seq(0, {hello, pool, named("a\nb", 4096, 3), named("\x1b[31m", 4096, 4), named("c1\xc2\x85", 4096, 5),
-              named("bad\xff\xc0\xaf", 4096, 6), named("ok \xc3\xbc", 4096, 7), named("huge", uint64_t{1} << 63, 8),
-              named("max", ~uint64_t{0}, 9), req(MsgType::kPoolCreate, PoolCreateReq{"p\x1b", 0, 0, false}, 10)}));
-  put(t, "nvme", seq(0, {hello, pool, tensor,
-                         req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
-                         req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),
-                         req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0, {}}, 6),
-                         req(MsgType::kSnapshot, PoolNameReq{"p"}, 7),
-                         req(MsgType::kDiscard, TensorIdsReq{"p", {1}}, 8)}));
-  put(t, "snapshot_restore", seq(0, {hello, pool, tensor,
-                                     req(MsgType::kSnapshotTake, SnapshotTakeReq{"p", 5, 2}, 4),
-                                     req(MsgType::kSnapshotList, PoolNameReq{"p"}, 5),
-                                     req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"p", 1}, 6),
-                                     req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"p", 99}, 7)}));
+              named("bad\xff\xc0\xaf", 4096, 6), named("ok \xc3\xbc", 4096, 7),
+              named("huge", uint64_t{1} << 63, 8), named("max", ~uint64_t{0}, 9),
+              req(MsgType::kPoolCreate, PoolCreateReq{"p\x1b", 0, 0, false}, 10)}));
+  put(t, "nvme",
+      seq(0,
+          {hello, pool, tensor, req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 4),
+           req(MsgType::kPrefetch, TensorIdsReq{"p", {1}}, 5),
+           req(MsgType::kPlanSet, PlanSetReq{"p", {1, 1}, 0, {}}, 6),
+           req(MsgType::kSnapshot, PoolNameReq{"p"}, 7), req(MsgType::kDiscard, TensorIdsReq{"p", {1}}, 8)}));
+  put(t, "snapshot_restore",
+      seq(0, {hello, pool, tensor, req(MsgType::kSnapshotTake, SnapshotTakeReq{"p", 5, 2}, 4),
+              req(MsgType::kSnapshotList, PoolNameReq{"p"}, 5),
+              req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"p", 1}, 6),
+              req(MsgType::kSnapshotRestore, SnapshotRestoreReq{"p", 99}, 7)}));
   // Pin the first pool's arena (pool 1, node 0) around an eviction, unpin, unpin again.
-  put(t, "arena_pin", seq(0, {hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
-                              req(MsgType::kMapArena, MapArenaReq{1 << 16}, 5),
-                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, true}, 6),
-                              req(MsgType::kRelease, ReleaseReq{{1}}, 7),
-                              req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 8),
-                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, false}, 9),
-                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, false}, 10),
-                              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, ~0ull, 2, true}, 11)}));
+  put(t, "arena_pin",
+      seq(0, {hello, pool, tensor, req(MsgType::kLease, LeaseReq{1, 0, {1}}, 4),
+              req(MsgType::kMapArena, MapArenaReq{1 << 16}, 5),
+              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, true}, 6),
+              req(MsgType::kRelease, ReleaseReq{{1}}, 7), req(MsgType::kEvict, TensorIdsReq{"p", {1}}, 8),
+              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, false}, 9),
+              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, 0, 1 << 20, false}, 10),
+              req(MsgType::kArenaPin, ArenaPinReq{1 << 16, ~0ull, 2, true}, 11)}));
 }
 
 }  // namespace

@@ -21,8 +21,7 @@ inline uint32_t uid_for(uint8_t sel) { return kUids[sel % 4]; }
 inline constexpr uint16_t kSessionBit = 0x8000;
 
 // `msgs` go to session A; `to_b` (same length, optional) marks those for session B.
-inline std::vector<std::byte> frame(uint8_t uid_sel,
-                                    const std::vector<std::vector<std::byte>>& msgs,
+inline std::vector<std::byte> frame(uint8_t uid_sel, const std::vector<std::vector<std::byte>>& msgs,
                                     const std::vector<bool>& to_b = {}) {
   std::vector<std::byte> out{std::byte{uid_sel}};
   for (size_t i = 0; i < msgs.size(); ++i) {
@@ -38,8 +37,7 @@ inline std::vector<std::byte> frame(uint8_t uid_sel,
 
 // Calls f(session, datagram) (session 0 = A, 1 = B) for each framed datagram after byte 0,
 // until f returns false.
-template <class F>
-void for_each_datagram(std::span<const std::byte> in, F&& f) {
+template <class F> void for_each_datagram(std::span<const std::byte> in, F&& f) {
   size_t pos = 1;
   while (pos + 2 <= in.size()) {
     size_t w = std::to_integer<size_t>(in[pos]) | (std::to_integer<size_t>(in[pos + 1]) << 8);

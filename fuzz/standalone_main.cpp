@@ -38,14 +38,12 @@ char g_crash_path[256] = "crash-input";
 extern "C" void on_crash(int sig) {
   int fd = ::open(g_crash_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
-    if (g_current_size > 0 && ::write(fd, g_current, g_current_size) < 0) {
-    }
+    if (g_current_size > 0 && ::write(fd, g_current, g_current_size) < 0) {}
     ::close(fd);
   }
   static const char msg[] = "standalone fuzz driver: crash; input saved to ";
   if (::write(2, msg, sizeof msg - 1) < 0 || ::write(2, g_crash_path, std::strlen(g_crash_path)) < 0 ||
-      ::write(2, "\n", 1) < 0) {
-  }
+      ::write(2, "\n", 1) < 0) {}
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -63,8 +61,8 @@ std::vector<uint8_t> read_bytes(const std::filesystem::path& p) {
   return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-void mutate(std::vector<uint8_t>& v, const std::vector<std::vector<uint8_t>>& corpus,
-            std::mt19937_64& rng, size_t max_len) {
+void mutate(std::vector<uint8_t>& v, const std::vector<std::vector<uint8_t>>& corpus, std::mt19937_64& rng,
+            size_t max_len) {
   auto pick = [&](size_t n) { return n == 0 ? size_t{0} : size_t(rng() % n); };
   int steps = 1 + int(rng() % 4);
   for (int s = 0; s < steps; ++s) {
@@ -102,8 +100,8 @@ void mutate(std::vector<uint8_t>& v, const std::vector<std::vector<uint8_t>>& co
         break;
       }
       case 6: {  // an interesting 32-bit value (lengths and counts live in u32 fields)
-        static const uint32_t vals[] = {0, 1, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x10000,
-                                        0x7fffffff, 0x80000000u, 0xffffffffu, 4096, 4097, 65536};
+        static const uint32_t vals[] = {0,       1,          0x7f,        0x80,        0xff, 0x100, 0xffff,
+                                        0x10000, 0x7fffffff, 0x80000000u, 0xffffffffu, 4096, 4097,  65536};
         if (v.size() >= 4) {
           uint32_t x = vals[pick(sizeof vals / sizeof vals[0])];
           std::memcpy(v.data() + pick(v.size() - 3), &x, 4);
@@ -135,15 +133,19 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
       return argv[++i];
     };
     if (a == "--seconds") seconds = std::stod(next());
     else if (a == "--runs") runs = std::stoull(next());
     else if (a == "--seed") seed = std::stoull(next());
     else if (a == "--max-len") max_len = std::stoull(next());
-    else if (a.rfind("-", 0) == 0) { std::fprintf(stderr, "ignoring libFuzzer flag %s\n", a.c_str()); }
-    else inputs.emplace_back(a);
+    else if (a.rfind("-", 0) == 0) {
+      std::fprintf(stderr, "ignoring libFuzzer flag %s\n", a.c_str());
+    } else inputs.emplace_back(a);
   }
   std::string name = std::filesystem::path(argv[0]).filename().string();
   std::snprintf(g_crash_path, sizeof g_crash_path, "crash-%s-%d", name.c_str(), int(::getpid()));
@@ -175,9 +177,9 @@ int main(int argc, char** argv) {
   }
   run_one({});
   std::mt19937_64 rng(seed);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(seconds));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
   std::vector<uint8_t> buf;
   while (done < runs && std::chrono::steady_clock::now() < deadline) {
     if (!corpus.empty() && rng() % 8 != 0) {
@@ -190,7 +192,7 @@ int main(int argc, char** argv) {
     run_one(buf);
     ++done;
   }
-  std::printf("%s: %zu corpus inputs, %llu runs, seed %llu, no crash\n", name.c_str(),
-              corpus.size(), (unsigned long long)done, (unsigned long long)seed);
+  std::printf("%s: %zu corpus inputs, %llu runs, seed %llu, no crash\n", name.c_str(), corpus.size(),
+              (unsigned long long)done, (unsigned long long)seed);
   return 0;
 }

@@ -26,8 +26,7 @@ void register_errors(py::module_& m);
 // Raises the tierd.Error subclass for s.code() with .code (name), .code_value and .message set.
 [[noreturn]] void raise_status(const tier::Status& s);
 
-template <class T>
-T unwrap(tier::Result<T>&& r) {
+template <class T> T unwrap(tier::Result<T>&& r) {
   if (!r) raise_status(r.error());
   return std::move(*r);
 }

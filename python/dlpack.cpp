@@ -16,9 +16,16 @@ namespace {
 
 // DLPack v0.8 ABI (dlpack.h), declared here rather than depending on a header package.
 enum DLDeviceType : int32_t { kDLCPU = 1 };
-struct DLDevice { int32_t device_type; int32_t device_id; };
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
 enum DLDataTypeCode : uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
-struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
 struct DLTensor {
   void* data;
   DLDevice device;
@@ -66,8 +73,7 @@ void delete_exported(DLManagedTensor* self) {
   PyGILState_STATE g = PyGILState_Ensure();
   try {
     --py::handle(e->lease).cast<PyLease&>().exports;
-  } catch (...) {
-  }
+  } catch (...) {}
   Py_XDECREF(e->lease);
   PyGILState_Release(g);
   delete e;
@@ -92,8 +98,8 @@ py::capsule to_dlpack(py::object self, py::object stream) {
   int64_t n = static_cast<int64_t>(l.nbytes / item), known = 1;
   for (int64_t d : l.shape) known *= d;
   e->shape = (!l.shape.empty() && known == n) ? l.shape : std::vector<int64_t>{n};
-  e->managed.dl_tensor = DLTensor{l.data, DLDevice{kDLCPU, 0}, static_cast<int32_t>(e->shape.size()), t,
-                                  e->shape.data(), nullptr, 0};
+  e->managed.dl_tensor = DLTensor{
+      l.data, DLDevice{kDLCPU, 0}, static_cast<int32_t>(e->shape.size()), t, e->shape.data(), nullptr, 0};
   e->managed.manager_ctx = e.get();
   e->managed.deleter = delete_exported;
   e->lease = self.inc_ref().ptr();
@@ -114,8 +120,9 @@ void register_dlpack(py::class_<PyLease>& cls) {
           "The lease's bytes as a DLPack capsule (CPU, the tensor's dtype and shape): "
           "torch.from_dlpack(lease) is a zero-copy tensor. It counts as a buffer view: release() "
           "refuses until the consumer drops it.")
-      .def("__dlpack_device__", [](const PyLease&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
-           "(kDLCPU, 0): a lease is host memory");
+      .def(
+          "__dlpack_device__", [](const PyLease&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
+          "(kDLCPU, 0): a lease is host memory");
 }
 
 }  // namespace tierpy

@@ -75,8 +75,7 @@ int lease_getbuffer(PyObject* self, Py_buffer* view, int flags) {
 void lease_releasebuffer(PyObject* self, Py_buffer*) {
   try {
     --py::handle(self).cast<PyLease&>().exports;
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 void do_release(PyLease& l) {
@@ -134,64 +133,75 @@ seen, and after release they read memory that is still mapped (no crash) but no 
 )doc");
   cls.def_property_readonly("id", [](const PyLease& l) { return l.lease_id; })
       .def_property_readonly("tensor_id", [](const PyLease& l) { return l.tensor_id; })
-      .def_property_readonly("mode", [](const PyLease& l) {
-        return mode_name(l.mode);
-      })
+      .def_property_readonly("mode", [](const PyLease& l) { return mode_name(l.mode); })
       .def_property_readonly("writable", [](const PyLease& l) { return tier::is_write(l.mode); })
       .def_property_readonly("nbytes", [](const PyLease& l) { return l.nbytes; })
-      .def_property_readonly("address", [](const PyLease& l) { return reinterpret_cast<uintptr_t>(l.data); },
-                             "address of the first byte in this process (for checks and DMA)")
+      .def_property_readonly(
+          "address", [](const PyLease& l) { return reinterpret_cast<uintptr_t>(l.data); },
+          "address of the first byte in this process (for checks and DMA)")
       .def_property_readonly("released", [](const PyLease& l) { return l.released; })
-      .def_property_readonly("exports", [](const PyLease& l) { return l.exports; },
-                             "buffer views (memoryview, numpy) alive now")
-      .def_property_readonly("dtype", [](const PyLease& l) -> py::object {
-        if (!l.dtype) return py::none();
-        return py::str(std::string(tier::dtype_name(*l.dtype)));
-      })
-      .def_property_readonly("shape", [](const PyLease& l) {
-        py::tuple t(l.shape.size());
-        for (size_t i = 0; i < l.shape.size(); ++i) t[i] = py::int_(l.shape[i]);
-        return t;
-      })
+      .def_property_readonly(
+          "exports", [](const PyLease& l) { return l.exports; }, "buffer views (memoryview, numpy) alive now")
+      .def_property_readonly("dtype",
+                             [](const PyLease& l) -> py::object {
+                               if (!l.dtype) return py::none();
+                               return py::str(std::string(tier::dtype_name(*l.dtype)));
+                             })
+      .def_property_readonly("shape",
+                             [](const PyLease& l) {
+                               py::tuple t(l.shape.size());
+                               for (size_t i = 0; i < l.shape.size(); ++i) t[i] = py::int_(l.shape[i]);
+                               return t;
+                             })
       .def("__len__", [](const PyLease& l) { return l.nbytes; })
       .def("release", &do_release,
            "Releases the lease now (a no-op when already released). Raises BufferError while "
            "buffer views are alive.")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyLease& l, py::object type, py::object, py::object) {
-        // With an exception in flight and views still alive, the lease stays held until the
-        // Lease object is collected rather than masking the original exception.
-        if (l.exports > 0 && !type.is_none()) return false;
-        do_release(l);
-        return false;
-      })
-      .def("memoryview", [](py::object self) {
-        return py::reinterpret_steal<py::object>(PyMemoryView_FromObject(self.ptr()));
-      }, "memoryview(lease)")
-      .def("numpy", [](py::object self, py::object dtype) {
-        auto& l = self.cast<PyLease&>();
-        if (dtype.is_none()) {
-          const char* n = l.dtype ? numpy_name(*l.dtype) : "uint8";
-          if (n == nullptr) throw py::type_error("numpy has no bfloat16; use torch() or pass dtype");
-          dtype = py::str(n);
-        }
-        py::object arr = py::module_::import("numpy").attr("frombuffer")(self, py::arg("dtype") = dtype);
-        return reshape_if_known(l, arr);
-      }, py::arg("dtype") = py::none(),
-         "numpy.frombuffer(self, dtype) shaped like the tensor (dtype defaults to the tensor's)")
-      .def("torch", [](py::object self, py::object dtype) {
-        auto& l = self.cast<PyLease&>();
-        py::module_ torch = py::module_::import("torch");
-        if (dtype.is_none()) dtype = torch.attr(l.dtype ? torch_name(*l.dtype) : "uint8");
-        else if (py::isinstance<py::str>(dtype)) dtype = torch.attr(dtype);
-        py::object t = torch.attr("frombuffer")(self, py::arg("dtype") = dtype);
-        return reshape_if_known(l, t);
-      }, py::arg("dtype") = py::none(),
-         "torch.frombuffer(self, dtype=...) shaped like the tensor (dtype defaults to the tensor's)")
+      .def("__exit__",
+           [](PyLease& l, py::object type, py::object, py::object) {
+             // With an exception in flight and views still alive, the lease stays held until the
+             // Lease object is collected rather than masking the original exception.
+             if (l.exports > 0 && !type.is_none()) return false;
+             do_release(l);
+             return false;
+           })
+      .def(
+          "memoryview",
+          [](py::object self) {
+            return py::reinterpret_steal<py::object>(PyMemoryView_FromObject(self.ptr()));
+          },
+          "memoryview(lease)")
+      .def(
+          "numpy",
+          [](py::object self, py::object dtype) {
+            auto& l = self.cast<PyLease&>();
+            if (dtype.is_none()) {
+              const char* n = l.dtype ? numpy_name(*l.dtype) : "uint8";
+              if (n == nullptr) throw py::type_error("numpy has no bfloat16; use torch() or pass dtype");
+              dtype = py::str(n);
+            }
+            py::object arr = py::module_::import("numpy").attr("frombuffer")(self, py::arg("dtype") = dtype);
+            return reshape_if_known(l, arr);
+          },
+          py::arg("dtype") = py::none(),
+          "numpy.frombuffer(self, dtype) shaped like the tensor (dtype defaults to the tensor's)")
+      .def(
+          "torch",
+          [](py::object self, py::object dtype) {
+            auto& l = self.cast<PyLease&>();
+            py::module_ torch = py::module_::import("torch");
+            if (dtype.is_none()) dtype = torch.attr(l.dtype ? torch_name(*l.dtype) : "uint8");
+            else if (py::isinstance<py::str>(dtype)) dtype = torch.attr(dtype);
+            py::object t = torch.attr("frombuffer")(self, py::arg("dtype") = dtype);
+            return reshape_if_known(l, t);
+          },
+          py::arg("dtype") = py::none(),
+          "torch.frombuffer(self, dtype=...) shaped like the tensor (dtype defaults to the tensor's)")
       .def("__repr__", [](const PyLease& l) {
         return "<tierd.Lease id=" + std::to_string(l.lease_id) + " tensor=" + std::to_string(l.tensor_id) +
-               " mode=" + std::string(mode_name(l.mode)) + " nbytes=" +
-               std::to_string(l.nbytes) + (l.released ? " released" : "") + ">";
+               " mode=" + std::string(mode_name(l.mode)) + " nbytes=" + std::to_string(l.nbytes) +
+               (l.released ? " released" : "") + ">";
       });
   register_dlpack(cls);
   // pybind11 installed its own buffer slots; replace them with ours, which count exports.

@@ -42,22 +42,24 @@ void register_optim(py::module_& m) {
          py::buffer v_out, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
          float grad_scale) {
         if (step < 1) throw py::value_error("step is 1-based (bias correction uses beta^step)");
-        F32 ip = f32(p, "p", false), im = f32(mom, "m", false), iv = f32(var, "v", false), ig = f32(g, "g", false);
+        F32 ip = f32(p, "p", false), im = f32(mom, "m", false), iv = f32(var, "v", false),
+            ig = f32(g, "g", false);
         F32 op = f32(p_out, "p_out", true), om = f32(m_out, "m_out", true), ov = f32(v_out, "v_out", true);
         const size_t n = ip.size();
         for (const F32* b : {&im, &iv, &ig, &op, &om, &ov})
           if (b->size() != n)
-            throw py::value_error("adamw_step: every buffer must hold " + std::to_string(n) + " elements, one holds " +
-                                  std::to_string(b->size()));
-        tier::train::AdamWConfig cfg{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+            throw py::value_error("adamw_step: every buffer must hold " + std::to_string(n) +
+                                  " elements, one holds " + std::to_string(b->size()));
+        tier::train::AdamWConfig cfg{
+            .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
         tier::train::AdamWStep s = tier::train::make_step(cfg, lr, step, grad_scale);
         py::gil_scoped_release nogil;
-        tier::train::adamw_update(ip.data(), im.data(), iv.data(), ig.data(), op.data(), om.data(), ov.data(), n, s,
-                                  weight_decay != 0.0f);
+        tier::train::adamw_update(ip.data(), im.data(), iv.data(), ig.data(), op.data(), om.data(), ov.data(),
+                                  n, s, weight_decay != 0.0f);
       },
-      py::arg("p"), py::arg("m"), py::arg("v"), py::arg("g"), py::arg("p_out"), py::arg("m_out"), py::arg("v_out"),
-      py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-      py::arg("step"), py::arg("grad_scale") = 1.0f,
+      py::arg("p"), py::arg("m"), py::arg("v"), py::arg("g"), py::arg("p_out"), py::arg("m_out"),
+      py::arg("v_out"), py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+      py::arg("weight_decay"), py::arg("step"), py::arg("grad_scale") = 1.0f,
       "One AdamW step over float32 buffers (tier-train's update: decoupled weight decay, bias "
       "correction with the 1-based `step`). Reads p, m, v, g; writes p_out, m_out, v_out, which "
       "may be the inputs (in place) or other buffers. Runs without the GIL, on OpenMP threads.");

@@ -35,11 +35,11 @@ namespace tier::train {
 
 // Shapes of one forward/backward on one rank.
 struct Dims {
-  int B = 0;   // sequences in this call
-  int T = 0;   // tokens per sequence (<= max_T)
-  int C = 0;   // width
-  int NH = 0;  // heads; C % NH == 0
-  int V = 0;   // vocabulary
+  int B = 0;      // sequences in this call
+  int T = 0;      // tokens per sequence (<= max_T)
+  int C = 0;      // width
+  int NH = 0;     // heads; C % NH == 0
+  int V = 0;      // vocabulary
   int max_T = 0;  // rows of wpe
 };
 
@@ -57,10 +57,14 @@ inline EmbedLayout embed_layout(const Dims& d) {
   EmbedLayout l;
   size_t o = 0;
   const size_t C = static_cast<size_t>(d.C);
-  l.wte = o;   o += static_cast<size_t>(d.V) * C;
-  l.wpe = o;   o += static_cast<size_t>(d.max_T) * C;
-  l.lnf_w = o; o += C;
-  l.lnf_b = o; o += C;
+  l.wte = o;
+  o += static_cast<size_t>(d.V) * C;
+  l.wpe = o;
+  o += static_cast<size_t>(d.max_T) * C;
+  l.lnf_w = o;
+  o += C;
+  l.lnf_b = o;
+  o += C;
   l.total = o;
   return l;
 }
@@ -79,18 +83,30 @@ inline BlockLayout block_layout(const Dims& d) {
   BlockLayout l;
   size_t o = 0;
   const size_t C = static_cast<size_t>(d.C);
-  l.ln1_w = o;    o += C;
-  l.ln1_b = o;    o += C;
-  l.qkv_w = o;    o += 3 * C * C;
-  l.qkv_b = o;    o += 3 * C;
-  l.proj_w = o;   o += C * C;
-  l.proj_b = o;   o += C;
-  l.ln2_w = o;    o += C;
-  l.ln2_b = o;    o += C;
-  l.fc_w = o;     o += 4 * C * C;
-  l.fc_b = o;     o += 4 * C;
-  l.fcproj_w = o; o += 4 * C * C;
-  l.fcproj_b = o; o += C;
+  l.ln1_w = o;
+  o += C;
+  l.ln1_b = o;
+  o += C;
+  l.qkv_w = o;
+  o += 3 * C * C;
+  l.qkv_b = o;
+  o += 3 * C;
+  l.proj_w = o;
+  o += C * C;
+  l.proj_b = o;
+  o += C;
+  l.ln2_w = o;
+  o += C;
+  l.ln2_b = o;
+  o += C;
+  l.fc_w = o;
+  o += 4 * C * C;
+  l.fc_b = o;
+  o += 4 * C;
+  l.fcproj_w = o;
+  o += 4 * C * C;
+  l.fcproj_b = o;
+  o += C;
   l.total = o;
   return l;
 }
@@ -114,8 +130,7 @@ struct BlockActs {
 
 inline size_t block_acts_floats(const Dims& d) {
   const size_t BT = static_cast<size_t>(d.B) * d.T, C = static_cast<size_t>(d.C);
-  return BT * C * 5 + BT * 4 + BT * 3 * C + static_cast<size_t>(d.B) * d.NH * d.T * d.T +
-         BT * 4 * C * 2;
+  return BT * C * 5 + BT * 4 + BT * 3 * C + static_cast<size_t>(d.B) * d.NH * d.T * d.T + BT * 4 * C * 2;
 }
 
 // Carves `base` (block_acts_floats(d) floats) into a BlockActs.
@@ -123,18 +138,30 @@ inline BlockActs carve_block_acts(float* base, const Dims& d) {
   const size_t BT = static_cast<size_t>(d.B) * d.T, C = static_cast<size_t>(d.C);
   BlockActs a;
   float* p = base;
-  a.ln1 = p;      p += BT * C;
-  a.ln1_mean = p; p += BT;
-  a.ln1_rstd = p; p += BT;
-  a.qkv = p;      p += BT * 3 * C;
-  a.att = p;      p += static_cast<size_t>(d.B) * d.NH * d.T * d.T;
-  a.atty = p;     p += BT * C;
-  a.r = p;        p += BT * C;
-  a.ln2 = p;      p += BT * C;
-  a.ln2_mean = p; p += BT;
-  a.ln2_rstd = p; p += BT;
-  a.fch = p;      p += BT * 4 * C;
-  a.fch_gelu = p; p += BT * 4 * C;
+  a.ln1 = p;
+  p += BT * C;
+  a.ln1_mean = p;
+  p += BT;
+  a.ln1_rstd = p;
+  p += BT;
+  a.qkv = p;
+  p += BT * 3 * C;
+  a.att = p;
+  p += static_cast<size_t>(d.B) * d.NH * d.T * d.T;
+  a.atty = p;
+  p += BT * C;
+  a.r = p;
+  p += BT * C;
+  a.ln2 = p;
+  p += BT * C;
+  a.ln2_mean = p;
+  p += BT;
+  a.ln2_rstd = p;
+  p += BT;
+  a.fch = p;
+  p += BT * 4 * C;
+  a.fch_gelu = p;
+  p += BT * 4 * C;
   return a;
 }
 
@@ -202,11 +229,9 @@ class Backend {
 
   // ---- layers ----
   // embed: out[B,T,C] = wte[tokens[b,t]] + wpe[t]. `params` is layer 0 (EmbedLayout).
-  virtual void embed_forward(const Dims& d, const float* params, const int32_t* tokens,
-                             float* out) = 0;
+  virtual void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) = 0;
   // Accumulates (+=) into grads (layer 0 layout) the gradient of wte and wpe from dout[B,T,C].
-  virtual void embed_backward(const Dims& d, float* grads, const int32_t* tokens,
-                              const float* dout) = 0;
+  virtual void embed_backward(const Dims& d, float* grads, const int32_t* tokens, const float* dout) = 0;
 
   // block: y[B,T,C] = block(x[B,T,C]); `params` is one BlockLayout buffer. Saves what the
   // backward needs into `acts` (carve_block_acts). x and y must not alias.
@@ -222,9 +247,8 @@ class Backend {
   // -log softmax(logits)[target] (a host value; synchronizes). When `dx` is not null it also
   // runs the backward of loss_scale * that sum: writes dx[B,T,C] (overwrites) and accumulates
   // (+=) the gradients of wte, lnf_w, lnf_b into `grads` (layer 0 layout). `params`: layer 0.
-  virtual double head_forward(const Dims& d, const float* params, const float* x,
-                              const int32_t* targets, HeadActs acts, float* dx, float* grads,
-                              float loss_scale) = 0;
+  virtual double head_forward(const Dims& d, const float* params, const float* x, const int32_t* targets,
+                              HeadActs acts, float* dx, float* grads, float loss_scale) = 0;
 };
 
 }  // namespace tier::train

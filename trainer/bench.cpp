@@ -59,11 +59,11 @@ std::string bench_size(int threads, size_t n, int reps) {
   auto line = [&](const char* name, double t, int th) {
     const double value = static_cast<double>(n) / t / 1e6;
     const double base = static_cast<double>(n) / t_scalar / 1e6;
-    return fmt::format("{{\"name\":\"{}\",\"bytes\":{:.0f},\"value\":{:.1f},\"unit\":\"Melem/s\","
-                       "\"baseline\":{:.1f},\"ratio\":{:.2f},\"gbps\":{:.2f},\"isa\":\"{}\","
-                       "\"threads\":{},\"bit_identical\":{}}}\n",
-                       name, bytes, value, base, value / base, bytes / t / 1e9, adamw_isa(), th,
-                       same ? "true" : "false");
+    return fmt::format(
+        "{{\"name\":\"{}\",\"bytes\":{:.0f},\"value\":{:.1f},\"unit\":\"Melem/s\","
+        "\"baseline\":{:.1f},\"ratio\":{:.2f},\"gbps\":{:.2f},\"isa\":\"{}\","
+        "\"threads\":{},\"bit_identical\":{}}}\n",
+        name, bytes, value, base, value / base, bytes / t / 1e9, adamw_isa(), th, same ? "true" : "false");
   };
   return line("adamw_shard_simd", t_simd1, 1) + line("adamw_shard_simd_threads", t_simd, threads);
 }

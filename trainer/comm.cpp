@@ -120,8 +120,7 @@ void Comm::run() {
     std::deque<std::pair<Op, std::shared_ptr<Handle::State>>> batch;
     {
       std::unique_lock lk(mu_);
-      if (inflight.empty())
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (inflight.empty()) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
       if (stop_ && queue_.empty() && inflight.empty()) return;
       batch.swap(queue_);
     }
@@ -164,8 +163,8 @@ Status Comm::start_allgather(const float* send, float* recv, size_t count, Reque
     if (recv != send) std::memmove(recv, send, count * sizeof(float));
     return {};
   }
-  return mpi_status(MPI_Iallgather(send, static_cast<int>(count), MPI_FLOAT, recv,
-                                   static_cast<int>(count), MPI_FLOAT, MPI_COMM_WORLD, &req.req),
+  return mpi_status(MPI_Iallgather(send, static_cast<int>(count), MPI_FLOAT, recv, static_cast<int>(count),
+                                   MPI_FLOAT, MPI_COMM_WORLD, &req.req),
                     "MPI_Iallgather");
 }
 
@@ -174,8 +173,8 @@ Status Comm::start_reduce_scatter(const float* send, float* recv, size_t count, 
     if (recv != send) std::memmove(recv, send, count * sizeof(float));
     return {};
   }
-  return mpi_status(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT,
-                                              MPI_SUM, MPI_COMM_WORLD, &req.req),
+  return mpi_status(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                                              MPI_COMM_WORLD, &req.req),
                     "MPI_Ireduce_scatter_block");
 }
 
@@ -184,8 +183,7 @@ Status allreduce(Comm& c, double* values, int n, MPI_Op mop) {
   if (c.size() == 1) return {};
   Comm::Op op;
   op.start = [values, n, mop](Comm::Request& r) {
-    return mpi_status(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mop, MPI_COMM_WORLD,
-                                     &r.req),
+    return mpi_status(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mop, MPI_COMM_WORLD, &r.req),
                       "MPI_Iallreduce");
   };
   return c.submit(std::move(op)).wait();
@@ -200,9 +198,9 @@ Result<std::vector<uint64_t>> Comm::allgather(uint64_t value) {
   if (size_ == 1) return all;
   Op op;
   op.start = [&value, &all](Request& r) {
-    return mpi_status(MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T,
-                                     MPI_COMM_WORLD, &r.req),
-                      "MPI_Iallgather");
+    return mpi_status(
+        MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD, &r.req),
+        "MPI_Iallgather");
   };
   if (auto s = submit(std::move(op)).wait(); !s) return fail(s);
   return all;

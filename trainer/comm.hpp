@@ -53,8 +53,7 @@ class Comm {
   };
 
   // Initializes MPI when launched by mpirun/srun (environment says so) or when force_mpi.
-  [[nodiscard]] static Result<std::unique_ptr<Comm>> create(int* argc, char*** argv,
-                                                            bool force_mpi = false);
+  [[nodiscard]] static Result<std::unique_ptr<Comm>> create(int* argc, char*** argv, bool force_mpi = false);
   ~Comm();  // stops the thread and finalizes MPI
 
   int rank() const { return rank_; }

@@ -44,17 +44,17 @@ Result<Dataset> Dataset::load(const std::string& path, int T, double val_frac) {
   if (d.split_ < need || n - d.split_ < need)
     return fail(Code::kInvalidArgument,
                 fmt::format("data '{}' has {} bytes: too short for sequences of {} with a {:.0f}% "
-                            "held-out split", d.source_, n, T, val_frac * 100));
+                            "held-out split",
+                            d.source_, n, T, val_frac * 100));
   return d;
 }
 
-void Dataset::train_batch(uint64_t seed, int64_t step, int first, int count, int T,
-                          int32_t* tokens, int32_t* targets) const {
+void Dataset::train_batch(uint64_t seed, int64_t step, int first, int count, int T, int32_t* tokens,
+                          int32_t* targets) const {
   const uint64_t windows = split_ - static_cast<size_t>(T);  // start offsets with T+1 bytes
   for (int j = 0; j < count; ++j) {
     const uint64_t off =
-        mix_seed(mix_seed(seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(first + j)) %
-        windows;
+        mix_seed(mix_seed(seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(first + j)) % windows;
     for (int t = 0; t < T; ++t) {
       tokens[static_cast<size_t>(j) * T + t] = bytes_[off + t];
       targets[static_cast<size_t>(j) * T + t] = bytes_[off + t + 1];
@@ -62,8 +62,7 @@ void Dataset::train_batch(uint64_t seed, int64_t step, int first, int count, int
   }
 }
 
-void Dataset::val_batch(int first, int count, int total, int T, int32_t* tokens,
-                        int32_t* targets) const {
+void Dataset::val_batch(int first, int count, int total, int T, int32_t* tokens, int32_t* targets) const {
   const size_t windows = val_bytes() - static_cast<size_t>(T);
   for (int j = 0; j < count; ++j) {
     const size_t off = split_ + windows * static_cast<size_t>(first + j) / std::max(total, 1);

@@ -9,9 +9,8 @@
 
 namespace tier::train {
 
-Status dump_layers(Comm& comm, ShardStore& store, ShardKind kind, int buffer,
-                   std::span<const size_t> shard, std::span<const size_t> layer_floats,
-                   const std::string& path) {
+Status dump_layers(Comm& comm, ShardStore& store, ShardKind kind, int buffer, std::span<const size_t> shard,
+                   std::span<const size_t> layer_floats, const std::string& path) {
   const bool writer = comm.rank() == 0;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(nullptr, &std::fclose);
   if (writer) {

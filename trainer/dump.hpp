@@ -24,7 +24,7 @@ namespace tier::train {
 // layer: layer l has `shard[l]` floats per rank, of which the first `layer_floats[l]` of the
 // gathered whole are parameters (the rest is padding, not written).
 [[nodiscard]] Status dump_layers(Comm& comm, ShardStore& store, ShardKind kind, int buffer,
-                                 std::span<const size_t> shard,
-                                 std::span<const size_t> layer_floats, const std::string& path);
+                                 std::span<const size_t> shard, std::span<const size_t> layer_floats,
+                                 const std::string& path);
 
 }  // namespace tier::train

@@ -43,7 +43,8 @@ inline int cuda_device_for_rank(int local_rank, std::span<const std::string> cud
   if (visible_devices_set) return slot;
   std::vector<int> by_pci(static_cast<size_t>(n));
   std::iota(by_pci.begin(), by_pci.end(), 0);
-  std::ranges::stable_sort(by_pci, {}, [&](int i) { return normalize_pci(cuda_pci[static_cast<size_t>(i)]); });
+  std::ranges::stable_sort(by_pci, {},
+                           [&](int i) { return normalize_pci(cuda_pci[static_cast<size_t>(i)]); });
   return by_pci[static_cast<size_t>(slot)];
 }
 

@@ -34,8 +34,7 @@ class LayerStream {
   // Once per train(), after store.open(): sizes the device slots for these shards
   // (floats per rank, per layer) with `depth` fetches open at once (K + 1), and registers the
   // store's memory for DMA. The stream keeps a reference to `store` until it is destroyed.
-  [[nodiscard]] virtual Status open(ShardStore& store, std::span<const size_t> shard_floats,
-                                    int depth) = 0;
+  [[nodiscard]] virtual Status open(ShardStore& store, std::span<const size_t> shard_floats, int depth) = 0;
 
   // Enqueues the copy of `shard` (this rank's parameter shard of `layer`, pinned) to the device
   // and the all-gather of the layer; returns the device buffer that will hold the whole padded

@@ -88,8 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--adam-eps", o.adamw.eps, "AdamW epsilon")->capture_default_str();
   app.add_option("--warmup", o.warmup, "warmup steps (0: max(steps/10, min(100, steps/2)))");
-  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")
-      ->capture_default_str();
+  app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str();
   app.add_option("--val-every", o.val_every, "validation loss every N steps (0: at the end, -1: never)");
   app.add_option("--val-seqs", o.val_seqs, "validation sequences (default: --batch)");
   app.add_option("--backend", backend, "cpu or cuda")->capture_default_str();
@@ -179,8 +178,11 @@ int main(int argc, char** argv) {
     collectives = backend == "cuda" && have_nccl ? "nccl" : "host";
   } else if (collectives == "nccl") {
     if (backend != "cuda")
-      die(nullptr, fmt::format("--collectives nccl needs --backend cuda (not '{}'); use "
-                               "--collectives host or auto", backend), 2);
+      die(nullptr,
+          fmt::format("--collectives nccl needs --backend cuda (not '{}'); use "
+                      "--collectives host or auto",
+                      backend),
+          2);
     if (!have_nccl) die(nullptr, "--collectives nccl: this build has no NCCL (CUDA and NCCL are needed)", 2);
   } else if (collectives != "host") {
     die(nullptr, fmt::format("--collectives must be auto, nccl or host, not '{}'", collectives), 2);
@@ -205,7 +207,7 @@ int main(int argc, char** argv) {
   if (!comm_r) die(nullptr, comm_r.error().to_string());
   Comm& comm = **comm_r;
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  const int nthreads = threads > 0 ? threads
+  const int nthreads = threads > 0                      ? threads
                        : std::getenv("OMP_NUM_THREADS") ? std::atoi(std::getenv("OMP_NUM_THREADS"))
                                                         : std::max(1, hw / comm.local_size());
   set_cpu_threads(nthreads);
@@ -287,11 +289,12 @@ int main(int argc, char** argv) {
   std::string backend_desc = be->name();
   if (backend == "cpu") backend_desc += fmt::format(" (OpenBLAS {} kernels)", blas_kernels());
   if (comm.rank() == 0)
-    std::fprintf(stderr, "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
+    std::fprintf(stderr,
+                 "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
                  "state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
                  m.describe().c_str(), comm.size(), nthreads, backend_desc.c_str(),
-                 stream ? stream->name() : "host (MPI)", store->name(), o.batch,
-                 T, data->source().c_str(), data->train_bytes(), data->val_bytes());
+                 stream ? stream->name() : "host (MPI)", store->name(), o.batch, T, data->source().c_str(),
+                 data->train_bytes(), data->val_bytes());
   if (profile && backend != "cpu") die(&comm, "--profile needs --backend cpu", 2);
   if (profile) set_cpu_profile(true);
   auto r = train(o, *data, comm, *be, *store, stdout);
@@ -317,8 +320,8 @@ int main(int argc, char** argv) {
                  "sgemm [%d x %d x %d] alone %.1f GFLOP/s: the GEMMs reach %.2f of it\n",
                  step_ms, part("gemm", gemm_ms).c_str(), part("attention", att_ms).c_str(),
                  part("layernorm", ln_ms).c_str(), part("gelu", gelu_ms).c_str(),
-                 part("other kernels", other_ms).c_str(), part("optimizer", opt_ms).c_str(),
-                 rest_ms, 100.0 * rest_ms / step_ms, gemm_gflops,
+                 part("other kernels", other_ms).c_str(), part("optimizer", opt_ms).c_str(), rest_ms,
+                 100.0 * rest_ms / step_ms, gemm_gflops,
                  static_cast<long>(static_cast<double>(p.gemm_calls) / steps), M, N, K, ref,
                  ref > 0 ? gemm_gflops / ref : 0.0);
   }
@@ -327,11 +330,10 @@ int main(int argc, char** argv) {
                  "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %s; %.1f ms/step, "
                  "%.0f tokens/s, %.4f TFLOP/s per rank, stall %.2f ms/step, optimizer %.2f "
                  "ms/step; state %s (%s per rank)\n",
-                 static_cast<long long>(r->first_step), static_cast<long long>(r->last_step),
-                 r->first_loss, r->last_loss,
-                 r->last_val_loss >= 0 ? fmt::format("{:.4f}", r->last_val_loss).c_str() : "n/a",
-                 r->mean_ms, r->mean_tokens_per_s,
-                 r->mean_tflops, r->mean_stall_ms, r->mean_opt_ms, store->name(),
+                 static_cast<long long>(r->first_step), static_cast<long long>(r->last_step), r->first_loss,
+                 r->last_loss,
+                 r->last_val_loss >= 0 ? fmt::format("{:.4f}", r->last_val_loss).c_str() : "n/a", r->mean_ms,
+                 r->mean_tokens_per_s, r->mean_tflops, r->mean_stall_ms, r->mean_opt_ms, store->name(),
                  tier::format_size(store->bytes()).c_str());
   }
   stream.reset();

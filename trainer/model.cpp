@@ -52,19 +52,20 @@ double ModelConfig::flops_per_token(int T) const {
 }
 
 std::string ModelConfig::describe() const {
-  return fmt::format("{} (L={} C={} NH={} T={} V={}, {:.2f}M params)", name, layers, dim, heads,
-                     seq, vocab, static_cast<double>(num_params()) / 1e6);
+  return fmt::format("{} (L={} C={} NH={} T={} V={}, {:.2f}M params)", name, layers, dim, heads, seq, vocab,
+                     static_cast<double>(num_params()) / 1e6);
 }
 
 namespace {
-struct Preset { const char* name; int L, C, NH, T; };
+struct Preset {
+  const char* name;
+  int L, C, NH, T;
+};
 // GPT-2 (124M, 350M) and GPT-3 (1.3B .. 175B) shapes; tiny and small are for tests and demo.
 constexpr Preset kPresets[] = {
-    {"tiny", 2, 32, 4, 16},        {"small", 4, 128, 4, 64},
-    {"124M", 12, 768, 12, 1024},   {"350M", 24, 1024, 16, 1024},
-    {"1.3B", 24, 2048, 16, 2048},  {"2.7B", 32, 2560, 32, 2048},
-    {"6.7B", 32, 4096, 32, 2048},  {"13B", 40, 5120, 40, 2048},
-    {"175B", 96, 12288, 96, 2048},
+    {"tiny", 2, 32, 4, 16},       {"small", 4, 128, 4, 64},     {"124M", 12, 768, 12, 1024},
+    {"350M", 24, 1024, 16, 1024}, {"1.3B", 24, 2048, 16, 2048}, {"2.7B", 32, 2560, 32, 2048},
+    {"6.7B", 32, 4096, 32, 2048}, {"13B", 40, 5120, 40, 2048},  {"175B", 96, 12288, 96, 2048},
 };
 }  // namespace
 
@@ -138,11 +139,9 @@ std::vector<Range> decay_ranges(const ModelConfig& m, int layer) {
     return {{l.wte, l.lnf_w, true}, {l.lnf_w, l.total, false}};
   }
   const BlockLayout l = block_layout(d);
-  return {{l.ln1_w, l.qkv_w, false},     {l.qkv_w, l.qkv_b, true},
-          {l.qkv_b, l.proj_w, false},    {l.proj_w, l.proj_b, true},
-          {l.proj_b, l.fc_w, false},     {l.fc_w, l.fc_b, true},
-          {l.fc_b, l.fcproj_w, false},   {l.fcproj_w, l.fcproj_b, true},
-          {l.fcproj_b, l.total, false}};
+  return {{l.ln1_w, l.qkv_w, false},   {l.qkv_w, l.qkv_b, true},       {l.qkv_b, l.proj_w, false},
+          {l.proj_w, l.proj_b, true},  {l.proj_b, l.fc_w, false},      {l.fc_w, l.fc_b, true},
+          {l.fc_b, l.fcproj_w, false}, {l.fcproj_w, l.fcproj_b, true}, {l.fcproj_b, l.total, false}};
 }
 
 }  // namespace tier::train

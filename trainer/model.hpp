@@ -15,10 +15,10 @@ namespace tier::train {
 
 struct ModelConfig {
   std::string name = "custom";
-  int layers = 0;  // L transformer blocks
-  int dim = 0;     // C
-  int heads = 0;   // NH
-  int seq = 0;     // max_T: rows of wpe and the default training sequence length
+  int layers = 0;   // L transformer blocks
+  int dim = 0;      // C
+  int heads = 0;    // NH
+  int seq = 0;      // max_T: rows of wpe and the default training sequence length
   int vocab = 256;  // V: byte-level by default
 
   // Layer 0 is embed/head (wte, wpe, lnf); layers 1..L are blocks.
@@ -44,7 +44,10 @@ void init_layer(const ModelConfig& m, int layer, uint64_t seed, std::span<float>
 
 // Per-element weight decay mask of a layer: true where AdamW decays (matrices and embeddings),
 // false for biases and LayerNorm parameters. As ranges [begin, end) in floats.
-struct Range { size_t begin, end; bool decay; };
+struct Range {
+  size_t begin, end;
+  bool decay;
+};
 std::vector<Range> decay_ranges(const ModelConfig& m, int layer);
 
 // Deterministic random numbers: splitmix64 stream, Box-Muller normals.
@@ -54,6 +57,7 @@ class Rng {
   uint64_t next();
   double uniform();  // [0, 1)
   float normal();
+
  private:
   uint64_t s_;
   bool have_spare_ = false;

@@ -21,23 +21,23 @@ AdamWStep make_step(const AdamWConfig& c, float lr, int64_t t, float grad_scale)
 namespace {
 
 // The element update, shared by every path. Written so that the compiler vectorizes it.
-#define TT_ADAMW_BODY(i)                                                  \
-  {                                                                       \
-    const float gi = g[i] * gs;                                           \
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;                        \
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;                   \
-    const float mhat = mi / c1;                                           \
-    const float vhat = vi / c2;                                           \
-    const float pi = p[i];                                                \
-    p_out[i] = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi);      \
-    m_out[i] = mi;                                                        \
-    v_out[i] = vi;                                                        \
+#define TT_ADAMW_BODY(i)                                             \
+  {                                                                  \
+    const float gi = g[i] * gs;                                      \
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;                   \
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;              \
+    const float mhat = mi / c1;                                      \
+    const float vhat = vi / c2;                                      \
+    const float pi = p[i];                                           \
+    p_out[i] = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi); \
+    m_out[i] = mi;                                                   \
+    v_out[i] = vi;                                                   \
   }
 // The step's scalars as locals: the outputs may alias nothing the compiler can prove, so
 // reading them through `s` inside the loop would block vectorization.
-#define TT_ADAMW_LOCALS                                                   \
-  const float gs = s.grad_scale, b1 = s.beta1, b2 = s.beta2, c1 = s.bias1, \
-              c2 = s.bias2, lr = s.lr, eps = s.eps
+#define TT_ADAMW_LOCALS                                                                             \
+  const float gs = s.grad_scale, b1 = s.beta1, b2 = s.beta2, c1 = s.bias1, c2 = s.bias2, lr = s.lr, \
+              eps = s.eps
 
 // Chunk size per OpenMP task: large enough to amortize the fork, small enough to balance.
 constexpr size_t kChunk = 1 << 14;
@@ -45,20 +45,18 @@ constexpr size_t kChunk = 1 << 14;
 // The whole update over [0, n): chunks across OpenMP threads, each a SIMD loop. Both variants
 // below expand it; only their target attribute differs, so the compiler vectorizes each for
 // its own instruction set.
-#define TT_ADAMW_LOOP                                                       \
-  TT_ADAMW_LOCALS;                                                          \
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);         \
-  _Pragma("omp parallel for schedule(static) if (chunks > 1)")              \
-  for (long c = 0; c < chunks; ++c) {                                       \
-    const size_t lo = static_cast<size_t>(c) * kChunk;                      \
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                    \
-    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) TT_ADAMW_BODY(i)   \
+#define TT_ADAMW_LOOP                                                                              \
+  TT_ADAMW_LOCALS;                                                                                 \
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                \
+  _Pragma("omp parallel for schedule(static) if (chunks > 1)") for (long c = 0; c < chunks; ++c) { \
+    const size_t lo = static_cast<size_t>(c) * kChunk;                                             \
+    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                           \
+    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) TT_ADAMW_BODY(i)                          \
   }
 
 __attribute__((target("avx2"))) void update_avx2(const float* p, const float* m, const float* v,
-                                                 const float* g, float* p_out, float* m_out,
-                                                 float* v_out, size_t n, const AdamWStep& s,
-                                                 float wd) {
+                                                 const float* g, float* p_out, float* m_out, float* v_out,
+                                                 size_t n, const AdamWStep& s, float wd) {
   TT_ADAMW_LOOP
 }
 
@@ -74,18 +72,18 @@ bool have_avx2() {
 
 }  // namespace
 
-void adamw_update(const float* p, const float* m, const float* v, const float* g, float* p_out,
-                  float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay) {
+void adamw_update(const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
+                  float* v_out, size_t n, const AdamWStep& s, bool decay) {
   const float wd = decay ? s.weight_decay : 0.0f;
-  if (have_avx2())
-    update_avx2(p, m, v, g, p_out, m_out, v_out, n, s, wd);
-  else
-    update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
+  if (have_avx2()) update_avx2(p, m, v, g, p_out, m_out, v_out, n, s, wd);
+  else update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
 }
 
-__attribute__((optimize("no-tree-vectorize"))) void adamw_update_scalar(
-    const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
-    float* v_out, size_t n, const AdamWStep& s, bool decay) {
+__attribute__((optimize("no-tree-vectorize"))) void adamw_update_scalar(const float* p, const float* m,
+                                                                        const float* v, const float* g,
+                                                                        float* p_out, float* m_out,
+                                                                        float* v_out, size_t n,
+                                                                        const AdamWStep& s, bool decay) {
   const float wd = decay ? s.weight_decay : 0.0f;
   TT_ADAMW_LOCALS;
   for (size_t i = 0; i < n; ++i) TT_ADAMW_BODY(i)

@@ -32,12 +32,11 @@ AdamWStep make_step(const AdamWConfig& c, float lr, int64_t t, float grad_scale)
 // One AdamW step on n elements. Inputs p, m, v (old) and g; outputs p_out, m_out, v_out, which
 // may be the same arrays as the inputs (in place) or other buffers (double buffering). `decay`
 // says whether weight decay applies to these elements.
-void adamw_update(const float* p, const float* m, const float* v, const float* g, float* p_out,
-                  float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay);
+void adamw_update(const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
+                  float* v_out, size_t n, const AdamWStep& s, bool decay);
 // The baseline: the same math as a plain scalar single-threaded loop.
-void adamw_update_scalar(const float* p, const float* m, const float* v, const float* g,
-                         float* p_out, float* m_out, float* v_out, size_t n, const AdamWStep& s,
-                         bool decay);
+void adamw_update_scalar(const float* p, const float* m, const float* v, const float* g, float* p_out,
+                         float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay);
 // Which code path adamw_update takes on this CPU: "avx2" or "generic".
 const char* adamw_isa();
 

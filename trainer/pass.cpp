@@ -198,9 +198,7 @@ Status Trainer::forward(Pass& p, double& loss) {
     auto P = p.params(i);  // the layer's params [pad[layer]]
     if (!P) return P.error();
     switch (u.kind) {
-      case UseKind::kEmbedFwd:
-        be.embed_forward(d, *P, buf.tokens, buf.xs[0]);
-        break;
+      case UseKind::kEmbedFwd: be.embed_forward(d, *P, buf.tokens, buf.xs[0]); break;
       case UseKind::kBlockFwd:
         be.block_forward(d, *P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
                          buf.xs[u.layer]);
@@ -215,8 +213,7 @@ Status Trainer::forward(Pass& p, double& loss) {
                                 p.grad() ? buf.dx : nullptr, p.g0, loss_scale);
         if (p.grad()) fault("forward");
         break;
-      default:
-        return Status(Code::kInternal, "forward: a backward use");
+      default: return Status(Code::kInternal, "forward: a backward use");
     }
     if (auto s = p.done(i); !s) return s;
   }
@@ -234,8 +231,8 @@ Status Trainer::backward(Pass& p) {
     if (u.kind == UseKind::kBlockBwd) {
       auto g = p.grad_buffer(u.layer);
       if (!g) return g.error();
-      be.block_backward(d, *P, *g, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
-                        buf.dx, buf.dx, buf.scratch);
+      be.block_backward(d, *P, *g, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d), buf.dx,
+                        buf.dx, buf.scratch);
       if (auto s = p.push_grad(u.layer, *g); !s) return s;
       if (u.layer == L) fault("backward");
     } else {

@@ -33,7 +33,8 @@ Result<Plan> make_plan(const PlanOptions& in) {
   p.o = in;
   const PlanOptions& o = p.o;
   if (o.nodes < 1 || o.gpus_per_node < 1 || o.micro_batch < 1 || o.gpu_tflops <= 0)
-    return fail(Code::kInvalidArgument, "--nodes, --gpus-per-node, --micro-batch, --gpu-tflops must be positive");
+    return fail(Code::kInvalidArgument,
+                "--nodes, --gpus-per-node, --micro-batch, --gpu-tflops must be positive");
   auto gm = parse_size(o.gpu_mem);
   auto hr = parse_size(o.host_ram);
   auto nc = parse_size(o.nvme_capacity);
@@ -105,9 +106,15 @@ Result<Plan> make_plan(const PlanOptions& in) {
   p.nvme_s = 2.0 * p.nvme_node / (o.nvme_gbps * 1e9);
   // CPU AdamW: reads fp32 p, m, v and bf16 g, writes fp32 p, m, v and bf16 p: 28 B/param.
   p.optimizer_s = 28.0 * P / o.nodes / (o.host_mem_gbps * 1e9);
-  struct T2 { const char* n; double s; };
-  const T2 terms[] = {{"compute", p.compute_s}, {"network", p.net_s}, {"pcie", p.pcie_s},
-                      {"nvme", p.nvme_s}, {"cpu-optimizer", p.optimizer_s}};
+  struct T2 {
+    const char* n;
+    double s;
+  };
+  const T2 terms[] = {{"compute", p.compute_s},
+                      {"network", p.net_s},
+                      {"pcie", p.pcie_s},
+                      {"nvme", p.nvme_s},
+                      {"cpu-optimizer", p.optimizer_s}};
   p.step_s = 0;
   for (const auto& t : terms)
     if (t.s > p.step_s) {
@@ -128,21 +135,21 @@ std::string plan_text(const Plan& p) {
   s += fmt::format("model {} on {} node(s) x {} GPU(s) = {} ranks; micro-batch {} x {} tokens per GPU\n",
                    o.model.describe(), o.nodes, o.gpus_per_node, p.ranks, o.micro_batch,
                    o.seq > 0 ? o.seq : o.model.seq);
-  s += fmt::format("state (16 B/param, ZeRO-3): total {}, per node {}, per rank {}\n",
-                   sz(p.state_total), sz(p.state_node), sz(p.state_rank));
+  s += fmt::format("state (16 B/param, ZeRO-3): total {}, per node {}, per rank {}\n", sz(p.state_total),
+                   sz(p.state_node), sz(p.state_rank));
   s += fmt::format("GPU per rank: {} of {} (gathered layers {}, activations {}, checkpoints {}{})\n",
                    sz(p.gpu_total), o.gpu_mem, sz(p.gpu_params), sz(p.gpu_acts), sz(p.gpu_ckpt),
                    p.ckpt_on_host ? " on host" : "");
-  s += fmt::format("RAM:  per node {} of {} usable, per rank {}\n", sz(p.ram_node),
-                   sz(p.ram_capacity), sz(p.ram_rank));
+  s += fmt::format("RAM:  per node {} of {} usable, per rank {}\n", sz(p.ram_node), sz(p.ram_capacity),
+                   sz(p.ram_rank));
   s += fmt::format("NVMe: per node {} of {}, per rank {}\n", sz(p.nvme_node), sz(p.nvme_capacity),
                    sz(p.nvme_rank));
-  s += fmt::format("step: compute {:.4g} s, network {:.4g} s, pcie {:.4g} s, nvme {:.4g} s, "
-                   "cpu optimizer {:.4g} s -> {:.4g} s ({}-bound)\n",
-                   p.compute_s, p.net_s, p.pcie_s, p.nvme_s, p.optimizer_s, p.step_s, p.bound);
+  s += fmt::format(
+      "step: compute {:.4g} s, network {:.4g} s, pcie {:.4g} s, nvme {:.4g} s, "
+      "cpu optimizer {:.4g} s -> {:.4g} s ({}-bound)\n",
+      p.compute_s, p.net_s, p.pcie_s, p.nvme_s, p.optimizer_s, p.step_s, p.bound);
   s += fmt::format("bound: {:.1f} TFLOP/s per GPU ({:.0f}% of {:.0f} peak), {:.0f} tokens/s per GPU\n",
-                   p.tflops_gpu, 100.0 * p.tflops_gpu / o.gpu_tflops, o.gpu_tflops,
-                   p.tokens_gpu / p.step_s);
+                   p.tflops_gpu, 100.0 * p.tflops_gpu / o.gpu_tflops, o.gpu_tflops, p.tokens_gpu / p.step_s);
   s += p.fits ? "fits: yes\n" : fmt::format("fits: no: {}\n", p.why_not);
   return s;
 }
@@ -161,13 +168,16 @@ std::string plan_json(const Plan& p) {
   j["ranks"] = p.ranks;
   j["micro_batch"] = o.micro_batch;
   j["state_bytes"] = {{"total", p.state_total}, {"per_node", p.state_node}, {"per_rank", p.state_rank}};
-  j["gpu_bytes_per_rank"] = {{"total", p.gpu_total}, {"gathered_layers", p.gpu_params},
-                             {"activations", p.gpu_acts}, {"checkpoints", p.gpu_ckpt},
-                             {"checkpoints_on_host", p.ckpt_on_host}, {"capacity", p.gpu_mem}};
-  j["ram_bytes"] = {{"per_node", p.ram_node}, {"per_rank", p.ram_rank}, {"capacity_per_node", p.ram_capacity}};
-  j["nvme_bytes"] = {{"per_node", p.nvme_node}, {"per_rank", p.nvme_rank}, {"capacity_per_node", p.nvme_capacity}};
-  j["step_s"] = {{"compute", p.compute_s}, {"network", p.net_s}, {"pcie", p.pcie_s},
-                 {"nvme", p.nvme_s}, {"cpu_optimizer", p.optimizer_s}, {"bound", p.step_s}};
+  j["gpu_bytes_per_rank"] = {
+      {"total", p.gpu_total},      {"gathered_layers", p.gpu_params},       {"activations", p.gpu_acts},
+      {"checkpoints", p.gpu_ckpt}, {"checkpoints_on_host", p.ckpt_on_host}, {"capacity", p.gpu_mem}};
+  j["ram_bytes"] = {
+      {"per_node", p.ram_node}, {"per_rank", p.ram_rank}, {"capacity_per_node", p.ram_capacity}};
+  j["nvme_bytes"] = {
+      {"per_node", p.nvme_node}, {"per_rank", p.nvme_rank}, {"capacity_per_node", p.nvme_capacity}};
+  j["step_s"] = {
+      {"compute", p.compute_s},         {"network", p.net_s}, {"pcie", p.pcie_s}, {"nvme", p.nvme_s},
+      {"cpu_optimizer", p.optimizer_s}, {"bound", p.step_s}};
   j["bound"] = p.bound;
   j["tflops_per_gpu"] = p.tflops_gpu;
   j["tokens_per_s_per_gpu"] = p.tokens_gpu / p.step_s;

@@ -10,7 +10,9 @@
 #include "tier/types.hpp"
 #include "trainer/model.hpp"
 
-namespace CLI { class App; }
+namespace CLI {
+class App;
+}
 
 namespace tier::train {
 
@@ -18,20 +20,20 @@ struct PlanOptions {
   ModelConfig model;
   int nodes = 1;
   int gpus_per_node = 8;
-  std::string gpu_mem = "80G";      // per GPU
-  double gpu_tflops = 312;          // peak dense bf16 TFLOP/s per GPU
-  std::string host_ram = "1.7T";    // per node
-  double ram_frac = 0.8;            // share of host RAM the tier may use
-  std::string nvme_capacity = "6T"; // per node
-  double nvme_gbps = 12;            // per node, GB/s (read = write assumed)
-  double pcie_gbps = 25;            // per GPU, host <-> GPU, GB/s
-  double net_gbps = 25;             // per GPU, inter-node (200 Gb/s InfiniBand), GB/s
-  double nvlink_gbps = 250;         // per GPU, intra-node collectives, GB/s
-  double host_mem_gbps = 200;       // per node, what the CPU optimizer streams at, GB/s
-  int micro_batch = 8;              // sequences per GPU per step
-  int seq = 0;                      // 0: model.seq
+  std::string gpu_mem = "80G";       // per GPU
+  double gpu_tflops = 312;           // peak dense bf16 TFLOP/s per GPU
+  std::string host_ram = "1.7T";     // per node
+  double ram_frac = 0.8;             // share of host RAM the tier may use
+  std::string nvme_capacity = "6T";  // per node
+  double nvme_gbps = 12;             // per node, GB/s (read = write assumed)
+  double pcie_gbps = 25;             // per GPU, host <-> GPU, GB/s
+  double net_gbps = 25;              // per GPU, inter-node (200 Gb/s InfiniBand), GB/s
+  double nvlink_gbps = 250;          // per GPU, intra-node collectives, GB/s
+  double host_mem_gbps = 200;        // per node, what the CPU optimizer streams at, GB/s
+  int micro_batch = 8;               // sequences per GPU per step
+  int seq = 0;                       // 0: model.seq
   int prefetch = 1;
-  bool checkpointing = true;        // activation checkpointing (one input per layer kept)
+  bool checkpointing = true;  // activation checkpointing (one input per layer kept)
 };
 
 struct Plan {

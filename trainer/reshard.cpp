@@ -69,13 +69,14 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
     if (b != 0)
       return Status(Code::kInvalidArgument,
                     fmt::format("--resume --reshard: the job's state was not written by this model, "
-                                "batch and seed on {} ranks", R0));
+                                "batch and seed on {} ranks",
+                                R0));
   if (newest - oldest > 1)
     return Status(Code::kInvalidArgument,
                   fmt::format("--resume --reshard: the daemons' commit markers say steps {} to {}; "
-                              "no step is held by all", oldest, newest));
-  if (newest < 1)
-    return Status(Code::kInvalidArgument, "--resume --reshard: the job never committed a step");
+                              "no step is held by all",
+                              oldest, newest));
+  if (newest < 1) return Status(Code::kInvalidArgument, "--resume --reshard: the job never committed a step");
   // The newest step's buffer is complete on every old rank (see commit in update.cpp).
   const int b = static_cast<int>(newest % 2);
 
@@ -100,7 +101,8 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
       if (full[pad0] != R0)
         return Status(Code::kNotFound,
                       fmt::format("--resume --reshard: {} of the {} old shards of layer {} are in the "
-                                  "daemons this run uses", full[pad0], R0, l));
+                                  "daemons this run uses",
+                                  full[pad0], R0, l));
       std::vector<float>& out = mine[static_cast<size_t>(l) * 3 + k];
       out.assign(shard[l], 0.0f);
       for (size_t i = 0; i < shard[l]; ++i) {
@@ -128,10 +130,9 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
   }
   if (auto s = comm.barrier(); !s) return s;
   for (int l = 0; l < NL; ++l) {
-    auto pv = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, b},
-                                                       {l, ShardKind::kM, b},
-                                                       {l, ShardKind::kV, b}},
-                                 Access::kOverwrite);
+    auto pv = store.acquire_many(
+        std::vector<ShardRef>{{l, ShardKind::kParam, b}, {l, ShardKind::kM, b}, {l, ShardKind::kV, b}},
+        Access::kOverwrite);
     if (!pv) return pv.error();
     for (int k = 0; k < 3; ++k)
       std::memcpy((*pv)[k].data, mine[static_cast<size_t>(l) * 3 + k].data(), shard[l] * sizeof(float));

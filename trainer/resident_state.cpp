@@ -65,8 +65,7 @@ class ResidentStore final : public ShardStore {
           }
           const size_t bytes = (n * sizeof(float) + 4095) / 4096 * 4096;
           float* p = static_cast<float*>(std::aligned_alloc(4096, bytes == 0 ? 4096 : bytes));
-          if (p == nullptr)
-            return {Code::kResourceExhausted, fmt::format("cannot allocate {} bytes", bytes)};
+          if (p == nullptr) return {Code::kResourceExhausted, fmt::format("cannot allocate {} bytes", bytes)};
           std::memset(p, 0, bytes);
           slots_.emplace_back(p);
           ranges_.emplace_back(reinterpret_cast<std::byte*>(p), bytes == 0 ? 4096 : bytes);

@@ -56,9 +56,12 @@ Status Trainer::snapshot_cut(int64_t step) {
   if (marker_writer) snap = store.snapshot(static_cast<uint64_t>(step), kCutsKept);
   double bad = snap ? 0.0 : 1.0;
   if (auto s = comm.allreduce_max(&bad, 1); !s) return s;  // also: nobody writes before all are durable
-  if (!snap) return Status(snap.code(), fmt::format("--snapshot-every: the snapshot of step {}: {}", step, snap.message()));
+  if (!snap)
+    return Status(snap.code(),
+                  fmt::format("--snapshot-every: the snapshot of step {}: {}", step, snap.message()));
   if (bad != 0.0)
-    return Status(Code::kUnavailable, fmt::format("--snapshot-every: another node's snapshot of step {} failed", step));
+    return Status(Code::kUnavailable,
+                  fmt::format("--snapshot-every: another node's snapshot of step {} failed", step));
   fault_at("snapshot", step);
   return {};
 }
@@ -80,7 +83,8 @@ Status Trainer::roll_back_if_recovered() {
   double v[2] = {supported && mine.recovered ? 1.0 : 0.0, err ? 0.0 : 1.0};  // any recovered, any error
   if (auto s = comm.allreduce_max(v, 2); !s) return s;
   if (!err) return Status(err.code(), "--resume: listing the job's snapshots: " + err.message());
-  if (v[1] != 0.0) return Status(Code::kUnavailable, "--resume: another node could not list the job's snapshots");
+  if (v[1] != 0.0)
+    return Status(Code::kUnavailable, "--resume: another node could not list the job's snapshots");
   if (v[0] == 0.0) return {};  // no daemon lost the job's RAM: the markers decide
 
   // Some daemon rebuilt the pool from a snapshot and newer NVMe copies: roll every node back.
@@ -112,9 +116,11 @@ Status Trainer::roll_back_if_recovered() {
   double bad = restored ? 0.0 : 1.0;
   if (auto s = comm.allreduce_max(&bad, 1); !s) return s;
   if (!restored)
-    return Status(restored.code(), fmt::format("--resume: restoring the snapshot of step {}: {}", cut, restored.message()));
+    return Status(restored.code(),
+                  fmt::format("--resume: restoring the snapshot of step {}: {}", cut, restored.message()));
   if (bad != 0.0)
-    return Status(Code::kUnavailable, fmt::format("--resume: another node could not restore the snapshot of step {}", cut));
+    return Status(Code::kUnavailable,
+                  fmt::format("--resume: another node could not restore the snapshot of step {}", cut));
   if (rank == 0)
     std::fprintf(stderr,
                  "tier-train: --resume: a node's tierd lost this job's RAM (a reboot); every node's pool is "

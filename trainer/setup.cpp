@@ -61,21 +61,40 @@ Result<bool> is_marker_writer(Comm& comm, const ShardStore& store) {
 }
 
 // The options were checked by train(): T <= model seq, batch a multiple of the rank count.
-Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backend& be_,
-                 ShardStore& store_, std::FILE* out_)
-    : opts(o), m(o.model), data(data_), comm(comm_), be(be_), store(store_), out(out_),
-      R(comm_.size()), rank(comm_.rank()), T(o.seq > 0 ? o.seq : o.model.seq), Bg(o.batch),
-      B(o.batch / comm_.size()), L(o.model.layers), NL(o.model.num_layers()), K(std::max(0, o.prefetch)),
-      d(o.model.dims(B, T)), BTC(static_cast<size_t>(B) * T * o.model.dim),
-      hash(run_config_hash(o, comm_.size())), host(be_.host_accessible()), overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
+Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backend& be_, ShardStore& store_,
+                 std::FILE* out_)
+    : opts(o),
+      m(o.model),
+      data(data_),
+      comm(comm_),
+      be(be_),
+      store(store_),
+      out(out_),
+      R(comm_.size()),
+      rank(comm_.rank()),
+      T(o.seq > 0 ? o.seq : o.model.seq),
+      Bg(o.batch),
+      B(o.batch / comm_.size()),
+      L(o.model.layers),
+      NL(o.model.num_layers()),
+      K(std::max(0, o.prefetch)),
+      d(o.model.dims(B, T)),
+      BTC(static_cast<size_t>(B) * T * o.model.dim),
+      hash(run_config_hash(o, comm_.size())),
+      host(be_.host_accessible()),
+      overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
       opt_lane(overlap_optimizer ? Lane::kOptimizer : Lane::kPass),
       loss_scale(1.0f / (static_cast<float>(Bg) * static_cast<float>(T))),
-      train_uses(step_uses(L, true)), eval_uses(step_uses(L, false)),
+      train_uses(step_uses(L, true)),
+      eval_uses(step_uses(L, false)),
       warmup(o.warmup > 0 ? o.warmup : default_warmup(o.steps)),
       val_total(static_cast<int>(round_up(static_cast<size_t>(std::max(o.val_seqs, Bg)), Bg))),
       flops_step(o.model.flops_per_token(T) * Bg * T),
-      tok_h(static_cast<size_t>(B) * T), tgt_h(static_cast<size_t>(B) * T),
-      gather_pins(static_cast<size_t>(K) + 1), rs_pins(NL), grad_sumsq(NL, 0.0) {
+      tok_h(static_cast<size_t>(B) * T),
+      tgt_h(static_cast<size_t>(B) * T),
+      gather_pins(static_cast<size_t>(K) + 1),
+      rs_pins(NL),
+      grad_sumsq(NL, 0.0) {
   // Shard geometry: padded so every shard is a whole number of 64-byte lines.
   layer_n.resize(NL);
   pad.resize(NL);
@@ -111,8 +130,8 @@ Status Trainer::open_state() {
     // Read before open(): opening replaces shards of another size (another rank count's),
     // which a refused resume must leave as they are.
     auto mk = store.read_marker();
-    const bool ok = mk && mk->magic == CommitMarker::kMagic && mk->config_hash == hash &&
-                    mk->ranks == uint64_t(R);
+    const bool ok =
+        mk && mk->magic == CommitMarker::kMagic && mk->config_hash == hash && mk->ranks == uint64_t(R);
     const double step = ok ? static_cast<double>(mk->step) : 0.0;
     double v[3] = {ok ? 0.0 : 1.0, step, -step};  // any marker bad, newest, -oldest
     if (auto st = comm.allreduce_max(v, 3); !st) return st;
@@ -144,10 +163,9 @@ Status Trainer::open_state() {
     full.assign(pad[l], 0.0f);
     init_layer(m, l, opts.seed, std::span<float>(full.data(), layer_n[l]));
     for (int b = 0; b < opts.buffers; ++b) {
-      auto pv = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, b},
-                                                         {l, ShardKind::kM, b},
-                                                         {l, ShardKind::kV, b}},
-                                   Access::kOverwrite);
+      auto pv = store.acquire_many(
+          std::vector<ShardRef>{{l, ShardKind::kParam, b}, {l, ShardKind::kM, b}, {l, ShardKind::kV, b}},
+          Access::kOverwrite);
       if (!pv) return pv.error();
       std::memcpy((*pv)[0].data, full.data() + rank * shard[l], shard[l] * sizeof(float));
       std::memset((*pv)[1].data, 0, shard[l] * sizeof(float));
@@ -214,7 +232,8 @@ void Trainer::set_plan() {
         plan.push_back({{u.layer, ShardKind::kGrad, 0}, true});
     }
     for (int l = 0; l < NL; ++l) {
-      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) opt_uses.push_back({{l, k, b}, false});
+      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
+        opt_uses.push_back({{l, k, b}, false});
       opt_uses.push_back({{l, ShardKind::kGrad, 0}, false});
       if (two)
         for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})

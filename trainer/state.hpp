@@ -73,7 +73,7 @@ struct StoreLayout {
 struct CommitMarker {
   static constexpr uint64_t kMagic = 0x7469657274726e31ull;  // "tiertrn1"; layout version 1
   uint64_t magic = 0;
-  uint64_t step = 0;        // steps completed; their params are in buffer step % buffers
+  uint64_t step = 0;  // steps completed; their params are in buffer step % buffers
   uint64_t ranks = 0;
   uint64_t config_hash = 0;
 };
@@ -85,7 +85,8 @@ class ShardStore {
   virtual const char* name() const = 0;
   // Creates (or, when they exist, opens) every tensor of this rank and the marker.
   [[nodiscard]] virtual Status open(const StoreLayout& layout) = 0;
-  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, Access access, Lane lane = Lane::kPass) = 0;
+  [[nodiscard]] virtual Result<Pinned> acquire(const ShardRef& ref, Access access,
+                                               Lane lane = Lane::kPass) = 0;
   // Pins many at once (one round trip for tierd). Same order as refs.
   [[nodiscard]] virtual Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs,
                                                                  Access access, Lane lane = Lane::kPass);

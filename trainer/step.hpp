@@ -140,8 +140,8 @@ struct Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // setup.cpp
-  [[nodiscard]] Status open_state();      // opens the store; initializes or resumes (sets start, marker_writer)
-  [[nodiscard]] Status alloc_buffers();   // device buffers and host staging
+  [[nodiscard]] Status open_state();  // opens the store; initializes or resumes (sets start, marker_writer)
+  [[nodiscard]] Status alloc_buffers();  // device buffers and host staging
   // reshard.cpp: --resume --reshard. Reads the state another rank count committed (every
   // daemon's marker agrees on it), re-slices it for this one, opens the store with it in the
   // committed step's buffer and sets start. Collective.
@@ -152,17 +152,17 @@ struct Trainer {
   [[nodiscard]] Status roll_back_if_recovered();
   // After commit(step): the cut of --snapshot-every (every daemon's pool, tagged `step`).
   [[nodiscard]] Status snapshot_cut(int64_t step);
-  void set_plan();                        // the step's shard uses, told to tierd
+  void set_plan();  // the step's shard uses, told to tierd
 
   // trainer.cpp: one training step; rank 0 writes its JSON line.
   [[nodiscard]] Result<StepStats> step(int64_t step);
 
   // pass.cpp
-  void load_batch(int64_t step);                          // tokens, targets [B,T]
+  void load_batch(int64_t step);  // tokens, targets [B,T]
   std::unique_ptr<Pass> open_pass(const std::vector<Use>& uses, int cur, bool grad);
-  [[nodiscard]] Status forward(Pass& p, double& loss);    // embed, blocks 1..L, head
-  [[nodiscard]] Status backward(Pass& p);                 // blocks L..1, embed
-  [[nodiscard]] Result<double> validate_at(int cur);      // mean validation loss, all ranks
+  [[nodiscard]] Status forward(Pass& p, double& loss);  // embed, blocks 1..L, head
+  [[nodiscard]] Status backward(Pass& p);               // blocks L..1, embed
+  [[nodiscard]] Result<double> validate_at(int cur);    // mean validation loss, all ranks
 
   // update.cpp
   struct GradNorm {
@@ -191,14 +191,14 @@ struct Trainer {
 
   const int R, rank, T, Bg, B, L, NL, K;
   const Dims d;
-  const size_t BTC;                        // B * T * C
+  const size_t BTC;                         // B * T * C
   std::vector<size_t> layer_n, pad, shard;  // per layer [NL]
   size_t max_pad = 0;
   const uint64_t hash;
   // Whether this rank writes its daemon's commit marker (one per daemon the job uses: the
   // lowest rank whose state that daemon holds). Set by open_state.
   bool marker_writer = false;
-  const bool host;           // the backend's buffers are host memory
+  const bool host;  // the backend's buffers are host memory
   // The CPU AdamW of step s runs on its own thread and lane (its own tierd client).
   const bool overlap_optimizer;
   const Lane opt_lane;

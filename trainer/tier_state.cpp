@@ -29,7 +29,7 @@ constexpr const char* kMarkerName = "commit";
 std::string daemon_identity(const std::string& socket) {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  struct stat st {};
+  struct stat st{};
   if (stat(socket.c_str(), &st) != 0) return fmt::format("tierd:{}:{}", host, socket);
   return fmt::format("tierd:{}:{}:{}", host, static_cast<unsigned long long>(st.st_dev),
                      static_cast<unsigned long long>(st.st_ino));
@@ -58,7 +58,8 @@ class TierStore final : public ShardStore {
     if (auto p = client_->create_pool(opts_.pool, po, /*exist_ok=*/true); !p) return p.error();
     // A daemon without an NVMe tier keeps every shard in RAM: plans and prefetch hints would
     // only be answered kUnsupported (and counted as errors in its status), so none are sent.
-    if (auto st = client_->status(); st && st->nvme.empty()) no_tiering_.store(true, std::memory_order_relaxed);
+    if (auto st = client_->status(); st && st->nvme.empty())
+      no_tiering_.store(true, std::memory_order_relaxed);
     // Near the rank's GPU: the tierd GPU with the PCI address the backend computes on
     // (trainer/gpu_map.hpp). Without one (CPU backend), near GPU local_rank when the node has
     // that many; else anywhere: the daemon then uses the NUMA node of this process's CPU.
@@ -66,7 +67,7 @@ class TierStore final : public ShardStore {
     if (auto topo = client_->topology(); topo) {
       const int g = !layout.gpu_pci.empty() ? tierd_gpu_index(layout.gpu_pci, topo->gpus)
                     : layout.local_rank < static_cast<int>(topo->gpus.size()) ? layout.local_rank
-                                                                                : -1;
+                                                                              : -1;
       if (g >= 0) placement_ = Placement::near_gpu(g);
     }
     ids_.assign(layout.shard_floats.size() * 8, 0);
@@ -103,7 +104,8 @@ class TierStore final : public ShardStore {
     return pin(std::move(*l), ref);
   }
 
-  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, Access access, Lane lane) override {
+  Result<std::vector<Pinned>> acquire_many(std::span<const ShardRef> refs, Access access,
+                                           Lane lane) override {
     std::vector<uint64_t> ids;
     ids.reserve(refs.size());
     for (const auto& r : refs) {
@@ -288,9 +290,9 @@ class TierStore final : public ShardStore {
   Result<Pinned> pin(Lease lease, const ShardRef& ref) {
     const size_t want = layout_.shard_floats[static_cast<size_t>(ref.layer)];
     if (lease.bytes().size() < want * sizeof(float))
-      return fail(Code::kInternal, fmt::format("lease of {} is {} bytes, want {}",
-                                               shard_tensor_name(layout_.rank, ref),
-                                               lease.bytes().size(), want * sizeof(float)));
+      return fail(Code::kInternal,
+                  fmt::format("lease of {} is {} bytes, want {}", shard_tensor_name(layout_.rank, ref),
+                              lease.bytes().size(), want * sizeof(float)));
     Pinned p;
     p.data = reinterpret_cast<float*>(lease.bytes().data());
     p.floats = want;

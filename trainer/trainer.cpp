@@ -49,8 +49,8 @@ void write_step_line(std::FILE* out, const StepStats& ss, const NvmeRate& io) {
       "{{\"step\":{},\"loss\":{:.9g},\"ms\":{:.3f},\"tokens_per_s\":{:.1f},\"tflops\":{:.6f},"
       "\"stall_ms\":{:.3f},\"h2d_gbps\":0,\"nvme_gbps\":{:.3f},\"nvme_read_mib\":{:.1f},"
       "\"nvme_written_mib\":{:.1f},\"opt_ms\":{:.3f},\"grad_norm\":{:.9g}",
-      ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, io.gbps, io.read_mib,
-      io.written_mib, ss.opt_ms, ss.grad_norm);
+      ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, io.gbps, io.read_mib, io.written_mib,
+      ss.opt_ms, ss.grad_norm);
   if (ss.val_loss >= 0) line += fmt::format(",\"val_loss\":{:.9g}", ss.val_loss);
   line += "}\n";
   std::fputs(line.c_str(), out);
@@ -75,8 +75,8 @@ void add_to_summary(RunSummary& sum, const StepStats& ss, int64_t& n) {
 uint64_t run_config_hash(const TrainOptions& o, int ranks) {
   uint64_t h = 0x5eed;
   for (uint64_t v : {uint64_t(o.model.layers), uint64_t(o.model.dim), uint64_t(o.model.heads),
-                     uint64_t(o.model.seq), uint64_t(o.model.vocab), uint64_t(ranks),
-                     uint64_t(o.batch), uint64_t(o.seq), o.seed, uint64_t(o.buffers)})
+                     uint64_t(o.model.seq), uint64_t(o.model.vocab), uint64_t(ranks), uint64_t(o.batch),
+                     uint64_t(o.seq), o.seed, uint64_t(o.buffers)})
     h = mix_seed(h, v);
   return h;
 }
@@ -118,14 +118,11 @@ Result<StepStats> Trainer::step(int64_t step) {
   const AdamWStep st = adamw_step(step, g->norm);  // lr of the schedule, clip factor
 
   // Optimizer step and commit: inline, or started here and committed by the next step.
-  if (overlap_optimizer)
-    start_overlapped_update(step, cur, nxt, st);
-  else if (auto s = update_and_commit(step, cur, nxt, st, opt_ms); !s)
-    return fail(s);
+  if (overlap_optimizer) start_overlapped_update(step, cur, nxt, st);
+  else if (auto s = update_and_commit(step, cur, nxt, st, opt_ms); !s) return fail(s);
   // The last step and validation steps wait for their own update (validation reads it).
   const bool last = step == opts.steps;
-  const bool validate =
-      opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0));
+  const bool validate = opts.val_every >= 0 && (last || (opts.val_every > 0 && step % opts.val_every == 0));
   if (last || validate)
     if (auto s = finish_overlapped_update(opt_ms); !s) return fail(s);
 
@@ -154,7 +151,8 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   if (auto s = validate(m); !s) return fail(s);
   const int R = comm.size();
   const int T = opts.seq > 0 ? opts.seq : m.seq;
-  if (T > m.seq) return fail(Code::kInvalidArgument, fmt::format("--seq {} exceeds the model's {}", T, m.seq));
+  if (T > m.seq)
+    return fail(Code::kInvalidArgument, fmt::format("--seq {} exceeds the model's {}", T, m.seq));
   if (opts.batch < R || opts.batch % R != 0)
     return fail(Code::kInvalidArgument,
                 fmt::format("--batch {} must be a positive multiple of the rank count {}", opts.batch, R));

@@ -37,17 +37,17 @@ class OffloadOptimizer {
  public:
   virtual ~OffloadOptimizer() = default;
   virtual const char* name() const = 0;
-  [[nodiscard]] virtual Status update(const float* p, const float* m, const float* v,
-                                      const float* g, float* p_out, float* m_out, float* v_out,
-                                      size_t n, const AdamWStep& s, bool decay, int64_t step) = 0;
+  [[nodiscard]] virtual Status update(const float* p, const float* m, const float* v, const float* g,
+                                      float* p_out, float* m_out, float* v_out, size_t n, const AdamWStep& s,
+                                      bool decay, int64_t step) = 0;
 };
 
 struct TrainOptions {
   ModelConfig model;
   int64_t steps = 20;
   uint64_t seed = 1337;
-  int batch = 8;   // global sequences per step, split evenly across ranks
-  int seq = 0;     // tokens per sequence; 0: model.seq
+  int batch = 8;  // global sequences per step, split evenly across ranks
+  int seq = 0;    // tokens per sequence; 0: model.seq
   AdamWConfig adamw;
   int64_t warmup = 0;  // 0: default_warmup(steps)
   float grad_clip = 1.0f;

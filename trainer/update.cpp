@@ -17,11 +17,18 @@ void OptProgress::start() {
   failed = false;
 }
 void OptProgress::layer_done(int l) {
-  { std::lock_guard g(mu); done = l + 1; }
+  {
+    std::lock_guard g(mu);
+    done = l + 1;
+  }
   cv.notify_all();
 }
 void OptProgress::finish(bool ok) {
-  { std::lock_guard g(mu); done = INT32_MAX; failed = !ok; }
+  {
+    std::lock_guard g(mu);
+    done = INT32_MAX;
+    failed = !ok;
+  }
   cv.notify_all();
 }
 bool OptProgress::wait_layer(int l) {
@@ -69,18 +76,17 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
       if (!a) return fail(a.error());
       // Buffer nxt is written whole (the update, then the padding below): its old bytes are
       // dead, so a copy spilled to NVMe is not read back for it.
-      auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, nxt},
-                                                        {l, ShardKind::kM, nxt},
-                                                        {l, ShardKind::kV, nxt}},
-                                  Access::kOverwrite, opt_lane);
+      auto b = store.acquire_many(
+          std::vector<ShardRef>{
+              {l, ShardKind::kParam, nxt}, {l, ShardKind::kM, nxt}, {l, ShardKind::kV, nxt}},
+          Access::kOverwrite, opt_lane);
       if (!b) return fail(b.error());
       p.first = std::move(*a);
       p.second = std::move(*b);
     } else {
-      auto b = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, 0},
-                                                        {l, ShardKind::kM, 0},
-                                                        {l, ShardKind::kV, 0}},
-                                  Access::kWrite, opt_lane);
+      auto b = store.acquire_many(
+          std::vector<ShardRef>{{l, ShardKind::kParam, 0}, {l, ShardKind::kM, 0}, {l, ShardKind::kV, 0}},
+          Access::kWrite, opt_lane);
       if (!b) return fail(b.error());
       auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kRead, opt_lane);
       if (!g) return fail(g.error());
@@ -94,8 +100,10 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
   // fetched a whole layer's update ahead of its lease (best effort; RAM-resident: no-op).
   auto hint_layer = [this, cur](int l) {
     if (l >= NL) return;
-    store.prefetch(std::vector<ShardRef>{{l, ShardKind::kParam, cur}, {l, ShardKind::kM, cur},
-                                         {l, ShardKind::kV, cur}, {l, ShardKind::kGrad, 0}},
+    store.prefetch(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
+                                         {l, ShardKind::kM, cur},
+                                         {l, ShardKind::kV, cur},
+                                         {l, ShardKind::kGrad, 0}},
                    opt_lane);
   };
   hint_layer(1);
@@ -113,14 +121,14 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
       if (a >= b) continue;
       const size_t o = a - lo;
       if (opts.optimizer != nullptr) {
-        if (auto s = opts.optimizer->update(in[0].data + o, in[1].data + o, in[2].data + o,
-                                            in[3].data + o, outp[0].data + o, outp[1].data + o,
-                                            outp[2].data + o, b - a, st, r.decay, step);
+        if (auto s = opts.optimizer->update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
+                                            outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st,
+                                            r.decay, step);
             !s)
           return fail(s);
       } else {
-        adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
-                     outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
+        adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o, outp[0].data + o,
+                     outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
       }
     }
     // The padding past the layer's last parameter (on the last ranks) is in no range: an
@@ -193,7 +201,8 @@ Status Trainer::commit(int64_t step) {
     const int read_buffer = static_cast<int>((step - 1) % 2);
     std::vector<ShardRef> dead;
     for (int l = 0; l < NL; ++l)
-      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV}) dead.push_back({l, k, read_buffer});
+      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
+        dead.push_back({l, k, read_buffer});
     store.discard(dead);
     fault_at("discarded", step);
   }

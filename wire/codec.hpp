@@ -44,11 +44,9 @@ struct CountBytes {
 }  // namespace detail
 
 // Walks a value's fields in visit() order and hands each field's bytes to `Sink`.
-template <class Sink>
-class BasicWriter {
+template <class Sink> class BasicWriter {
  public:
-  template <class... A>
-  explicit BasicWriter(A&&... a) : sink_{std::forward<A>(a)...} {}
+  template <class... A> explicit BasicWriter(A&&... a) : sink_{std::forward<A>(a)...} {}
   const Sink& sink() const { return sink_; }
 
   template <class T>
@@ -57,14 +55,16 @@ class BasicWriter {
     sink_(&v, sizeof(T));
   }
   void operator()(const double& v) { sink_(&v, sizeof v); }
-  void operator()(const bool& v) { uint8_t b = v ? 1 : 0; sink_(&b, 1); }
+  void operator()(const bool& v) {
+    uint8_t b = v ? 1 : 0;
+    sink_(&b, 1);
+  }
   void operator()(const std::string& s) {
     uint32_t n = static_cast<uint32_t>(s.size());
     sink_(&n, 4);
     sink_(s.data(), s.size());
   }
-  template <class T>
-  void operator()(const std::vector<T>& vec) {
+  template <class T> void operator()(const std::vector<T>& vec) {
     uint32_t n = static_cast<uint32_t>(vec.size());
     sink_(&n, 4);
     for (const T& e : vec) (*this)(e);
@@ -86,8 +86,7 @@ using Writer = BasicWriter<detail::AppendBytes>;
 using SizeCounter = BasicWriter<detail::CountBytes>;
 
 // Bytes the Writer appends for `v` (a message's payload, without the Header).
-template <class T>
-[[nodiscard]] size_t encoded_size(const T& v) {
+template <class T> [[nodiscard]] size_t encoded_size(const T& v) {
   SizeCounter c;
   c(v);
   return c.sink().n;
@@ -123,17 +122,22 @@ class Reader {
   void operator()(std::string& s) {
     uint32_t n = 0;
     take(&n, 4);
-    if (!ok_ || n > kMaxStringBytes || n > remaining()) { ok_ = false; return; }
+    if (!ok_ || n > kMaxStringBytes || n > remaining()) {
+      ok_ = false;
+      return;
+    }
     s.assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
     pos_ += n;
   }
-  template <class T>
-  void operator()(std::vector<T>& vec) {
+  template <class T> void operator()(std::vector<T>& vec) {
     uint32_t n = 0;
     take(&n, 4);
     // Every element takes at least one byte, so a count above the bytes left is a lie:
     // refusing it here keeps a hostile count from reserving gigabytes.
-    if (!ok_ || n > remaining()) { ok_ = false; return; }
+    if (!ok_ || n > remaining()) {
+      ok_ = false;
+      return;
+    }
     vec.clear();
     vec.reserve(n);
     for (uint32_t i = 0; i < n && ok_; ++i) {
@@ -150,7 +154,11 @@ class Reader {
 
  private:
   void take(void* p, size_t n) {
-    if (!ok_ || n > remaining()) { ok_ = false; std::memset(p, 0, n); return; }
+    if (!ok_ || n > remaining()) {
+      ok_ = false;
+      std::memset(p, 0, n);
+      return;
+    }
     std::memcpy(p, in_.data() + pos_, n);
     pos_ += n;
   }

@@ -20,8 +20,8 @@ inline std::unexpected<Status> fail(Status s) { return std::unexpected<Status>(s
 }  // namespace tier
 
 // Propagate a failed Status / Result from the enclosing function.
-#define TIER_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    ::tier::Status tier_status_ = (expr);          \
+#define TIER_RETURN_IF_ERROR(expr)                  \
+  do {                                              \
+    ::tier::Status tier_status_ = (expr);           \
     if (!tier_status_.is_ok()) return tier_status_; \
   } while (0)

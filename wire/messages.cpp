@@ -11,8 +11,7 @@ Result<Header> parse_header(std::span<const std::byte> datagram) {
   if (h.magic != kMagic) return fail(Code::kProtocol, "bad magic: not a tierd message");
   if (h.version != kVersion)
     return fail(Code::kProtocol, "protocol version " + std::to_string(h.version) +
-                                     " is not supported (this side speaks " +
-                                     std::to_string(kVersion) + ")");
+                                     " is not supported (this side speaks " + std::to_string(kVersion) + ")");
   if (h.payload_len != datagram.size() - kHeaderBytes)
     return fail(Code::kProtocol, "payload length does not match the datagram size");
   uint16_t base = h.type & static_cast<uint16_t>(~kReplyBit);
@@ -21,26 +20,39 @@ Result<Header> parse_header(std::span<const std::byte> datagram) {
 }
 
 PoolInfo to_public(const PoolInfoW& w) {
-  return PoolInfo{w.id, w.name, w.owner_uid, w.ram_quota, w.nvme_quota, w.ram_used, w.nvme_used,
-                  w.tensor_count, w.group, w.group_read};
+  return PoolInfo{w.id,       w.name,      w.owner_uid,    w.ram_quota, w.nvme_quota,
+                  w.ram_used, w.nvme_used, w.tensor_count, w.group,     w.group_read};
 }
 PoolInfoW to_wire(const PoolInfo& p) {
-  return PoolInfoW{p.id, p.name, p.owner_uid, p.ram_quota, p.nvme_quota, p.ram_used, p.nvme_used,
-                   p.tensor_count, p.group, p.group_read};
+  return PoolInfoW{p.id,       p.name,      p.owner_uid,    p.ram_quota, p.nvme_quota,
+                   p.ram_used, p.nvme_used, p.tensor_count, p.group,     p.group_read};
 }
 TensorInfo to_public(const TensorInfoW& w) {
   TensorInfo t;
-  t.id = w.id; t.name = w.name; t.size = w.size;
+  t.id = w.id;
+  t.name = w.name;
+  t.size = w.size;
   t.dtype = w.dtype <= kMaxDType ? static_cast<DType>(w.dtype) : DType::kBytes;
-  t.shape = w.shape; t.numa_node = w.numa_node; t.tiers = w.tiers; t.dirty = w.dirty;
-  t.readers = w.readers; t.writer = w.writer;
+  t.shape = w.shape;
+  t.numa_node = w.numa_node;
+  t.tiers = w.tiers;
+  t.dirty = w.dirty;
+  t.readers = w.readers;
+  t.writer = w.writer;
   return t;
 }
 TensorInfoW to_wire(const TensorInfo& t) {
   TensorInfoW w;
-  w.id = t.id; w.name = t.name; w.size = t.size; w.dtype = static_cast<uint8_t>(t.dtype);
-  w.shape = t.shape; w.numa_node = t.numa_node; w.tiers = t.tiers; w.dirty = t.dirty;
-  w.readers = t.readers; w.writer = t.writer;
+  w.id = t.id;
+  w.name = t.name;
+  w.size = t.size;
+  w.dtype = static_cast<uint8_t>(t.dtype);
+  w.shape = t.shape;
+  w.numa_node = t.numa_node;
+  w.tiers = t.tiers;
+  w.dirty = t.dirty;
+  w.readers = t.readers;
+  w.writer = t.writer;
   return w;
 }
 

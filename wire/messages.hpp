@@ -10,6 +10,9 @@
 // answers a Hello of another version with kProtocol and closes the connection.
 #pragma once
 
+// clang-format off: the messages below are a table (fields, then their one-line visit), kept
+// one line each so that a field and its place in the encoding are read together.
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -460,3 +463,4 @@ Result<T> decode_reply(std::span<const std::byte> payload) {
 }
 
 }  // namespace tier::wire
+// clang-format on

@@ -8,8 +8,8 @@ Status validate_pool_name(std::string_view name) {
   if (name.empty() || name.size() > 255)
     return Status(Code::kInvalidArgument, "pool name must be 1..255 characters");
   for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
     if (!ok)
       return Status(Code::kInvalidArgument,
                     "pool name '" + std::string(name) + "' may only use [A-Za-z0-9._-]");
@@ -41,10 +41,19 @@ size_t first_unprintable(std::string_view s) noexcept {
     // The length of the sequence and the range its code point must lie in (no overlong forms).
     size_t len;
     uint32_t cp, min;
-    if ((b & 0xe0) == 0xc0) { len = 2; cp = b & 0x1fu; min = 0x80; }
-    else if ((b & 0xf0) == 0xe0) { len = 3; cp = b & 0x0fu; min = 0x800; }
-    else if ((b & 0xf8) == 0xf0) { len = 4; cp = b & 0x07u; min = 0x10000; }
-    else return i;  // a continuation byte where a sequence starts, or 0xf8..0xff
+    if ((b & 0xe0) == 0xc0) {
+      len = 2;
+      cp = b & 0x1fu;
+      min = 0x80;
+    } else if ((b & 0xf0) == 0xe0) {
+      len = 3;
+      cp = b & 0x0fu;
+      min = 0x800;
+    } else if ((b & 0xf8) == 0xf0) {
+      len = 4;
+      cp = b & 0x07u;
+      min = 0x10000;
+    } else return i;            // a continuation byte where a sequence starts, or 0xf8..0xff
     if (n - i < len) return i;  // truncated
     for (size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xc0) != 0x80) return i;

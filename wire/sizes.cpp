@@ -10,8 +10,7 @@ namespace tier {
 
 Result<uint64_t> parse_size(std::string_view text, std::optional<uint64_t> total) {
   auto bad = [&](std::string_view why) {
-    return fail(Code::kInvalidArgument,
-                "invalid size '" + std::string(text) + "': " + std::string(why));
+    return fail(Code::kInvalidArgument, "invalid size '" + std::string(text) + "': " + std::string(why));
   };
   std::string_view s = text;
   while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
@@ -32,11 +31,16 @@ Result<uint64_t> parse_size(std::string_view text, std::optional<uint64_t> total
   if (unit.empty()) mult = 1;
   else if (unit.size() == 1) {
     switch (unit[0]) {
-      case 'k': case 'K': mult = 1ULL << 10; break;
-      case 'm': case 'M': mult = 1ULL << 20; break;
-      case 'g': case 'G': mult = 1ULL << 30; break;
-      case 't': case 'T': mult = 1ULL << 40; break;
-      case 'p': case 'P': mult = 1ULL << 50; break;
+      case 'k':
+      case 'K': mult = 1ULL << 10; break;
+      case 'm':
+      case 'M': mult = 1ULL << 20; break;
+      case 'g':
+      case 'G': mult = 1ULL << 30; break;
+      case 't':
+      case 'T': mult = 1ULL << 40; break;
+      case 'p':
+      case 'P': mult = 1ULL << 50; break;
       default: return bad("unknown unit (use K, M, G, T, P or %)");
     }
   } else {
@@ -53,7 +57,10 @@ std::string format_size(uint64_t bytes) {
   if (bytes < 1024) return std::to_string(bytes) + " B";
   double v = static_cast<double>(bytes);
   int u = 0;
-  while (v >= 1024 && u < 5) { v /= 1024; ++u; }
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
   char buf[32];
   std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f %s" : v >= 10 ? "%.1f %s" : "%.2f %s", v, kUnits[u]);
   return buf;

@@ -8,11 +8,21 @@
 namespace tier {
 
 namespace {
-struct DTypeRow { DType d; std::string_view name; size_t bytes; };
+struct DTypeRow {
+  DType d;
+  std::string_view name;
+  size_t bytes;
+};
 constexpr std::array<DTypeRow, 9> kDTypes{{
-    {DType::kBytes, "bytes", 1}, {DType::kF32, "f32", 4}, {DType::kF16, "f16", 2},
-    {DType::kBF16, "bf16", 2},   {DType::kF64, "f64", 8}, {DType::kI32, "i32", 4},
-    {DType::kI64, "i64", 8},     {DType::kU8, "u8", 1},   {DType::kI8, "i8", 1},
+    {DType::kBytes, "bytes", 1},
+    {DType::kF32, "f32", 4},
+    {DType::kF16, "f16", 2},
+    {DType::kBF16, "bf16", 2},
+    {DType::kF64, "f64", 8},
+    {DType::kI32, "i32", 4},
+    {DType::kI64, "i64", 8},
+    {DType::kU8, "u8", 1},
+    {DType::kI8, "i8", 1},
 }};
 }  // namespace
 
@@ -33,6 +43,5 @@ size_t dtype_size(DType d) noexcept {
     if (r.d == d) return r.bytes;
   return 1;
 }
-
 
 }  // namespace tier

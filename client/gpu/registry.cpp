@@ -59,8 +59,8 @@ Status register_span(Record& r, uintptr_t base, uint64_t size, uint64_t piece, u
         off += n;
         continue;
       }
-      return from_cuda(err, (flags & cudaHostRegisterReadOnly) != 0 ? "cudaHostRegister (read-only)"
-                                                                  : "cudaHostRegister");
+      return from_cuda(
+          err, (flags & cudaHostRegisterReadOnly) != 0 ? "cudaHostRegister (read-only)" : "cudaHostRegister");
     } else {
       r.pieces[base + off] = Entry{n, 1, true};
       newly += n;

@@ -89,7 +89,7 @@ struct Stager::Impl {
   cudaStream_t h2d = nullptr;
   cudaStream_t d2h = nullptr;
 
-  mutable std::mutex mu;                  // guards the fields below
+  mutable std::mutex mu;  // guards the fields below
   // Arenas this stager has registered, as (id, base, size): a remapped arena (same id, new
   // address) is registered again rather than taken for the old mapping.
   std::set<std::tuple<uint64_t, uintptr_t, uint64_t>> arenas;
@@ -102,8 +102,14 @@ struct Stager::Impl {
   ~Impl() {
     if (h2d != nullptr || d2h != nullptr) {
       DeviceGuard g(opts.device);
-      if (h2d) { (void)cudaStreamSynchronize(h2d); (void)cudaStreamDestroy(h2d); }
-      if (d2h) { (void)cudaStreamSynchronize(d2h); (void)cudaStreamDestroy(d2h); }
+      if (h2d) {
+        (void)cudaStreamSynchronize(h2d);
+        (void)cudaStreamDestroy(h2d);
+      }
+      if (d2h) {
+        (void)cudaStreamSynchronize(d2h);
+        (void)cudaStreamDestroy(d2h);
+      }
     }
     registry::release(acquired);
     for (std::span<const std::byte> r : daemon_pins) (void)client->pin_for_dma(r, false);
@@ -152,8 +158,7 @@ struct Stager::Impl {
       if (s.is_ok()) {
         arenas.insert(key);
       } else if (first.is_ok()) {
-        first = Status(s.code(), "register arena " + std::to_string(a.arena_id) + ": " +
-                                     s.message());
+        first = Status(s.code(), "register arena " + std::to_string(a.arena_id) + ": " + s.message());
       }
     }
     note_error(first);
@@ -161,8 +166,8 @@ struct Stager::Impl {
   }
 
   // On-demand mode: registers the 2 MiB granules (relative to the arena base) of the arena
-  // holding [p, p+n) that the range covers, in pieces of at most register_chunk_bytes. kNotFound when no mapped arena
-  // holds the whole range.
+  // holding [p, p+n) that the range covers, in pieces of at most register_chunk_bytes. kNotFound when no
+  // mapped arena holds the whole range.
   Status register_pieces(uintptr_t p, uint64_t n) {
     std::vector<Client::ArenaMapping> arenas = client->mapped_arenas();
     {
@@ -188,7 +193,11 @@ struct Stager::Impl {
   }
 
   // One segment of a copy: host range and whether it lies in registered memory.
-  struct Segment { uintptr_t host; uint64_t off, len; bool pinned; };
+  struct Segment {
+    uintptr_t host;
+    uint64_t off, len;
+    bool pinned;
+  };
 
   // Splits [host, host+len) at registration boundaries. Caller does not hold mu.
   std::vector<Segment> segments(uintptr_t host, uint64_t len) const {
@@ -211,8 +220,7 @@ struct Stager::Impl {
     return out;
   }
 
-  Result<Transfer> copy(uintptr_t host, uint64_t len, uintptr_t dev, bool to_device,
-                        cudaStream_t stream) {
+  Result<Transfer> copy(uintptr_t host, uint64_t len, uintptr_t dev, bool to_device, cudaStream_t stream) {
     if (len == 0) return fail(Code::kInvalidArgument, "empty copy");
     if (dev == 0) return fail(Code::kInvalidArgument, "null device pointer");
     std::vector<Segment> segs = segments(host, len);
@@ -220,10 +228,8 @@ struct Stager::Impl {
     if (!all_pinned && client != nullptr) {
       // The client may have mapped a new arena since the last registration, or (on demand)
       // this part of an arena is not registered yet.
-      if (opts.register_on_demand)
-        (void)register_pieces(host, len);
-      else
-        (void)register_arenas();
+      if (opts.register_on_demand) (void)register_pieces(host, len);
+      else (void)register_arenas();
       segs = segments(host, len);
       all_pinned = std::ranges::all_of(segs, [](const Segment& s) { return s.pinned; });
     }
@@ -277,13 +283,12 @@ struct Stager::Impl {
   }
 };
 
-Result<std::unique_ptr<Stager::Impl>> Stager::make_impl(Client* client,
-                                                        const StagerOptions& opts) {
+Result<std::unique_ptr<Stager::Impl>> Stager::make_impl(Client* client, const StagerOptions& opts) {
   auto n = device_count();
   if (!n) return fail(n.error());
   if (opts.device < 0 || opts.device >= *n)
-    return fail(Code::kInvalidArgument, "no CUDA device with index " + std::to_string(opts.device) +
-                                            " (" + std::to_string(*n) + " present)");
+    return fail(Code::kInvalidArgument, "no CUDA device with index " + std::to_string(opts.device) + " (" +
+                                            std::to_string(*n) + " present)");
   if (opts.chunk_bytes == 0 || opts.register_chunk_bytes == 0)
     return fail(Code::kInvalidArgument, "chunk sizes must be > 0");
   auto impl = std::make_unique<Stager::Impl>();
@@ -340,23 +345,20 @@ Result<Transfer> Stager::copy_to_device(const Lease& src, void* dst, StreamHandl
   return copy_to_device(std::span<const std::byte>(src.bytes()), dst, stream);
 }
 
-Result<Transfer> Stager::copy_to_device(std::span<const std::byte> src, void* dst,
-                                        StreamHandle stream) {
-  return impl_->copy(reinterpret_cast<uintptr_t>(src.data()), src.size(),
-                     reinterpret_cast<uintptr_t>(dst), true, stream);
+Result<Transfer> Stager::copy_to_device(std::span<const std::byte> src, void* dst, StreamHandle stream) {
+  return impl_->copy(reinterpret_cast<uintptr_t>(src.data()), src.size(), reinterpret_cast<uintptr_t>(dst),
+                     true, stream);
 }
 
 Result<Transfer> Stager::copy_to_host(const void* src, const Lease& dst, StreamHandle stream) {
   if (!dst.valid()) return fail(Code::kInvalidArgument, "copy_to_host: lease is not held");
-  if (!is_write(dst.mode()))
-    return fail(Code::kInvalidArgument, "copy_to_host: target needs a write lease");
+  if (!is_write(dst.mode())) return fail(Code::kInvalidArgument, "copy_to_host: target needs a write lease");
   return copy_to_host(src, dst.bytes(), stream);
 }
 
-Result<Transfer> Stager::copy_to_host(const void* src, std::span<std::byte> dst,
-                                      StreamHandle stream) {
-  return impl_->copy(reinterpret_cast<uintptr_t>(dst.data()), dst.size(),
-                     reinterpret_cast<uintptr_t>(src), false, stream);
+Result<Transfer> Stager::copy_to_host(const void* src, std::span<std::byte> dst, StreamHandle stream) {
+  return impl_->copy(reinterpret_cast<uintptr_t>(dst.data()), dst.size(), reinterpret_cast<uintptr_t>(src),
+                     false, stream);
 }
 
 int Stager::device() const noexcept { return impl_->opts.device; }

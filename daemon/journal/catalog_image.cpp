@@ -9,8 +9,7 @@ namespace {
 
 Status bad(const Record& r, const std::string& why) {
   return Status(Code::kCorruption,
-                std::string(record_type_name(record_type(r))) + " record contradicts the catalog: " +
-                    why);
+                std::string(record_type_name(record_type(r))) + " record contradicts the catalog: " + why);
 }
 
 void raise(uint64_t& mark, uint64_t id) {
@@ -37,8 +36,8 @@ const TensorImage* CatalogImage::tensor(uint64_t tensor_id) const noexcept {
   return const_cast<CatalogImage*>(this)->tensor_mut(tensor_id);
 }
 
-void CatalogImage::see_ids(uint64_t pool_id, uint64_t tensor_id, uint64_t snapshot_id,
-                           uint64_t arena_id, uint64_t generation) {
+void CatalogImage::see_ids(uint64_t pool_id, uint64_t tensor_id, uint64_t snapshot_id, uint64_t arena_id,
+                           uint64_t generation) {
   raise(marks_.next_pool_id, pool_id);
   raise(marks_.next_tensor_id, tensor_id);
   raise(marks_.next_snapshot_id, snapshot_id);
@@ -51,8 +50,9 @@ Status CatalogImage::apply(const Record& rec) {
       [&](const auto& r) -> Status {
         using T = std::decay_t<decltype(r)>;
         const std::string id_of_pool = "pool " + std::to_string([&] {
-          if constexpr (requires { r.pool_id; }) return r.pool_id; else return uint64_t{0};
-        }());
+                                         if constexpr (requires { r.pool_id; }) return r.pool_id;
+                                         else return uint64_t{0};
+                                       }());
         if constexpr (std::is_same_v<T, PoolCreated>) {
           if (pool(r.pool_id)) return bad(rec, id_of_pool + " exists");
           for (const auto& [id, p] : pools_)
@@ -177,8 +177,8 @@ RecordVisitor CatalogImage::replayer() {
   return [this](const Record& r, uint64_t seq, size_t offset) -> Status {
     Status st = apply(r);
     if (!st)
-      return Status(st.code(), "record seq " + std::to_string(seq) + " at offset " +
-                                   std::to_string(offset) + ": " + st.message());
+      return Status(st.code(), "record seq " + std::to_string(seq) + " at offset " + std::to_string(offset) +
+                                   ": " + st.message());
     return st;
   };
 }

@@ -61,9 +61,9 @@ struct SnapshotImage {
 
 struct PoolImage {
   PoolCreated meta;
-  std::map<uint64_t, ArenaCreated> arenas;     // by arena id
-  std::map<uint64_t, TensorImage> tensors;     // by tensor id
-  std::map<uint64_t, SnapshotImage> snapshots; // by snapshot id
+  std::map<uint64_t, ArenaCreated> arenas;      // by arena id
+  std::map<uint64_t, TensorImage> tensors;      // by tensor id
+  std::map<uint64_t, SnapshotImage> snapshots;  // by snapshot id
   // Set when a restart rebuilt the pool after losing its RAM (a mix of the snapshot and newer
   // NVMe copies), until a PoolRestored.
   std::optional<PoolRecovered> recovered;
@@ -80,8 +80,8 @@ class CatalogImage {
   [[nodiscard]] RecordVisitor replayer();
 
   // Emits the live state: Watermarks, then per pool PoolCreated, its ArenaCreated, per tensor
-  // TensorCreated (+ NvmeCopyWritten, + WriteLeaseHeld), per snapshot SnapshotBegun (+ SnapshotTagged, + SnapshotDurable),
-  // then PoolRecovered when set.
+  // TensorCreated (+ NvmeCopyWritten, + WriteLeaseHeld), per snapshot SnapshotBegun (+ SnapshotTagged, +
+  // SnapshotDurable), then PoolRecovered when set.
   [[nodiscard]] Status emit_live(const Journal::Emit& emit) const;
 
   const std::map<uint64_t, PoolImage>& pools() const noexcept { return pools_; }
@@ -89,9 +89,7 @@ class CatalogImage {
   const TensorImage* tensor(uint64_t tensor_id) const noexcept;
   size_t tensor_count() const noexcept { return tensor_pool_.size(); }
 
-  bool operator==(const CatalogImage& o) const {
-    return pools_ == o.pools_ && marks_ == o.marks_;
-  }
+  bool operator==(const CatalogImage& o) const { return pools_ == o.pools_ && marks_ == o.marks_; }
 
  private:
   PoolImage* pool(uint64_t id);

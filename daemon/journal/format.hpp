@@ -77,7 +77,6 @@ static_assert(offsetof(RecordHeader, seq) == 8 && offsetof(RecordHeader, type) =
 // XXH3-64 of the first 24 bytes of `h`.
 [[nodiscard]] uint64_t file_header_checksum(const FileHeader& h) noexcept;
 // XXH3-64 of `payload`, seeded with XXH3-64 of the first 24 bytes of `h`.
-[[nodiscard]] uint64_t record_checksum(const RecordHeader& h,
-                                       std::span<const std::byte> payload) noexcept;
+[[nodiscard]] uint64_t record_checksum(const RecordHeader& h, std::span<const std::byte> payload) noexcept;
 
 }  // namespace tier::journal

@@ -11,9 +11,9 @@
 #include <cstring>
 
 // For functions returning Result<T>: propagate a failed Status as the error.
-#define RETURN_FAIL_IF_ERROR(expr)                    \
-  do {                                                \
-    ::tier::Status st_ = (expr);                      \
+#define RETURN_FAIL_IF_ERROR(expr)                         \
+  do {                                                     \
+    ::tier::Status st_ = (expr);                           \
     if (!st_.is_ok()) return ::tier::fail(std::move(st_)); \
   } while (0)
 
@@ -26,11 +26,18 @@ constexpr size_t kCompactChunkBytes = 1 << 20;
 class Fd {
  public:
   explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { if (fd_ >= 0) ::close(fd_); }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  int release() { int f = fd_; fd_ = -1; return f; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
  private:
   int fd_;
 };
@@ -38,8 +45,7 @@ class Fd {
 Status pwrite_all(int fd, std::span<const std::byte> bytes, uint64_t offset, const std::string& what) {
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done,
-                         static_cast<off_t>(offset + done));
+    ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status::from_errno(errno, "write " + what);
@@ -121,8 +127,7 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string& dir, const Jou
 
   j->dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (j->dir_fd_ < 0) return fail(Status::from_errno(errno, "open journal directory " + dir));
-  j->lock_fd_ = ::openat(j->dir_fd_, std::string(kLockName).c_str(),
-                         O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  j->lock_fd_ = ::openat(j->dir_fd_, std::string(kLockName).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (j->lock_fd_ < 0) return fail(Status::from_errno(errno, "open " + dir + "/catalog.lock"));
   if (::flock(j->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK)
@@ -141,8 +146,8 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string& dir, const Jou
   bool fresh = false;
   j->fd_ = ::openat(j->dir_fd_, std::string(kFileName).c_str(), O_RDWR | O_CLOEXEC);
   if (j->fd_ < 0 && errno == ENOENT) {
-    j->fd_ = ::openat(j->dir_fd_, std::string(kFileName).c_str(),
-                      O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    j->fd_ =
+        ::openat(j->dir_fd_, std::string(kFileName).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     fresh = true;
     rep.created = true;
   }
@@ -209,8 +214,8 @@ Result<uint64_t> Journal::append(const Record& record) {
     // Part of the record may be on disk: cut it off, or later appends would follow garbage
     // and turn a harmless torn tail into corruption in the middle.
     if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0)
-      return fail(fail_with(Status(st.code(), st.message() + "; and truncating it failed: " +
-                                                  std::strerror(errno))));
+      return fail(
+          fail_with(Status(st.code(), st.message() + "; and truncating it failed: " + std::strerror(errno))));
     return fail(std::move(st));
   }
   size_ += buf_.size();
@@ -247,8 +252,7 @@ Status Journal::compact(std::span<const Record> live) {
 Status Journal::compact(const std::function<Status(const Emit& emit)>& write_live) {
   if (!failed_) return failed_;
   const std::string tmp_path = dir_ + "/" + std::string(kCompactName);
-  Fd tmp(::openat(dir_fd_, std::string(kCompactName).c_str(),
-                  O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  Fd tmp(::openat(dir_fd_, std::string(kCompactName).c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (tmp.get() < 0) return Status::from_errno(errno, "create " + tmp_path);
   auto abandon = [&](Status st) {
     ::unlinkat(dir_fd_, std::string(kCompactName).c_str(), 0);
@@ -277,14 +281,13 @@ Status Journal::compact(const std::function<Status(const Emit& emit)>& write_liv
   const uint64_t records_bytes = written - kFileHeaderBytes;
   const uint64_t kib = (records_bytes + 1023) / 1024;
   std::vector<std::byte> hdr;
-  encode_file_header(kJournalMagic, first_seq,
-                     static_cast<uint32_t>(std::min<uint64_t>(kib, UINT32_MAX)), hdr);
+  encode_file_header(kJournalMagic, first_seq, static_cast<uint32_t>(std::min<uint64_t>(kib, UINT32_MAX)),
+                     hdr);
   if (Status st = pwrite_all(tmp.get(), hdr, 0, tmp_path); !st) return abandon(std::move(st));
   // Always fsynced, whatever the policy: the rename must never expose a file whose bytes
   // are not on disk yet.
   if (Status st = datasync(tmp.get(), tmp_path); !st) return abandon(std::move(st));
-  if (::renameat(dir_fd_, std::string(kCompactName).c_str(), dir_fd_,
-                 std::string(kFileName).c_str()) != 0)
+  if (::renameat(dir_fd_, std::string(kCompactName).c_str(), dir_fd_, std::string(kFileName).c_str()) != 0)
     return abandon(Status::from_errno(errno, "rename " + tmp_path + " over " + path_));
   // From here the new file is the journal; if its directory entry cannot be made durable,
   // a power loss could bring back the old one without the records appended from now on.

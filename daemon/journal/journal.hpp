@@ -135,8 +135,7 @@ class Journal {
 
 // Reads and validates the journal file at `path` without changing it (tools, tests): the same
 // rules as open(), but a torn tail is only reported in ScanResult::dropped_bytes.
-[[nodiscard]] Result<ScanResult> inspect_journal(const std::string& path,
-                                                 const RecordVisitor& visit);
+[[nodiscard]] Result<ScanResult> inspect_journal(const std::string& path, const RecordVisitor& visit);
 
 // Whole-file helpers shared with manifest.cpp.
 [[nodiscard]] Result<std::vector<std::byte>> read_whole_file(int fd, const std::string& what);

@@ -25,8 +25,7 @@ bool is_frame(const Record& r) {
 
 }  // namespace
 
-Status write_manifest(const std::string& path, const ManifestBegin& begin,
-                      std::span<const Record> body) {
+Status write_manifest(const std::string& path, const ManifestBegin& begin, std::span<const Record> body) {
   std::vector<std::byte> out;
   encode_file_header(kManifestMagic, 1, 0, out);
   uint64_t seq = 1;
@@ -66,8 +65,8 @@ Result<Manifest> parse_manifest(std::span<const std::byte> image) {
   uint64_t count = 0;
   auto res = scan(image, kManifestMagic, [&](const Record& r, uint64_t, size_t off) -> Status {
     if (have_end)
-      return Status(Code::kCorruption, "manifest has records after its end (offset " +
-                                           std::to_string(off) + ")");
+      return Status(Code::kCorruption,
+                    "manifest has records after its end (offset " + std::to_string(off) + ")");
     if (!have_begin) {
       if (auto* b = std::get_if<ManifestBegin>(&r)) {
         m.begin = *b;
@@ -82,8 +81,8 @@ Result<Manifest> parse_manifest(std::span<const std::byte> image) {
       return Status::ok();
     }
     if (is_frame(r))
-      return Status(Code::kCorruption, "manifest has a second ManifestBegin at offset " +
-                                           std::to_string(off));
+      return Status(Code::kCorruption,
+                    "manifest has a second ManifestBegin at offset " + std::to_string(off));
     m.body.push_back(r);
     ++count;
     return Status::ok();

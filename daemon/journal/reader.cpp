@@ -8,9 +8,7 @@
 namespace tier::journal {
 namespace {
 
-std::string kind_name(uint64_t magic) {
-  return magic == kManifestMagic ? "snapshot manifest" : "journal";
-}
+std::string kind_name(uint64_t magic) { return magic == kManifestMagic ? "snapshot manifest" : "journal"; }
 
 // Why a record frame at some offset is not valid; kOk when it is.
 enum class Frame { kOk, kShort, kMagic, kReserved, kLength, kTruncated, kChecksum };
@@ -59,8 +57,7 @@ Status check_file_header(std::span<const std::byte> file, uint64_t magic, ScanRe
     // prefix of it. Anything other than a prefix of our magic is not ours to overwrite.
     size_t n = std::min(file.size(), sizeof magic);
     if (n > 0 && std::memcmp(file.data(), &magic, n) != 0)
-      return Status(Code::kCorruption, "not a tierd " + kind + ": " +
-                                           std::to_string(file.size()) +
+      return Status(Code::kCorruption, "not a tierd " + kind + ": " + std::to_string(file.size()) +
                                            " bytes that do not start with its magic");
     out.fresh = true;
     out.valid_end = 0;
@@ -71,16 +68,14 @@ Status check_file_header(std::span<const std::byte> file, uint64_t magic, ScanRe
   std::memcpy(&h, file.data(), kFileHeaderBytes);
   if (h.magic != magic) {
     if (h.magic == kJournalMagic || h.magic == kManifestMagic)
-      return Status(Code::kCorruption, "expected a tierd " + kind + " but found a " +
-                                           kind_name(h.magic));
+      return Status(Code::kCorruption, "expected a tierd " + kind + " but found a " + kind_name(h.magic));
     return Status(Code::kCorruption, "not a tierd " + kind + " (bad magic in the file header)");
   }
   if (file_header_checksum(h) != h.checksum)
     return Status(Code::kCorruption, "the " + kind + "'s file header is damaged (checksum mismatch)");
   if (h.version > kFormatVersion)
-    return Status(Code::kUnsupported, "the " + kind + " has format version " +
-                                          std::to_string(h.version) + ", newer than this tierd's " +
-                                          std::to_string(kFormatVersion) +
+    return Status(Code::kUnsupported, "the " + kind + " has format version " + std::to_string(h.version) +
+                                          ", newer than this tierd's " + std::to_string(kFormatVersion) +
                                           ": upgrade tierd to read it");
   if (h.version == 0 || h.flags != 0)
     return Status(Code::kCorruption, "the " + kind + "'s file header has invalid fields");
@@ -95,8 +90,7 @@ Status check_file_header(std::span<const std::byte> file, uint64_t magic, ScanRe
 
 }  // namespace
 
-Result<ScanResult> scan(std::span<const std::byte> file, uint64_t magic,
-                        const RecordVisitor& visit) {
+Result<ScanResult> scan(std::span<const std::byte> file, uint64_t magic, const RecordVisitor& visit) {
   ScanResult out;
   if (Status st = check_file_header(file, magic, out); !st) return fail(std::move(st));
   if (out.fresh) return out;
@@ -111,11 +105,10 @@ Result<ScanResult> scan(std::span<const std::byte> file, uint64_t magic,
     if (f != Frame::kOk) {
       size_t next = find_valid_record_after(file, pos, expected);
       if (next != 0)
-        return fail(Code::kCorruption,
-                    "the " + kind + " is corrupt at offset " + std::to_string(pos) + " (" +
-                        frame_reason(f) + ") with valid records after it (offset " +
-                        std::to_string(next) + "): refusing to drop them; seq " +
-                        std::to_string(expected) + " onwards would be lost");
+        return fail(Code::kCorruption, "the " + kind + " is corrupt at offset " + std::to_string(pos) + " (" +
+                                           frame_reason(f) + ") with valid records after it (offset " +
+                                           std::to_string(next) + "): refusing to drop them; seq " +
+                                           std::to_string(expected) + " onwards would be lost");
       out.dropped_bytes = file.size() - pos;
       break;
     }
@@ -144,9 +137,8 @@ Result<ScanResult> scan(std::span<const std::byte> file, uint64_t magic,
     std::memcpy(&h, file.data() + pos, kRecordHeaderBytes);
     auto rec = decode_payload(h.type, file.subspan(pos + kRecordHeaderBytes, h.payload_len));
     if (!rec)
-      return fail(rec.error().code(), "the " + kind + " record at offset " + std::to_string(pos) +
-                                          " (seq " + std::to_string(h.seq) +
-                                          "): " + rec.error().message());
+      return fail(rec.error().code(), "the " + kind + " record at offset " + std::to_string(pos) + " (seq " +
+                                          std::to_string(h.seq) + "): " + rec.error().message());
     if (visit) {
       if (Status st = visit(*rec, h.seq, pos); !st) return fail(std::move(st));
     }
@@ -162,23 +154,22 @@ Status encode_record(const Record& record, uint64_t seq, std::vector<std::byte>&
   const size_t payload_len = out.size() - start - kRecordHeaderBytes;
   if (payload_len > kMaxPayloadBytes) {
     out.resize(start);
-    return Status(Code::kInvalidArgument,
-                  std::string(record_type_name(record_type(record))) + " record of " +
-                      std::to_string(payload_len) + " bytes exceeds the journal's limit of " +
-                      std::to_string(kMaxPayloadBytes) + " bytes");
+    return Status(Code::kInvalidArgument, std::string(record_type_name(record_type(record))) + " record of " +
+                                              std::to_string(payload_len) +
+                                              " bytes exceeds the journal's limit of " +
+                                              std::to_string(kMaxPayloadBytes) + " bytes");
   }
   RecordHeader h;
   h.payload_len = static_cast<uint32_t>(payload_len);
   h.seq = seq;
   h.type = static_cast<uint16_t>(record_type(record));
-  h.checksum = record_checksum(
-      h, std::span<const std::byte>(out.data() + start + kRecordHeaderBytes, payload_len));
+  h.checksum =
+      record_checksum(h, std::span<const std::byte>(out.data() + start + kRecordHeaderBytes, payload_len));
   std::memcpy(out.data() + start, &h, kRecordHeaderBytes);
   return Status::ok();
 }
 
-void encode_file_header(uint64_t magic, uint64_t first_seq, uint32_t base_kib,
-                        std::vector<std::byte>& out) {
+void encode_file_header(uint64_t magic, uint64_t first_seq, uint32_t base_kib, std::vector<std::byte>& out) {
   FileHeader h;
   h.magic = magic;
   h.base_kib = base_kib;

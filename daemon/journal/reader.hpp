@@ -55,7 +55,6 @@ using RecordVisitor = std::function<Status(const Record& record, uint64_t seq, s
 [[nodiscard]] Status encode_record(const Record& record, uint64_t seq, std::vector<std::byte>& out);
 
 // Appends a file header for a file whose first record will carry `first_seq`.
-void encode_file_header(uint64_t magic, uint64_t first_seq, uint32_t base_kib,
-                        std::vector<std::byte>& out);
+void encode_file_header(uint64_t magic, uint64_t first_seq, uint32_t base_kib, std::vector<std::byte>& out);
 
 }  // namespace tier::journal

@@ -9,28 +9,24 @@ namespace tier::journal {
 namespace {
 
 // Alternative i of Record must be RecordType i + 1: decode_payload indexes by type.
-template <size_t... I>
-constexpr bool types_match_indices(std::index_sequence<I...>) {
+template <size_t... I> constexpr bool types_match_indices(std::index_sequence<I...>) {
   return ((static_cast<size_t>(std::variant_alternative_t<I, Record>::kType) == I + 1) && ...);
 }
 static_assert(types_match_indices(std::make_index_sequence<std::variant_size_v<Record>>{}),
               "Record alternatives must be ordered by RecordType");
 
-template <class T>
-Result<Record> decode_as(std::span<const std::byte> payload) {
+template <class T> Result<Record> decode_as(std::span<const std::byte> payload) {
   T rec{};
   wire::Reader r(payload);
   r(rec);
   if (!r.ok() || !r.at_end())
-    return fail(Code::kCorruption, std::string(record_type_name(T::kType)) +
-                                       " record payload of " + std::to_string(payload.size()) +
-                                       " bytes does not decode");
+    return fail(Code::kCorruption, std::string(record_type_name(T::kType)) + " record payload of " +
+                                       std::to_string(payload.size()) + " bytes does not decode");
   return Record(std::move(rec));
 }
 
 template <size_t... I>
-Result<Record> decode_indexed(size_t index, std::span<const std::byte> payload,
-                              std::index_sequence<I...>) {
+Result<Record> decode_indexed(size_t index, std::span<const std::byte> payload, std::index_sequence<I...>) {
   using Fn = Result<Record> (*)(std::span<const std::byte>);
   static constexpr Fn table[] = {&decode_as<std::variant_alternative_t<I, Record>>...};
   return table[index](payload);
@@ -78,8 +74,7 @@ Result<Record> decode_payload(uint16_t type, std::span<const std::byte> payload)
     return fail(Code::kUnsupported, "record type " + std::to_string(type) +
                                         " is unknown to this tierd (journal format version " +
                                         std::to_string(kFormatVersion) + ")");
-  return decode_indexed(type - 1u, payload,
-                        std::make_index_sequence<std::variant_size_v<Record>>{});
+  return decode_indexed(type - 1u, payload, std::make_index_sequence<std::variant_size_v<Record>>{});
 }
 
 }  // namespace tier::journal

@@ -12,6 +12,9 @@
 // daemon's, unique across restarts thanks to the Watermarks record).
 #pragma once
 
+// clang-format off: the messages below are a table (fields, then their one-line visit), kept
+// one line each so that a field and its place in the encoding are read together.
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -315,3 +318,4 @@ void encode_payload(const Record& r, std::vector<std::byte>& out);
 [[nodiscard]] Result<Record> decode_payload(uint16_t type, std::span<const std::byte> payload);
 
 }  // namespace tier::journal
+// clang-format on

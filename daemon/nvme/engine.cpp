@@ -91,15 +91,15 @@ struct Engine::Op {
   bool has_replaces = false;
   NvmeLocation replaces;
   struct Chunk {
-    uint64_t pos = 0;        // offset inside the extent
-    uint64_t len = 0;        // tensor bytes in this chunk
-    Bounce bounce;           // aligned staging copy (io length = len rounded up), or null
+    uint64_t pos = 0;  // offset inside the extent
+    uint64_t len = 0;  // tensor bytes in this chunk
+    Bounce bounce;     // aligned staging copy (io length = len rounded up), or null
     bool done = false;
   };
-  struct Part {              // one extent
-    uint64_t pos = 0;        // offset of the extent's bytes in the tensor
+  struct Part {        // one extent
+    uint64_t pos = 0;  // offset of the extent's bytes in the tensor
     std::vector<Chunk> chunks;
-    uint32_t pending = 0;    // chunks in flight
+    uint32_t pending = 0;  // chunks in flight
     bool failed = false;
   };
   std::vector<Part> parts;
@@ -121,8 +121,7 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (::epoll_ctl(e->epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
-      return Status::from_errno(errno, "epoll_ctl");
+    if (::epoll_ctl(e->epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return Status::from_errno(errno, "epoll_ctl");
     return Status::ok();
   };
   if (Status s = watch(e->efd_); !s) return fail(s);
@@ -159,14 +158,16 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
       auto t = make_thread_pool_backend(bo);
       if (!t) return fail(t.error());
       backend = std::move(*t);
-      log_warn("nvme: NVMe directory {}: using the pread/pwrite thread pool ({} threads{}) "
-               "because {}",
-               dc.path, o.threads, direct ? ", O_DIRECT" : ", page cache", why);
+      log_warn(
+          "nvme: NVMe directory {}: using the pread/pwrite thread pool ({} threads{}) "
+          "because {}",
+          dc.path, o.threads, direct ? ", O_DIRECT" : ", page cache", why);
     } else {
-      log_info("nvme: NVMe directory {}: io_uring{}, queue depth {}, request size {} KiB, "
-               "NUMA node {}",
-               dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth,
-               o.request_size / 1024, dc.numa_node);
+      log_info(
+          "nvme: NVMe directory {}: io_uring{}, queue depth {}, request size {} KiB, "
+          "NUMA node {}",
+          dc.path, direct ? " + O_DIRECT" : " (buffered)", o.queue_depth, o.request_size / 1024,
+          dc.numa_node);
     }
     const WrapBackend& wrap = o.wrap_backend ? o.wrap_backend : default_wrap_backend();
     if (wrap) backend = wrap(static_cast<uint16_t>(i), std::move(backend));
@@ -264,8 +265,7 @@ constexpr int kTagExtentBits = 24;
 void Engine::hash_extent(uint64_t op_id, size_t ext) {
   Op& op = *ops_.at(op_id);
   ++op.outstanding;
-  hasher_->submit((op_id << kTagExtentBits) | ext, op.base + op.parts[ext].pos,
-                  op.loc.extents[ext].length);
+  hasher_->submit((op_id << kTagExtentBits) | ext, op.base + op.parts[ext].pos, op.loc.extents[ext].length);
 }
 
 void Engine::hash_done(uint64_t tag, uint64_t hash) {
@@ -277,8 +277,8 @@ void Engine::hash_done(uint64_t tag, uint64_t hash) {
     e.checksum = hash;
   } else if (hash != e.checksum) {
     ++counters_.checksum_failures;
-    std::string msg = fmt::format("checksum mismatch in {} at offset {}",
-                                  store_->dir(e.dir).file_path(e.file), e.offset);
+    std::string msg =
+        fmt::format("checksum mismatch in {} at offset {}", store_->dir(e.dir).file_path(e.file), e.offset);
     log_error("nvme: {} ({} bytes)", msg, e.length);
     if (op.error.is_ok() || op.error.code() != Code::kCorruption)
       op.error = Status(Code::kCorruption, std::move(msg));
@@ -291,9 +291,8 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
                    const NvmeLocation* replaces) {
   auto extents = store_->allocate(src.size());
   if (!extents) {
-    Status s(extents.error().code(),
-             fmt::format("spill of tensor {} ({} bytes): {}", tensor_id, src.size(),
-                         extents.error().message()));
+    Status s(extents.error().code(), fmt::format("spill of tensor {} ({} bytes): {}", tensor_id, src.size(),
+                                                 extents.error().message()));
     defer([done = std::move(done), s] { done(fail(s)); });
     return;
   }
@@ -342,8 +341,8 @@ void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone 
   }
   if (total != loc.size || dst.size() != loc.size) {
     Status s(Code::kInvalidArgument,
-             fmt::format("fetch: destination holds {} bytes, location {} (extents add up to {})",
-                         dst.size(), loc.size, total));
+             fmt::format("fetch: destination holds {} bytes, location {} (extents add up to {})", dst.size(),
+                         loc.size, total));
     defer([done = std::move(done), s] { done(s); });
     return;
   }
@@ -381,8 +380,7 @@ void Engine::io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result) {
     if (op.error.is_ok())
       op.error = Status::from_errno(static_cast<int>(-result),
                                     fmt::format("{} {} at offset {}", op.write ? "write" : "read",
-                                                store_->dir(e.dir).file_path(e.file),
-                                                e.offset + c.pos));
+                                                store_->dir(e.dir).file_path(e.file), e.offset + c.pos));
   } else if (!op.write && !part.failed) {
     if (c.bounce) std::memcpy(op.base + part.pos + c.pos, c.bounce.get(), c.len);
     c.done = true;
@@ -472,8 +470,7 @@ void Engine::finish(uint64_t op_id) {
     if (!op->error.is_ok()) {
       if (Status s = store_->release(op->loc.extents); !s)
         log_error("nvme: freeing extents of a failed spill: {}", s.to_string());
-      Status err(op->error.code(), fmt::format("spill of tensor {}: {}", op->tensor_id,
-                                               op->error.message()));
+      Status err(op->error.code(), fmt::format("spill of tensor {}: {}", op->tensor_id, op->error.message()));
       ready_.push_back([done = std::move(op->spill_done), err] { done(fail(err)); });
       return;
     }
@@ -482,9 +479,8 @@ void Engine::finish(uint64_t op_id) {
         log_error("nvme: freeing the replaced copy of tensor {}: {}", op->tensor_id, s.to_string());
     }
     counters_.spill_bytes += op->loc.size;
-    ready_.push_back([done = std::move(op->spill_done), loc = std::move(op->loc)]() mutable {
-      done(std::move(loc));
-    });
+    ready_.push_back(
+        [done = std::move(op->spill_done), loc = std::move(op->loc)]() mutable { done(std::move(loc)); });
   } else {
     if (op->error.is_ok()) counters_.fetch_bytes += op->loc.size;
     ready_.push_back([done = std::move(op->fetch_done), st = op->error] { done(st); });
@@ -499,8 +495,7 @@ Status Engine::adopt(const NvmeLocation& loc) {
 
 size_t Engine::poll() {
   uint64_t v;
-  while (::read(efd_, &v, sizeof v) == sizeof v) {
-  }
+  while (::read(efd_, &v, sizeof v) == sizeof v) {}
   for (Dir& d : dirs_) d.queue->poll();
   hashed_.clear();
   hasher_->take(hashed_);

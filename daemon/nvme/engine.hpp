@@ -59,13 +59,13 @@ void set_default_wrap_backend(WrapBackend wrap);
 
 struct EngineOptions {
   std::vector<DirConfig> dirs;
-  uint64_t file_size = uint64_t{1} << 30;   // each preallocated data file
-  uint64_t stripe_unit = uint64_t{8} << 20; // tensors larger than this are striped across dirs
-  uint32_t queue_depth = 32;                // per directory
-  uint32_t request_size = 1u << 20;         // bytes per I/O request
-  uint32_t threads = 4;                     // pread backend workers per directory
-  uint32_t hash_threads = 2;                // checksum workers; 0 = hash on the caller's thread
-  uint64_t max_extent = uint64_t{8} << 20;  // longest extent: the checksum granule
+  uint64_t file_size = uint64_t{1} << 30;    // each preallocated data file
+  uint64_t stripe_unit = uint64_t{8} << 20;  // tensors larger than this are striped across dirs
+  uint32_t queue_depth = 32;                 // per directory
+  uint32_t request_size = 1u << 20;          // bytes per I/O request
+  uint32_t threads = 4;                      // pread backend workers per directory
+  uint32_t hash_threads = 2;                 // checksum workers; 0 = hash on the caller's thread
+  uint64_t max_extent = uint64_t{8} << 20;   // longest extent: the checksum granule
   BackendChoice backend = BackendChoice::kAuto;
   bool format = false;  // delete existing data files at open
   // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
@@ -79,9 +79,9 @@ struct DirStats {
   bool direct_io = false, registered_buffers = false;
   uint64_t capacity = 0, used = 0, file_bytes = 0;
   uint64_t bytes_read = 0, bytes_written = 0;  // device bytes, padding included
-  uint64_t syncs = 0;          // fdatasyncs of data files completed (shared by spills)
+  uint64_t syncs = 0;                          // fdatasyncs of data files completed (shared by spills)
   uint64_t requests = 0, short_retries = 0, eagain_retries = 0;
-  uint64_t in_flight = 0;      // requests in flight now
+  uint64_t in_flight = 0;  // requests in flight now
   uint32_t queue_depth = 0, request_size = 0;
 };
 
@@ -158,7 +158,7 @@ class Engine {
   void hash_done(uint64_t tag, uint64_t hash);
   void hash_extent(uint64_t op_id, size_t ext);
   void signal_if_ready();
-  void settle(uint64_t op_id);      // an op's I/O and hashes are done: sync a spill, else finish
+  void settle(uint64_t op_id);  // an op's I/O and hashes are done: sync a spill, else finish
   void start_sync(uint64_t op_id);
   void issue_syncs();
   void sync_done(uint64_t key, int64_t result);

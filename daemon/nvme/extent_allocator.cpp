@@ -4,8 +4,7 @@
 
 namespace tier::nvme {
 
-ExtentAllocator::ExtentAllocator(uint64_t align, uint64_t boundary)
-    : align_(align), boundary_(boundary) {}
+ExtentAllocator::ExtentAllocator(uint64_t align, uint64_t boundary) : align_(align), boundary_(boundary) {}
 
 bool ExtentAllocator::same_segment(uint64_t a_end, uint64_t b_start) const noexcept {
   // a ends where b starts; they may merge unless that point is a segment boundary.

@@ -49,8 +49,8 @@ class ExtentAllocator {
 
   uint64_t align_, boundary_;
   uint64_t capacity_ = 0, free_ = 0;
-  std::map<uint64_t, uint64_t> by_offset_;             // offset -> length
-  std::set<std::pair<uint64_t, uint64_t>> by_size_;    // (length, offset)
+  std::map<uint64_t, uint64_t> by_offset_;           // offset -> length
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset)
 };
 
 }  // namespace tier::nvme

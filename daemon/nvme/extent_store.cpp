@@ -17,9 +17,9 @@
 #include "wire/errors.hpp"
 
 // Propagates a failed Status from a function returning Result<T>.
-#define NVME_TRY(expr)                                         \
-  do {                                                         \
-    ::tier::Status nvme_try_ = (expr);                         \
+#define NVME_TRY(expr)                                                 \
+  do {                                                                 \
+    ::tier::Status nvme_try_ = (expr);                                 \
     if (!nvme_try_.is_ok()) return ::tier::fail(std::move(nvme_try_)); \
   } while (0)
 
@@ -30,8 +30,7 @@ int detect_numa_node(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return -1;
   std::error_code ec;
-  fs::path dev = fs::canonical(
-      fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev)), ec);
+  fs::path dev = fs::canonical(fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev)), ec);
   if (ec) return -1;
   // A partition's device attributes live on its parent disk.
   for (int up = 0; up < 2; ++up, dev = dev.parent_path()) {
@@ -52,9 +51,8 @@ std::string DirStore::file_path(uint32_t file) const {
   return fmt::format("{}/data-{:06}.tier", path_, file);
 }
 
-Result<std::unique_ptr<DirStore>> DirStore::open(uint16_t index, const DirConfig& c,
-                                                 uint64_t file_size, bool format, bool direct,
-                                                 FileHook hook) {
+Result<std::unique_ptr<DirStore>> DirStore::open(uint16_t index, const DirConfig& c, uint64_t file_size,
+                                                 bool format, bool direct, FileHook hook) {
   std::unique_ptr<DirStore> d(new DirStore());
   d->index_ = index;
   d->path_ = c.path;
@@ -71,8 +69,7 @@ Result<std::unique_ptr<DirStore>> DirStore::open(uint16_t index, const DirConfig
   uint64_t capacity = c.capacity;
   if (capacity == 0) {
     struct statvfs v;
-    if (::statvfs(c.path.c_str(), &v) != 0)
-      return fail(Status::from_errno(errno, "statvfs " + c.path));
+    if (::statvfs(c.path.c_str(), &v) != 0) return fail(Status::from_errno(errno, "statvfs " + c.path));
     uint64_t existing = 0;
     for (uint32_t n = 0; fs::exists(d->file_path(n), ec); ++n) existing += fs::file_size(d->file_path(n), ec);
     capacity = (uint64_t(v.f_bavail) * v.f_frsize + existing) / 10 * 9;
@@ -125,8 +122,8 @@ Status DirStore::open_file(uint32_t n, bool create) {
       ::unlink(p.c_str());
       if (err == ENOSPC || err == EDQUOT)
         return {Code::kResourceExhausted,
-                fmt::format("NVMe directory {} is full: cannot preallocate {} for {}: {}", path_,
-                            file_size_, p, strerror(err))};
+                fmt::format("NVMe directory {} is full: cannot preallocate {} for {}: {}", path_, file_size_,
+                            p, strerror(err))};
       return Status::from_errno(err, "fallocate " + p);
     }
     // A spill's fdatasync covers its bytes and the extent conversion, not the file's existence:
@@ -182,8 +179,8 @@ Result<Extent> DirStore::allocate(uint64_t len, bool allow_partial) {
       continue;
     }
     return fail(Code::kResourceExhausted,
-                fmt::format("NVMe directory {} is full: no free extent of {} bytes ({} of {} used)",
-                            path_, len, used(), capacity()));
+                fmt::format("NVMe directory {} is full: no free extent of {} bytes ({} of {} used)", path_,
+                            len, used(), capacity()));
   }
 }
 
@@ -196,9 +193,8 @@ Status DirStore::release(const Extent& e) {
 Status DirStore::reserve(const Extent& e) {
   while (e.file >= files_.size() && files_.size() < max_files_) TIER_RETURN_IF_ERROR(add_file());
   if (e.file >= files_.size() || e.offset + allocated_bytes(e) > file_size_)
-    return {Code::kInvalidArgument,
-            fmt::format("extent {}+{} in file {} lies outside directory {}", e.offset, e.length,
-                        e.file, path_)};
+    return {Code::kInvalidArgument, fmt::format("extent {}+{} in file {} lies outside directory {}", e.offset,
+                                                e.length, e.file, path_)};
   return alloc_.reserve(uint64_t(e.file) * file_size_ + e.offset, allocated_bytes(e));
 }
 

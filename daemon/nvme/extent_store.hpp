@@ -6,8 +6,8 @@
 //
 // On-disk layout of a directory: data-000000.tier, data-000001.tier, ... each exactly
 // file_size bytes (fallocate'd when created, then the file and the directory fsync'd; files
-// are created on demand up to the directory's capacity). Nothing else is written: which extents are in use is the daemon's catalog (it
-// replays them with reserve() after a restart).
+// are created on demand up to the directory's capacity). Nothing else is written: which extents are in use is
+// the daemon's catalog (it replays them with reserve() after a restart).
 //
 // Not thread-safe: the daemon's loop serializes calls.
 #pragma once
@@ -42,9 +42,8 @@ class DirStore {
 
   // Opens (creating when missing) the directory and the data files already in it.
   // format: delete existing data files first. direct: open files with O_DIRECT.
-  static Result<std::unique_ptr<DirStore>> open(uint16_t index, const DirConfig& c,
-                                                uint64_t file_size, bool format, bool direct,
-                                                FileHook hook);
+  static Result<std::unique_ptr<DirStore>> open(uint16_t index, const DirConfig& c, uint64_t file_size,
+                                                bool format, bool direct, FileHook hook);
   ~DirStore();
 
   // One extent of round_up(len) bytes, creating a data file when needed; with allow_partial,
@@ -90,8 +89,7 @@ class DirStore {
 class ExtentStore {
  public:
   // No extent is longer than max_extent (the checksum granule: extents are hashed in parallel).
-  ExtentStore(std::vector<std::unique_ptr<DirStore>> dirs, uint64_t stripe_unit,
-              uint64_t max_extent);
+  ExtentStore(std::vector<std::unique_ptr<DirStore>> dirs, uint64_t stripe_unit, uint64_t max_extent);
 
   // Extents covering `size` bytes in order (see location.hpp); the checksums are left 0.
   // All or nothing: on failure nothing stays allocated.

@@ -16,7 +16,6 @@
 #include <unordered_map>
 #include <vector>
 
-
 namespace tier::nvme {
 namespace {
 
@@ -25,8 +24,8 @@ constexpr uint32_t kHoldMs = UINT32_MAX;  // in delayed_: held until release_hel
 
 class FaultBackendImpl final : public FaultBackend {
  public:
-  FaultBackendImpl(std::unique_ptr<IoBackend> inner, std::vector<FaultRule> rules, uint64_t seed,
-                   int epfd, int efd, int tfd)
+  FaultBackendImpl(std::unique_ptr<IoBackend> inner, std::vector<FaultRule> rules, uint64_t seed, int epfd,
+                   int efd, int tfd)
       : inner_(std::move(inner)), rng_(seed), epfd_(epfd), efd_(efd), tfd_(tfd) {
     name_ = "fault(" + std::string(inner_->name()) + ")";
     set_rules(std::move(rules));
@@ -46,9 +45,8 @@ class FaultBackendImpl final : public FaultBackend {
   }
   uint64_t fired(FaultKind k) const noexcept override { return fired_[static_cast<size_t>(k)]; }
   size_t holding() const noexcept override {
-    return static_cast<size_t>(std::count_if(held_.begin(), held_.end(), [](const Held& h) {
-      return h.due == Clock::time_point::max();
-    }));
+    return static_cast<size_t>(std::count_if(
+        held_.begin(), held_.end(), [](const Held& h) { return h.due == Clock::time_point::max(); }));
   }
   void release_held() override {
     for (Held& h : held_)
@@ -88,8 +86,8 @@ class FaultBackendImpl final : public FaultBackend {
       if (r.op && *r.op != req.op) continue;
       if (fires_[i] >= r.max_fires) continue;
       uint64_t n = ++seen_[i];
-      bool fire = r.nth != 0 ? n == r.nth
-                             : std::uniform_real_distribution<double>(0, 1)(rng_) < r.probability;
+      bool fire =
+          r.nth != 0 ? n == r.nth : std::uniform_real_distribution<double>(0, 1)(rng_) < r.probability;
       if (fire) {
         ++fires_[i];
         hit = &r;
@@ -127,10 +125,8 @@ class FaultBackendImpl final : public FaultBackend {
 
   size_t reap(std::vector<IoCompletion>& out) override {
     uint64_t v;
-    while (::read(efd_, &v, sizeof v) == sizeof v) {
-    }
-    while (::read(tfd_, &v, sizeof v) == sizeof v) {
-    }
+    while (::read(efd_, &v, sizeof v) == sizeof v) {}
+    while (::read(tfd_, &v, sizeof v) == sizeof v) {}
     size_t before = out.size();
     out.insert(out.end(), synthetic_.begin(), synthetic_.end());
     synthetic_.clear();
@@ -214,8 +210,7 @@ class FaultBackendImpl final : public FaultBackend {
       Sync y = st->second;
       syncs_.erase(st);
       ++reported_seq_;
-      if (c.result >= 0)
-        std::erase_if(volatile_[y.file], [&](const Written& w) { return w.seq <= y.seq; });
+      if (c.result >= 0) std::erase_if(volatile_[y.file], [&](const Written& w) { return w.seq <= y.seq; });
       if (observer_) observer_(IoOp::kSync, c);
     }
   }
@@ -246,10 +241,10 @@ class FaultBackendImpl final : public FaultBackend {
   std::unordered_map<uint64_t, uint32_t> delayed_;  // user_data -> delay, issued to inner
   std::vector<Held> held_;
   size_t in_flight_ = 0;
-  std::unordered_map<int, int> fds_;                       // file index -> descriptor
-  std::unordered_map<uint64_t, Written> issued_;           // user_data -> write not yet reported
-  std::unordered_map<uint64_t, Sync> syncs_;               // user_data -> sync not yet reported
-  std::unordered_map<int, std::vector<Written>> volatile_; // file -> reported, not yet durable
+  std::unordered_map<int, int> fds_;                        // file index -> descriptor
+  std::unordered_map<uint64_t, Written> issued_;            // user_data -> write not yet reported
+  std::unordered_map<uint64_t, Sync> syncs_;                // user_data -> sync not yet reported
+  std::unordered_map<int, std::vector<Written>> volatile_;  // file -> reported, not yet durable
   uint64_t reported_seq_ = 0;
   bool off_ = false;
   Observer observer_;
@@ -310,8 +305,7 @@ Result<uint64_t> FaultBackendImpl::power_loss() {
 }  // namespace
 
 Result<std::unique_ptr<FaultBackend>> make_fault_backend(std::unique_ptr<IoBackend> inner,
-                                                         std::vector<FaultRule> rules,
-                                                         uint64_t seed) {
+                                                         std::vector<FaultRule> rules, uint64_t seed) {
   int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   int tfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   int epfd = ::epoll_create1(EPOLL_CLOEXEC);

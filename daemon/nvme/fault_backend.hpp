@@ -37,17 +37,18 @@ inline constexpr size_t kFaultKinds = 6;
 
 struct FaultRule {
   FaultKind kind = FaultKind::kEio;
-  std::optional<IoOp> op;        // match only this op; nullopt = every op (syncs too)
-  uint64_t nth = 0;              // fire on the nth matching op (1-based); 0 = use probability
-  double probability = 0;        // when nth == 0: chance per matching op
-  uint32_t delay_ms = 0;         // kDelay
+  std::optional<IoOp> op;  // match only this op; nullopt = every op (syncs too)
+  uint64_t nth = 0;        // fire on the nth matching op (1-based); 0 = use probability
+  double probability = 0;  // when nth == 0: chance per matching op
+  uint32_t delay_ms = 0;   // kDelay
   uint64_t max_fires = UINT64_MAX;
 };
 
 // Returns the wrapping backend; name() is "fault(<inner>)".
 class FaultBackend;
-[[nodiscard]] Result<std::unique_ptr<FaultBackend>> make_fault_backend(
-    std::unique_ptr<IoBackend> inner, std::vector<FaultRule> rules, uint64_t seed = 1);
+[[nodiscard]] Result<std::unique_ptr<FaultBackend>> make_fault_backend(std::unique_ptr<IoBackend> inner,
+                                                                       std::vector<FaultRule> rules,
+                                                                       uint64_t seed = 1);
 
 class FaultBackend : public IoBackend {
  public:
@@ -59,7 +60,8 @@ class FaultBackend : public IoBackend {
   // Reports every held completion at the next reap() (the event fd becomes readable).
   virtual void release_held() = 0;
   // Called with the completion of each write and sync issued to the inner backend as reap()
-  // reports it (before the caller sees it; injected failures are not passed); empty = none. For tests that check what happened in which order.
+  // reports it (before the caller sees it; injected failures are not passed); empty = none. For tests that
+  // check what happened in which order.
   using Observer = std::function<void(IoOp op, const IoCompletion& c)>;
   virtual void set_observer(Observer o) = 0;
 

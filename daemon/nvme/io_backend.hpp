@@ -45,8 +45,8 @@ enum class IoOp : uint8_t { kRead = 0, kWrite = 1, kSync = 2 };
 // One raw operation: one pread's, pwrite's or fdatasync's worth.
 struct IoRequest {
   IoOp op = IoOp::kRead;
-  int file = -1;           // index returned by add_file()
-  uint64_t offset = 0;     // byte offset in the file
+  int file = -1;             // index returned by add_file()
+  uint64_t offset = 0;       // byte offset in the file
   std::byte* buf = nullptr;  // must stay valid until the completion is reaped
   uint32_t len = 0;
   uint64_t user_data = 0;  // returned unchanged in the completion

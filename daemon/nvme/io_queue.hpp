@@ -37,7 +37,7 @@ struct IoQueueCounters {
   uint64_t short_retries = 0;  // remainders resubmitted after a short transfer
   uint64_t eagain_retries = 0;
   uint64_t bytes_read = 0, bytes_written = 0;
-  uint64_t syncs = 0;          // syncs that completed successfully
+  uint64_t syncs = 0;  // syncs that completed successfully
 };
 
 class IoQueue {
@@ -102,8 +102,8 @@ class IoQueue {
   std::vector<uint32_t> free_transfers_;
   std::vector<Chunk> chunks_;  // indexed by IoRequest::user_data
   std::vector<uint32_t> free_chunks_;
-  std::deque<Chunk> retries_;       // resubmissions, issued before new requests
-  std::deque<uint32_t> backlog_;    // transfers with requests not yet issued
+  std::deque<Chunk> retries_;                    // resubmissions, issued before new requests
+  std::deque<uint32_t> backlog_;                 // transfers with requests not yet issued
   std::vector<std::pair<Done, int64_t>> ready_;  // callbacks to run
   std::vector<IoCompletion> scratch_;
   size_t live_ = 0;

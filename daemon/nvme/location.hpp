@@ -27,14 +27,20 @@ inline constexpr uint64_t kExtentAlign = 4096;
 static_assert((kExtentAlign & (kExtentAlign - 1)) == 0, "extent alignment is a power of two");
 
 struct Extent {
-  uint16_t dir = 0;        // index of the NVMe directory in the engine's configuration
-  uint32_t file = 0;       // data file number: <dir>/data-<file, 6 digits>.tier
-  uint64_t offset = 0;     // byte offset in that file, a multiple of kExtentAlign
-  uint64_t length = 0;     // tensor bytes held (the allocation is round_up(length, kExtentAlign))
-  uint64_t checksum = 0;   // XXH3_64bits (seed 0) of those `length` bytes
+  uint16_t dir = 0;       // index of the NVMe directory in the engine's configuration
+  uint32_t file = 0;      // data file number: <dir>/data-<file, 6 digits>.tier
+  uint64_t offset = 0;    // byte offset in that file, a multiple of kExtentAlign
+  uint64_t length = 0;    // tensor bytes held (the allocation is round_up(length, kExtentAlign))
+  uint64_t checksum = 0;  // XXH3_64bits (seed 0) of those `length` bytes
   bool operator==(const Extent&) const = default;
   // Field order for tier::wire::Writer/Reader (the daemon journals locations with the codec).
-  template <class V> void visit(V& v) { v(dir); v(file); v(offset); v(length); v(checksum); }
+  template <class V> void visit(V& v) {
+    v(dir);
+    v(file);
+    v(offset);
+    v(length);
+    v(checksum);
+  }
 };
 
 struct NvmeLocation {
@@ -42,7 +48,10 @@ struct NvmeLocation {
   std::vector<Extent> extents;
   bool empty() const noexcept { return extents.empty(); }
   bool operator==(const NvmeLocation&) const = default;
-  template <class V> void visit(V& v) { v(size); v(extents); }
+  template <class V> void visit(V& v) {
+    v(size);
+    v(extents);
+  }
 };
 
 // Whether a location is self-consistent: every extent non-empty and 4 KiB-aligned, lengths

@@ -47,8 +47,7 @@ class ThreadPoolBackend final : public IoBackend {
 
   size_t reap(std::vector<IoCompletion>& out) override {
     uint64_t v;
-    while (::read(efd_, &v, sizeof v) == sizeof v) {
-    }
+    while (::read(efd_, &v, sizeof v) == sizeof v) {}
     size_t n = pool_.take(out);
     in_flight_ -= n;
     return n;
@@ -74,12 +73,8 @@ class ThreadPoolBackend final : public IoBackend {
     ssize_t n;
     do {
       switch (j.req.op) {
-        case IoOp::kRead:
-          n = ::pread(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
-          break;
-        case IoOp::kWrite:
-          n = ::pwrite(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset));
-          break;
+        case IoOp::kRead: n = ::pread(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset)); break;
+        case IoOp::kWrite: n = ::pwrite(j.fd, j.req.buf, j.req.len, static_cast<off_t>(j.req.offset)); break;
         case IoOp::kSync:
         default:
           n = ::fdatasync(j.fd);  // 0 or -1
@@ -91,8 +86,8 @@ class ThreadPoolBackend final : public IoBackend {
 
   int efd_;
   uint32_t qd_;
-  std::vector<int> fds_;  // driver thread only; jobs carry their descriptor
-  size_t in_flight_ = 0;  // driver thread only
+  std::vector<int> fds_;                // driver thread only; jobs carry their descriptor
+  size_t in_flight_ = 0;                // driver thread only
   WorkerPool<Job, IoCompletion> pool_;  // its workers write efd_ until stopped
 };
 

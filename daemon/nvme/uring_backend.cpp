@@ -26,8 +26,7 @@ constexpr unsigned kRegisteredFileSlots = 4096;
 
 void drain_eventfd(int fd) {
   uint64_t v;
-  while (::read(fd, &v, sizeof v) == sizeof v) {
-  }
+  while (::read(fd, &v, sizeof v) == sizeof v) {}
 }
 
 class UringBackend final : public IoBackend {
@@ -36,8 +35,7 @@ class UringBackend final : public IoBackend {
     int rc = io_uring_register_files_sparse(&ring_, kRegisteredFileSlots);
     files_registered_ = rc == 0;
     if (!files_registered_)
-      log_debug("nvme: io_uring: registered files unavailable ({}), using plain descriptors",
-                strerror(-rc));
+      log_debug("nvme: io_uring: registered files unavailable ({}), using plain descriptors", strerror(-rc));
   }
 
   ~UringBackend() override {
@@ -64,8 +62,9 @@ class UringBackend final : public IoBackend {
     if (files_registered_ && static_cast<unsigned>(index) < kRegisteredFileSlots) {
       int rc = io_uring_register_files_update(&ring_, static_cast<unsigned>(index), &fd, 1);
       if (rc == 1) fixed_.back() = true;
-      else log_debug("nvme: io_uring: registering file {} failed ({}), using its descriptor", index,
-                     strerror(rc < 0 ? -rc : EINVAL));
+      else
+        log_debug("nvme: io_uring: registering file {} failed ({}), using its descriptor", index,
+                  strerror(rc < 0 ? -rc : EINVAL));
     }
     return index;
   }
@@ -86,10 +85,10 @@ class UringBackend final : public IoBackend {
     for (const MemRegion& r : split) iov.push_back({r.base, r.len});
     int rc = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
     if (rc < 0) {
-      log_warn("nvme: io_uring: registering {} buffer(s) as fixed buffers failed ({}{}); "
-               "I/O proceeds with unregistered buffers",
-               iov.size(), strerror(-rc),
-               rc == -ENOMEM ? ": RLIMIT_MEMLOCK too low? raise LimitMEMLOCK" : "");
+      log_warn(
+          "nvme: io_uring: registering {} buffer(s) as fixed buffers failed ({}{}); "
+          "I/O proceeds with unregistered buffers",
+          iov.size(), strerror(-rc), rc == -ENOMEM ? ": RLIMIT_MEMLOCK too low? raise LimitMEMLOCK" : "");
       return false;
     }
     regions_ = std::move(split);
@@ -217,12 +216,12 @@ class UringBackend final : public IoBackend {
   bool files_registered_ = false;
   std::vector<int> fds_;
   std::vector<bool> fixed_;
-  std::vector<MemRegion> regions_;  // registered buffer i = regions_[i]
-  std::vector<size_t> order_;       // indexes of regions_ sorted by base
+  std::vector<MemRegion> regions_;   // registered buffer i = regions_[i]
+  std::vector<size_t> order_;        // indexes of regions_ sorted by base
   std::vector<IoCompletion> stash_;  // reaped from the ring while making room, not yet returned
-  size_t queued_ = 0;     // prepared SQEs not yet submitted
-  size_t in_kernel_ = 0;  // submitted, completion not yet taken off the ring
-  size_t in_flight_ = 0;  // submit() calls whose completion reap() has not returned
+  size_t queued_ = 0;                // prepared SQEs not yet submitted
+  size_t in_kernel_ = 0;             // submitted, completion not yet taken off the ring
+  size_t in_flight_ = 0;             // submit() calls whose completion reap() has not returned
 };
 
 }  // namespace
@@ -257,8 +256,7 @@ Result<std::unique_ptr<IoBackend>> make_uring_backend(const BackendOptions& o) {
         if (numa_bitmask_isbitset(cpus, c)) CPU_SET(c, &set);
       int arc = io_uring_register_iowq_aff(&ring, sizeof set, &set);
       if (arc < 0)
-        log_debug("nvme: io_uring: io-wq affinity to node {} not set: {}", o.numa_node,
-                  strerror(-arc));
+        log_debug("nvme: io_uring: io-wq affinity to node {} not set: {}", o.numa_node, strerror(-arc));
     }
     numa_free_cpumask(cpus);
   }

@@ -34,8 +34,7 @@
 
 namespace tier::nvme {
 
-template <class Job, class Done>
-class WorkerPool {
+template <class Job, class Done> class WorkerPool {
  public:
   using Run = std::function<Done(Job&)>;
 
@@ -67,8 +66,7 @@ class WorkerPool {
   size_t take(std::vector<Done>& out) {
     std::lock_guard lk(done_mu_);
     size_t n = done_.size();
-    out.insert(out.end(), std::make_move_iterator(done_.begin()),
-               std::make_move_iterator(done_.end()));
+    out.insert(out.end(), std::make_move_iterator(done_.begin()), std::make_move_iterator(done_.end()));
     done_.clear();
     return n;
   }
@@ -119,7 +117,7 @@ class WorkerPool {
   std::deque<Job> jobs_;  // guarded by mu_
   bool stop_ = false;     // guarded by mu_
   std::mutex done_mu_;
-  std::vector<Done> done_;  // guarded by done_mu_
+  std::vector<Done> done_;            // guarded by done_mu_
   std::vector<std::thread> workers_;  // last: the threads start once everything above exists
 };
 

@@ -43,7 +43,9 @@ namespace {
 bool free_to_drop(const Candidate& c) { return c.planned && !c.next_use && !c.dirty; }
 // Dirty, overwritten next, and of a kind its client discards: the write-back would be wasted
 // once the discard or the overwrite comes, which frees it for nothing.
-bool held_for_discard(const Candidate& c) { return c.planned && !c.next_use && c.dirty && c.discarded_before; }
+bool held_for_discard(const Candidate& c) {
+  return c.planned && !c.next_use && c.dirty && c.discarded_before;
+}
 
 // 0 free to drop, 1 in no plan or overwritten next (LRU), 2 read later by a plan (farthest
 // first), 3 held for a discard.

@@ -34,13 +34,13 @@ namespace tier::policy {
 struct Candidate {
   uint64_t id = 0;
   uint64_t bytes = 0;
-  uint64_t last_use = 0;               // LRU stamp: larger = used more recently
+  uint64_t last_use = 0;  // LRU stamp: larger = used more recently
   // Distance to its next read in a plan: uses, or microseconds over several measured plans
   // (timed_distances); nullopt = in no plan, or overwritten before it is read.
   std::optional<uint64_t> next_use;
-  bool planned = false;                // some plan uses it (set by make_candidate)
-  bool dirty = false;                  // leaving RAM needs a write-back first (set by the caller)
-  bool discarded_before = false;       // its client has discarded it before (set by the caller)
+  bool planned = false;           // some plan uses it (set by make_candidate)
+  bool dirty = false;             // leaving RAM needs a write-back first (set by the caller)
+  bool discarded_before = false;  // its client has discarded it before (set by the caller)
 };
 
 // Builds a candidate, looking its next use up in `plan` (may be null: no plan).

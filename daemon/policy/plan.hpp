@@ -50,7 +50,7 @@ class PlanIndex {
 
  private:
   std::vector<uint64_t> order_;
-  std::vector<uint8_t> overwrite_;  // empty or order_.size() flags
+  std::vector<uint8_t> overwrite_;                                 // empty or order_.size() flags
   std::unordered_map<uint64_t, std::vector<uint32_t>> positions_;  // ascending positions
 };
 

@@ -31,14 +31,14 @@ struct PrefetchInput {
   uint64_t cursor = 0;
   std::function<bool(uint64_t id)> present;       // resident in RAM or being fetched now
   std::function<uint64_t(uint64_t id)> bytes_of;  // tensor size
-  uint64_t budget_bytes = 0;   // bytes of the upcoming plan that may be held in RAM
-  uint64_t ahead_bytes = 0;    // at most this many missing bytes in the window (0: no limit):
-                               // bounds the RAM that prefetched, not yet used tensors take
-  double bandwidth = 1e9;      // bytes/s the device delivers (measured)
-  double seconds_per_use = 0;  // measured mean time between plan uses
-  double now = 0;              // seconds, the caller's clock
+  uint64_t budget_bytes = 0;                      // bytes of the upcoming plan that may be held in RAM
+  uint64_t ahead_bytes = 0;         // at most this many missing bytes in the window (0: no limit):
+                                    // bounds the RAM that prefetched, not yet used tensors take
+  double bandwidth = 1e9;           // bytes/s the device delivers (measured)
+  double seconds_per_use = 0;       // measured mean time between plan uses
+  double now = 0;                   // seconds, the caller's clock
   std::optional<double> cursor_at;  // when the use at the cursor is due; unset = now
-  double margin = 0.05;        // extra lead time as a fraction of each transfer time
+  double margin = 0.05;             // extra lead time as a fraction of each transfer time
 };
 
 struct PrefetchItem {

@@ -52,8 +52,10 @@ int os_node_for(int32_t node) {
   if (have) return node;
   std::lock_guard lk(mu);
   if (warned.insert(node).second)
-    log_warn("NUMA node {} of the topology does not exist in this kernel; its arenas are not "
-             "bound (simulated topology)", node);
+    log_warn(
+        "NUMA node {} of the topology does not exist in this kernel; its arenas are not "
+        "bound (simulated topology)",
+        node);
   return -1;
 }
 
@@ -69,17 +71,15 @@ Result<std::string> find_hugetlbfs(HugePages h) {
     bool has_size = opts.find("pagesize=") != std::string::npos;
     if (opts.find(want) != std::string::npos || (!has_size && h == HugePages::k2M)) return mnt;
   }
-  return fail(Code::kUnsupported,
-              std::string("hugepages = ") + std::string(hugepages_name(h)) +
-                  " needs a hugetlbfs mount (mount -t hugetlbfs -o " + want +
-                  " none /dev/hugepages" + (h == HugePages::k1G ? "1G" : "") +
-                  ") or set hugetlbfs_mount");
+  return fail(Code::kUnsupported, std::string("hugepages = ") + std::string(hugepages_name(h)) +
+                                      " needs a hugetlbfs mount (mount -t hugetlbfs -o " + want +
+                                      " none /dev/hugepages" + (h == HugePages::k1G ? "1G" : "") +
+                                      ") or set hugetlbfs_mount");
 }
 
 uint64_t free_hugepages(HugePages h) {
-  std::string path = h == HugePages::k1G
-                         ? "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"
-                         : "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
+  std::string path = h == HugePages::k1G ? "/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"
+                                         : "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
   std::ifstream f(path);
   uint64_t n = 0;
   f >> n;
@@ -90,9 +90,11 @@ Status check_hugepages(HugePages h, const std::string& mount) {
   if (h == HugePages::kNone) return Status::ok();
   std::string size(hugepages_name(h));
   if (free_hugepages(h) == 0)
-    return Status(Code::kInvalidArgument,
-                  "hugepages = " + size + " but no " + size + " huge pages are reserved and free (reserve some: echo N > /sys/kernel/mm/hugepages/hugepages-" +
-                      (h == HugePages::k1G ? "1048576kB" : "2048kB") + "/nr_hugepages)");
+    return Status(
+        Code::kInvalidArgument,
+        "hugepages = " + size + " but no " + size +
+            " huge pages are reserved and free (reserve some: echo N > /sys/kernel/mm/hugepages/hugepages-" +
+            (h == HugePages::k1G ? "1048576kB" : "2048kB") + "/nr_hugepages)");
   if (mount.empty()) {
     auto m = find_hugetlbfs(h);
     if (!m) return Status(Code::kInvalidArgument, m.error().message());
@@ -170,13 +172,14 @@ Status check_shm_capacity(uint64_t ram, HugePages h, const std::string& shm_dir)
   // /dev/shm half the RAM in pages) pass, which differ by rounding only.
   if (size == 0 || size + ram / 64 >= ram) return Status::ok();
   std::string want = std::to_string((ram + (1ull << 30) - 1) >> 30) + "G";
-  return Status(Code::kInvalidArgument,
-                "the RAM tier (" + format_size(ram) + ") does not fit in " + shm_dir + " (a " +
-                    format_size(size) + " tmpfs): arenas past its size would fail with SIGBUS in "
-                    "clients. Raise it now with `mount -o remount,size=" + want + " " + shm_dir +
-                    "` and for good with the fstab line `tmpfs " + shm_dir + " tmpfs defaults,size=" +
-                    want + " 0 0` (or a systemd dev-shm.mount drop-in with Options=size=" + want +
-                    "), or lower `ram` to at most " + format_size(size));
+  return Status(
+      Code::kInvalidArgument,
+      "the RAM tier (" + format_size(ram) + ") does not fit in " + shm_dir + " (a " + format_size(size) +
+          " tmpfs): arenas past its size would fail with SIGBUS in "
+          "clients. Raise it now with `mount -o remount,size=" +
+          want + " " + shm_dir + "` and for good with the fstab line `tmpfs " + shm_dir +
+          " tmpfs defaults,size=" + want + " 0 0` (or a systemd dev-shm.mount drop-in with Options=size=" +
+          want + "), or lower `ram` to at most " + format_size(size));
 }
 
 Result<std::unique_ptr<Arena>> Arena::create(const ArenaSpec& spec) { return open_object(spec, false); }
@@ -251,10 +254,9 @@ Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool at
     uint64_t have = free_hugepages(spec.hugepages);
     if (have < need)
       return fail(Code::kResourceExhausted,
-                  "an arena of " + format_size(a->size_) + " needs " + std::to_string(need) +
-                      " free " + std::string(hugepages_name(spec.hugepages)) +
-                      " huge pages but " + std::to_string(have) +
-                      " are reserved and free (see /proc/sys/vm/nr_hugepages)");
+                  "an arena of " + format_size(a->size_) + " needs " + std::to_string(need) + " free " +
+                      std::string(hugepages_name(spec.hugepages)) + " huge pages but " +
+                      std::to_string(have) + " are reserved and free (see /proc/sys/vm/nr_hugepages)");
   }
   int oflags = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = a->huge_ ? ::open(a->path_.c_str(), oflags, 0600) : ::shm_open(a->path_.c_str(), oflags, 0600);
@@ -282,8 +284,8 @@ Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool at
     int err = errno;
     numa_free_nodemask(mask);
     if (r != 0)
-      return cleanup_fail(Status::from_errno(err, "mbind arena " + a->path_ + " to node " +
-                                                      std::to_string(a->os_node_)));
+      return cleanup_fail(
+          Status::from_errno(err, "mbind arena " + a->path_ + " to node " + std::to_string(a->os_node_)));
   }
   if (a->huge_ && spec.prefault) {
     auto pf = prefault(a->base_, a->size_, a->os_node_, 0, granule);
@@ -301,7 +303,8 @@ Status Arena::map_and_guard() {
   base_ = static_cast<std::byte*>(p);
   fault_guard::install();
   guard_slot_ = fault_guard::add(base_, size_, fd_, committed_, path_.c_str());
-  if (guard_slot_ < 0) log_warn("arena {}: no SIGBUS guard slot left; a truncation of it would stop tierd", path_);
+  if (guard_slot_ < 0)
+    log_warn("arena {}: no SIGBUS guard slot left; a truncation of it would stop tierd", path_);
   return Status::ok();
 }
 

@@ -66,13 +66,13 @@ static_assert(arena_pool(arena_id(7, 1)) == 7 && arena_node(arena_id(7, 1)) == 1
 [[nodiscard]] int os_node_for(int32_t node);
 
 struct ArenaSpec {
-  std::string prefix;          // arena_prefix(state dir)
+  std::string prefix;  // arena_prefix(state dir)
   uint64_t pool_id = 0;
-  int32_t node = 0;            // topology node
-  uint64_t size = 0;           // the reservation (the pool's RAM quota); rounded up to the granule
+  int32_t node = 0;   // topology node
+  uint64_t size = 0;  // the reservation (the pool's RAM quota); rounded up to the granule
   HugePages hugepages = HugePages::kNone;
-  std::string hugetlbfs_mount; // with huge pages; empty: found in /proc/mounts
-  bool prefault = false;       // touch every page as it is committed (daemon/ram/prefault.hpp)
+  std::string hugetlbfs_mount;  // with huge pages; empty: found in /proc/mounts
+  bool prefault = false;        // touch every page as it is committed (daemon/ram/prefault.hpp)
   // attach(): the object's path as the journal recorded it, and the end of the last journaled
   // extent in it (the object must be at least that long).
   std::string path;
@@ -99,7 +99,7 @@ class Arena {
 
   uint64_t id() const noexcept { return id_; }
   int32_t node() const noexcept { return node_; }
-  int os_node() const noexcept { return os_node_; }  // -1: not bound
+  int os_node() const noexcept { return os_node_; }           // -1: not bound
   uint64_t size() const noexcept { return size_; }            // the reservation (mapped length)
   uint64_t committed() const noexcept { return committed_; }  // the object's size
   // Grows the object to cover [0, end) (end <= size()): by at least a quarter of what is

@@ -32,8 +32,7 @@ std::optional<uint64_t> ExtentAllocator::allocate(uint64_t size, uint64_t align)
   std::optional<std::pair<uint64_t, uint64_t>> pick;
   constexpr int kProbe = 8;
   int probed = 0;
-  for (auto it = by_size_.lower_bound({size, 0}); it != by_size_.end() && probed < kProbe;
-       ++it, ++probed) {
+  for (auto it = by_size_.lower_bound({size, 0}); it != by_size_.end() && probed < kProbe; ++it, ++probed) {
     if (fits(it->second, it->first)) {
       pick = std::make_pair(it->second, it->first);
       break;
@@ -56,8 +55,7 @@ std::optional<uint64_t> ExtentAllocator::allocate(uint64_t size, uint64_t align)
 
 bool ExtentAllocator::free(uint64_t offset, uint64_t size) {
   size = round_up(size, kGranule);
-  if (size == 0 || offset % kGranule != 0 || offset > capacity_ || size > capacity_ - offset)
-    return false;
+  if (size == 0 || offset % kGranule != 0 || offset > capacity_ || size > capacity_ - offset) return false;
   // The range must not overlap any free range.
   auto next = by_offset_.lower_bound(offset);
   if (next != by_offset_.end() && next->first < offset + size) return false;
@@ -80,8 +78,7 @@ bool ExtentAllocator::free(uint64_t offset, uint64_t size) {
 
 bool ExtentAllocator::reserve(uint64_t offset, uint64_t size) {
   size = round_up(size, kGranule);
-  if (size == 0 || offset % kGranule != 0 || offset > capacity_ || size > capacity_ - offset)
-    return false;
+  if (size == 0 || offset % kGranule != 0 || offset > capacity_ || size > capacity_ - offset) return false;
   auto it = by_offset_.upper_bound(offset);
   if (it == by_offset_.begin()) return false;
   --it;

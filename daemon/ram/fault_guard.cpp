@@ -31,7 +31,7 @@ struct Slot {
 constexpr int kSlots = 4096;
 Slot g_slots[kSlots];
 std::atomic<int> g_high{0};  // slots [0, g_high) may be live
-struct sigaction g_prev {};
+struct sigaction g_prev{};
 
 void chain(int sig, siginfo_t* si, void* uc) {
   if (g_prev.sa_flags & SA_SIGINFO) {
@@ -74,7 +74,7 @@ void on_sigbus(int sig, siginfo_t* si, void* uc) {
 void install() {
   static std::once_flag once;
   std::call_once(once, [] {
-    struct sigaction sa {};
+    struct sigaction sa{};
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // NODEFER: a fault while chaining still kills
     sigemptyset(&sa.sa_mask);
@@ -102,8 +102,7 @@ int add(const std::byte* base, uint64_t len, int fd, uint64_t committed, const c
     std::memcpy(s.line + sizeof kHead - 1 + n, kTail, sizeof kTail - 1);
     s.line_len = sizeof kHead - 1 + n + sizeof kTail - 1;
     int high = g_high.load(std::memory_order_relaxed);
-    while (high < i + 1 && !g_high.compare_exchange_weak(high, i + 1, std::memory_order_acq_rel)) {
-    }
+    while (high < i + 1 && !g_high.compare_exchange_weak(high, i + 1, std::memory_order_acq_rel)) {}
     s.live.store(true, std::memory_order_release);
     return i;
   }
@@ -114,9 +113,7 @@ void set_committed(int slot, uint64_t committed) {
   if (slot >= 0) g_slots[slot].committed.store(committed, std::memory_order_release);
 }
 
-uint64_t repairs(int slot) {
-  return slot >= 0 ? g_slots[slot].repairs.load(std::memory_order_relaxed) : 0;
-}
+uint64_t repairs(int slot) { return slot >= 0 ? g_slots[slot].repairs.load(std::memory_order_relaxed) : 0; }
 
 void remove(int slot) {
   if (slot < 0) return;

@@ -20,7 +20,7 @@ int touch(std::byte* p, uint64_t n, uint64_t page, std::atomic<bool>& use_madvis
   if (n == 0) return 0;
   if (use_madvise.load(std::memory_order_relaxed)) {
     if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return 0;
-    if (errno != EINVAL) return errno;  // ENOMEM/EFAULT: out of memory or huge pages
+    if (errno != EINVAL) return errno;                    // ENOMEM/EFAULT: out of memory or huge pages
     use_madvise.store(false, std::memory_order_relaxed);  // kernel older than 5.14
   }
   for (uint64_t off = 0; off < n; off += page) {
@@ -32,8 +32,7 @@ int touch(std::byte* p, uint64_t n, uint64_t page, std::atomic<bool>& use_madvis
 
 }  // namespace
 
-Result<PrefaultStats> prefault(std::byte* base, uint64_t size, int os_node, unsigned threads,
-                               uint64_t page) {
+Result<PrefaultStats> prefault(std::byte* base, uint64_t size, int os_node, unsigned threads, uint64_t page) {
   auto t0 = std::chrono::steady_clock::now();
   if (page == 0) page = 4096;
   if (threads == 0) {

@@ -23,7 +23,7 @@ struct PrefaultStats {
 
 // `os_node` -1: do not bind the threads. `threads` 0: one per CPU of the node, at most 16.
 // `page` is the mapping's page size (4 KiB or the huge page size).
-[[nodiscard]] Result<PrefaultStats> prefault(std::byte* base, uint64_t size, int os_node,
-                                             unsigned threads, uint64_t page);
+[[nodiscard]] Result<PrefaultStats> prefault(std::byte* base, uint64_t size, int os_node, unsigned threads,
+                                             uint64_t page);
 
 }  // namespace tier::daemon

@@ -44,32 +44,31 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
   if (need < size) return fail(Code::kInvalidArgument, "tensor size overflows");
   if (pool.ram_used + need > pool.ram_quota)
     return fail(Code::kResourceExhausted,
-                "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota) +
-                    " reached (used " + format_size(pool.ram_used) + ", need " + format_size(need) + ")");
+                "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota) + " reached (used " +
+                    format_size(pool.ram_used) + ", need " + format_size(need) + ")");
   if (nu->used + need > nu->capacity)
-    return fail(Code::kResourceExhausted,
-                "RAM tier of NUMA node " + std::to_string(node) + " is full (" +
-                    format_size(nu->used) + " of " + format_size(nu->capacity) + " used, need " +
-                    format_size(need) + ")");
+    return fail(Code::kResourceExhausted, "RAM tier of NUMA node " + std::to_string(node) + " is full (" +
+                                              format_size(nu->used) + " of " + format_size(nu->capacity) +
+                                              " used, need " + format_size(need) + ")");
   uint64_t id = arena_id(pool.id, node);
   auto it = arenas_.find(id);
   if (it == arenas_.end()) {
-    ArenaSpec spec{opts_.prefix, pool.id, node, pool.ram_quota, opts_.hugepages,
-                   opts_.hugetlbfs_mount, opts_.prefault, {}, 0};
+    ArenaSpec spec{opts_.prefix,   pool.id, node, pool.ram_quota, opts_.hugepages, opts_.hugetlbfs_mount,
+                   opts_.prefault, {},      0};
     auto a = Arena::create(spec);
     if (!a) return fail(a.error());
     uint64_t cap = (*a)->size();
-    log_info("pool '{}': arena {} on node {} ({} reserved, grown as placed{})", pool.name, (*a)->path(),
-             node, format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
+    log_info("pool '{}': arena {} on node {} ({} reserved, grown as placed{})", pool.name, (*a)->path(), node,
+             format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
     it = arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)}).first;
     ++generation_;
   }
   auto off = it->second.alloc.allocate(need, align);
   if (!off)
-    return fail(Code::kResourceExhausted,
-                "pool '" + pool.name + "': no free range of " + format_size(need) + " in its arena on node " +
-                    std::to_string(node) + " (" + format_size(it->second.alloc.free_bytes()) +
-                    " free, largest " + format_size(it->second.alloc.largest_free()) + ")");
+    return fail(Code::kResourceExhausted, "pool '" + pool.name + "': no free range of " + format_size(need) +
+                                              " in its arena on node " + std::to_string(node) + " (" +
+                                              format_size(it->second.alloc.free_bytes()) + " free, largest " +
+                                              format_size(it->second.alloc.largest_free()) + ")");
   Arena& arena = *it->second.arena;
   uint64_t before = arena.committed();
   if (Status st = arena.commit(*off + need); !st) {
@@ -86,8 +85,8 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
 void RamTier::release(Pool& pool, const RamLocation& loc) {
   auto it = arenas_.find(loc.arena_id);
   if (it == arenas_.end() || !it->second.alloc.free(loc.offset, loc.length)) {
-    log_error("internal: release of an unknown extent (arena {}, offset {}, {} bytes)",
-              loc.arena_id, loc.offset, loc.length);
+    log_error("internal: release of an unknown extent (arena {}, offset {}, {} bytes)", loc.arena_id,
+              loc.offset, loc.length);
     return;
   }
   pool.ram_used -= std::min(pool.ram_used, loc.length);
@@ -101,8 +100,8 @@ Result<RamTier::Attach> RamTier::attach_arena(const Pool& pool, int32_t node, co
                                               uint64_t size, uint64_t min_size) {
   uint64_t id = arena_id(pool.id, node);
   if (arenas_.contains(id)) return Attach::kAttached;
-  ArenaSpec spec{opts_.prefix, pool.id, node, size, opts_.hugepages, opts_.hugetlbfs_mount, opts_.prefault,
-                 path, min_size};
+  ArenaSpec spec{opts_.prefix,          pool.id,        node, size,    opts_.hugepages,
+                 opts_.hugetlbfs_mount, opts_.prefault, path, min_size};
   Attach outcome = Attach::kAttached;
   auto a = Arena::attach(spec);
   if (!a) {
@@ -125,7 +124,8 @@ Result<RamTier::Attach> RamTier::attach_arena(const Pool& pool, int32_t node, co
 
 uint64_t RamTier::arena_repairs(uint64_t pool_id) const noexcept {
   uint64_t n = 0;
-  for (auto it = arenas_.lower_bound(arena_id(pool_id, 0)); it != arenas_.end() && arena_pool(it->first) == pool_id; ++it)
+  for (auto it = arenas_.lower_bound(arena_id(pool_id, 0));
+       it != arenas_.end() && arena_pool(it->first) == pool_id; ++it)
     n += it->second.arena->repairs();
   return n;
 }
@@ -139,11 +139,12 @@ bool RamTier::has_object(const std::string& path) const noexcept {
 Status RamTier::reserve(Pool& pool, const RamLocation& loc) {
   auto it = arenas_.find(loc.arena_id);
   if (it == arenas_.end())
-    return Status(Code::kCorruption, "extent in arena " + std::to_string(loc.arena_id) + " that is not attached");
+    return Status(Code::kCorruption,
+                  "extent in arena " + std::to_string(loc.arena_id) + " that is not attached");
   if (!it->second.alloc.reserve(loc.offset, loc.length))
-    return Status(Code::kCorruption, "extent [" + std::to_string(loc.offset) + ", +" +
-                                         std::to_string(loc.length) + ") of arena " +
-                                         std::to_string(loc.arena_id) + " overlaps another or lies outside it");
+    return Status(Code::kCorruption,
+                  "extent [" + std::to_string(loc.offset) + ", +" + std::to_string(loc.length) +
+                      ") of arena " + std::to_string(loc.arena_id) + " overlaps another or lies outside it");
   // A re-created arena (gone in a reboot, or refused) is empty: commit what the snapshot
   // restore writes into.
   if (Status st = it->second.arena->commit(loc.offset + loc.length); !st) {

@@ -10,9 +10,7 @@
 namespace tier::daemon::tiering {
 
 // Seconds on the steady clock (the tier's timestamps: plan pace, back-off, prefetch timers).
-inline double now_s() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
+inline double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 // The NVMe bytes a copy holds (its extents, each rounded up to the allocation unit).
 inline uint64_t nvme_bytes(const nvme::NvmeLocation& loc) {

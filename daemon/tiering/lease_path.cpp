@@ -58,8 +58,7 @@ Status NvmeTier::place_for_overwrite(std::span<Tensor* const> tensors) {
   return Status::ok();
 }
 
-Result<bool> NvmeTier::prepare_lease(uint64_t session, std::span<Tensor* const> tensors,
-                                        LeaseMode mode) {
+Result<bool> NvmeTier::prepare_lease(uint64_t session, std::span<Tensor* const> tensors, LeaseMode mode) {
   // A grant follows at once when this returns false: the fetches and prefetches started below
   // (and the evictions they make) must not drop a tensor of this lease already found in RAM.
   leasing_.clear();
@@ -70,7 +69,7 @@ Result<bool> NvmeTier::prepare_lease(uint64_t session, std::span<Tensor* const> 
 }
 
 Result<bool> NvmeTier::prepare_lease_impl(uint64_t session, std::span<Tensor* const> tensors,
-                                             LeaseMode mode) {
+                                          LeaseMode mode) {
   double now = now_s();
   auto pit = plans_.find(session);
   bool wait = false;
@@ -173,7 +172,8 @@ Status NvmeTier::fill_if_in_no_tier(Pool& pool, Tensor& t) {
 }
 
 void NvmeTier::lease_waited(Clock::duration waited) {
-  stats_.stall_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(waited).count());
+  stats_.stall_us +=
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(waited).count());
 }
 
 void NvmeTier::on_granted(std::span<Tensor* const> tensors, LeaseMode mode) {

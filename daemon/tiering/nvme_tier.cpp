@@ -24,8 +24,7 @@ namespace tier::daemon {
 using tiering::now_s;
 using tiering::nvme_bytes;
 
-Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& catalog,
-                                                       RamTier& ram) {
+Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& catalog, RamTier& ram) {
   nvme::EngineOptions o;
   for (const auto& d : cfg.nvme) {
     nvme::DirConfig dc;
@@ -45,7 +44,8 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& cat
   if (!cfg.nvme_capacity.empty()) {
     uint64_t smallest = UINT64_MAX;
     for (const auto& d : o.dirs) smallest = std::min(smallest, d.capacity);
-    if (smallest < o.file_size) o.file_size = (smallest + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
+    if (smallest < o.file_size)
+      o.file_size = (smallest + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
   }
   auto eng = nvme::Engine::open(std::move(o));
   if (!eng) return fail(eng.error());
@@ -72,8 +72,8 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& cat
   for (const auto& d : es.dirs)
     log_info("NVMe tier: {} ({}{}, {} capacity, NUMA node {})", d.path, d.backend,
              d.direct_io ? " + O_DIRECT" : ", page cache", format_size(d.capacity), d.numa_node);
-  log_info("NVMe tier: {} over {} directories; RAM watermarks {:.0f}%/{:.0f}%",
-           format_size(es.capacity), es.dirs.size(), m->marks_.high * 100, m->marks_.low * 100);
+  log_info("NVMe tier: {} over {} directories; RAM watermarks {:.0f}%/{:.0f}%", format_size(es.capacity),
+           es.dirs.size(), m->marks_.high * 100, m->marks_.low * 100);
   return m;
 }
 
@@ -102,10 +102,10 @@ uint64_t NvmeTier::nvme_quota(const Pool& p) const {
 Status NvmeTier::nvme_admits(const Pool& p, uint64_t size, std::string_view name) const {
   auto need = round_up_checked(size, nvme::kExtentAlign);
   auto refuse = [&](const std::string& what, uint64_t limit) {
-    return Status(Code::kResourceExhausted,
-                  "tensor '" + std::string(name) + "' of " + format_size(size) +
-                      " can never be leased: it is larger than " + what + " of " + format_size(limit) +
-                      ", where it must fit to leave RAM when leases need the room");
+    return Status(Code::kResourceExhausted, "tensor '" + std::string(name) + "' of " + format_size(size) +
+                                                " can never be leased: it is larger than " + what + " of " +
+                                                format_size(limit) +
+                                                ", where it must fit to leave RAM when leases need the room");
   };
   if (!need || *need > nvme_quota(p)) return refuse("pool '" + p.name + "''s NVMe quota", nvme_quota(p));
   if (*need > nvme_capacity_) return refuse("the NVMe tier", nvme_capacity_);
@@ -214,7 +214,8 @@ Status NvmeTier::adopt_catalog() {
     for (auto& [id, t] : p->tensors) {
       if (!t.nvme) continue;
       if (Status st = engine_->adopt(*t.nvme); !st) {
-        log_error("tensor '{}' (pool '{}'): its journaled NVMe copy is unusable: {}", t.name, p->name, st.message());
+        log_error("tensor '{}' (pool '{}'): its journaled NVMe copy is unusable: {}", t.name, p->name,
+                  st.message());
         if (durable_) durable_->nvme_copy_dropped(t);
         t.nvme.reset();
         continue;
@@ -234,7 +235,8 @@ void NvmeTier::forget(Pool& pool, Tensor& t) {
   ts_.erase(t.id);
   pinned_.erase(t.id);
   if (t.nvme) {
-    if (Status st = engine_->free(*t.nvme); !st) log_warn("freeing the NVMe copy of '{}': {}", t.name, st.message());
+    if (Status st = engine_->free(*t.nvme); !st)
+      log_warn("freeing the NVMe copy of '{}': {}", t.name, st.message());
     pool.nvme_used -= std::min(pool.nvme_used, nvme_bytes(*t.nvme));
     t.nvme.reset();
     nvme_freed_at_ = now_s();  // write-backs refused for space may be retried at once

@@ -66,7 +66,7 @@ class NvmeTier {
  public:
   // Opens the engine on cfg.nvme (logging each directory's backend choice).
   [[nodiscard]] static Result<std::unique_ptr<NvmeTier>> open(const Config& cfg, Catalog& catalog,
-                                                                 RamTier& ram);
+                                                              RamTier& ram);
   ~NvmeTier();  // drains I/O in flight (the catalog and RAM tier must still exist)
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
@@ -142,10 +142,15 @@ class NvmeTier {
 
   // The tier's figures for status and metrics (the request handler puts them on the wire).
   struct Figures {
-    struct Dir { std::string path; int32_t numa_node = -1; std::string backend; uint64_t capacity = 0, used = 0; };
+    struct Dir {
+      std::string path;
+      int32_t numa_node = -1;
+      std::string backend;
+      uint64_t capacity = 0, used = 0;
+    };
     std::vector<Dir> dirs;
     std::unordered_map<int32_t, uint64_t> dirty_by_node;  // RAM bytes that need a write-back
-    uint64_t bytes_read = 0, bytes_written = 0;          // fetched from / written to NVMe
+    uint64_t bytes_read = 0, bytes_written = 0;           // fetched from / written to NVMe
   };
   [[nodiscard]] Figures figures() const;
   const TierStats& stats() const noexcept { return stats_; }
@@ -164,13 +169,13 @@ class NvmeTier {
  private:
   enum class Io : uint8_t { kNone, kFetch, kSpill };
   struct TensorIo {
-    uint64_t last_use = 0;     // LRU stamp
-    uint64_t write_gen = 0;    // bumped by each write lease
-    uint64_t spill_gen = 0;    // write_gen when the write-back in flight started
+    uint64_t last_use = 0;   // LRU stamp
+    uint64_t write_gen = 0;  // bumped by each write lease
+    uint64_t spill_gen = 0;  // write_gen when the write-back in flight started
     Io io = Io::kNone;
-    bool drop_after = false;   // drop the RAM copy when the write-back completes
-    RamLocation pending;       // RAM being filled by the fetch in flight
-    std::optional<Status> error;  // the last fetch's failure, until the next fetch starts
+    bool drop_after = false;        // drop the RAM copy when the write-back completes
+    RamLocation pending;            // RAM being filled by the fetch in flight
+    std::optional<Status> error;    // the last fetch's failure, until the next fetch starts
     double spill_failed_at = -1e9;  // when its last write-back failed: not retried for a while
     Status spill_error;             // and why
     // Evicted to make room in its own pool's arena on its own node: the extent is reused at
@@ -195,8 +200,8 @@ class NvmeTier {
     policy::PlanIndex index;
     uint64_t budget = 0;
     uint64_t cursor = 0;
-    double last_advance = 0;    // seconds (steady clock)
-    double seconds_per_use = 0; // moving average of the time between uses
+    double last_advance = 0;     // seconds (steady clock)
+    double seconds_per_use = 0;  // moving average of the time between uses
   };
 
   NvmeTier(Catalog& c, RamTier& r) : catalog_(c), ram_(r) {}
@@ -272,8 +277,8 @@ class NvmeTier {
   void maintain();
   // Background write-back: when no I/O is in flight, writes back (without dropping) the dirty,
   // idle RAM copy of a planned tensor whose next read is farthest, while such copies exceed
-  // dirty_background_ of their node's RAM tier or of their pool's RAM quota. One at a time, so a demand fetch queues behind
-  // at most one write. Called by poll(), i.e. after every request and I/O completion.
+  // dirty_background_ of their node's RAM tier or of their pool's RAM quota. One at a time, so a demand fetch
+  // queues behind at most one write. Called by poll(), i.e. after every request and I/O completion.
   void clean_ahead();
   // Arms the timerfd for the earlier of the next prefetch start and a skipped cleaning scan.
   void arm_timer();
@@ -295,17 +300,17 @@ class NvmeTier {
   // Per pool id: NVMe bytes of write-backs in flight. Pool::nvme_used counts a copy only once
   // it is durable, so the quota check adds these, or concurrent write-backs would overrun it.
   std::unordered_map<uint64_t, uint64_t> nvme_spilling_;
-  double dirty_background_ = 1.0;         // Config::ram_dirty_background
-  double next_clean_scan_ = 0;            // clean_ahead() without a completion: not before
+  double dirty_background_ = 1.0;  // Config::ram_dirty_background
+  double next_clean_scan_ = 0;     // clean_ahead() without a completion: not before
   double clean_due_ = std::numeric_limits<double>::infinity();  // a skipped scan's timer
-  std::vector<uint64_t> pending_drops_;  // written back, to drop at flush_drops()
+  std::vector<uint64_t> pending_drops_;                         // written back, to drop at flush_drops()
   // Arenas are io_uring fixed buffers (prefault = true): their pages are pinned by the kernel, so
   // they are never punched (a punched page would be replaced in the file while I/O kept using
   // the pinned old one). Off for sparse arenas: pinning would populate them whole.
   bool fixed_buffers_ = false;
   DmaPins dma_pins_;
   uint64_t registered_generation_ = UINT64_MAX;
-  Status last_spill_error_;  // the last failed write-back (named in allocation errors)
+  Status last_spill_error_;      // the last failed write-back (named in allocation errors)
   double nvme_freed_at_ = -1e9;  // when an NVMe copy was last freed (spill_backed_off())
   uint64_t nvme_capacity_ = 0;   // the NVMe tier's bytes (fixed at open)
   bool progress_ = false;

@@ -16,12 +16,12 @@
 
 namespace tier::daemon {
 
-using tiering::now_s;
-using tiering::kPrefetchMargin;
 using tiering::kDefaultPlanBudget;
+using tiering::kPrefetchMargin;
+using tiering::now_s;
 
 Status NvmeTier::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget,
-                             std::vector<uint8_t> overwrite) {
+                          std::vector<uint8_t> overwrite) {
   if (ids.empty()) {
     plans_.erase(session);
     return Status::ok();
@@ -29,7 +29,10 @@ Status NvmeTier::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> id
   Plan pl;
   pl.pool_id = pool.id;
   pl.index = policy::PlanIndex(std::move(ids), std::move(overwrite));
-  pl.budget = budget != 0 ? budget : static_cast<uint64_t>(static_cast<double>(ram_.capacity()) * marks_.low * kDefaultPlanBudget);
+  pl.budget =
+      budget != 0
+          ? budget
+          : static_cast<uint64_t>(static_cast<double>(ram_.capacity()) * marks_.low * kDefaultPlanBudget);
   plans_[session] = std::move(pl);
   next_prefetch_ = 0;
   return Status::ok();

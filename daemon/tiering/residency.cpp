@@ -36,11 +36,13 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
       auto cands = candidates(std::nullopt, t.node, ahead);
       std::erase_if(cands, [&](const policy::Candidate& c) {
         const Tensor* v = catalog_.find_tensor(c.id);
-        return !v || needs_writeback(*v) || (pool.ram_used + t.size > pool.ram_quota && v->pool_id != pool.id);
+        return !v || needs_writeback(*v) ||
+               (pool.ram_used + t.size > pool.ram_quota && v->pool_id != pool.id);
       });
       uint64_t started = 0;
       Status err;
-      if (evict_some(cands, t.size, started, err, pool.id, t.node) > 0) loc = ram_.allocate(pool, t.node, t.size);
+      if (evict_some(cands, t.size, started, err, pool.id, t.node) > 0)
+        loc = ram_.allocate(pool, t.node, t.size);
     }
   }
   if (!loc) return loc.error();
@@ -107,10 +109,10 @@ Status NvmeTier::start_spill(Pool& pool, Tensor& t, bool drop_after) {
   uint64_t quota = nvme_quota(pool);
   uint64_t& spilling = nvme_spilling_[pool.id];
   if (pool.nvme_used - std::min(pool.nvme_used, old) + spilling + need > quota)
-    return Status(Code::kResourceExhausted,
-                  "pool '" + pool.name + "' NVMe quota of " + format_size(quota) + " reached (used " +
-                      format_size(pool.nvme_used) + ", being written " + format_size(spilling) +
-                      ", need " + format_size(need) + ")");
+    return Status(Code::kResourceExhausted, "pool '" + pool.name + "' NVMe quota of " + format_size(quota) +
+                                                " reached (used " + format_size(pool.nvme_used) +
+                                                ", being written " + format_size(spilling) + ", need " +
+                                                format_size(need) + ")");
   std::byte* src = ram_ptr(*t.ram);
   if (!src) return Status(Code::kInternal, "no arena for a write-back");
   s.io = Io::kSpill;
@@ -120,9 +122,9 @@ Status NvmeTier::start_spill(Pool& pool, Tensor& t, bool drop_after) {
   spilling += need;
   s.drop_after = drop_after;
   if (drop_after) writeback_pending_bytes_ += t.ram->length;
-  engine_->spill(t.id, {src, t.size},
-                 [this, id = t.id](Result<nvme::NvmeLocation> r) { spill_done(id, std::move(r)); },
-                 t.nvme ? &*t.nvme : nullptr);
+  engine_->spill(
+      t.id, {src, t.size}, [this, id = t.id](Result<nvme::NvmeLocation> r) { spill_done(id, std::move(r)); },
+      t.nvme ? &*t.nvme : nullptr);
   return Status::ok();
 }
 
@@ -141,8 +143,7 @@ void NvmeTier::spill_done(uint64_t id, Result<nvme::NvmeLocation> r) {
   Tensor* t = catalog_.find_tensor(id);
   Pool* p = t ? catalog_.find_pool(t->pool_id) : nullptr;
   if (!t || !p) return;
-  if (s.drop_after && t->ram)
-    writeback_pending_bytes_ -= std::min(writeback_pending_bytes_, t->ram->length);
+  if (s.drop_after && t->ram) writeback_pending_bytes_ -= std::min(writeback_pending_bytes_, t->ram->length);
   if (!r) {
     stats_.writeback_errors++;
     s.spill_failed_at = now_s();

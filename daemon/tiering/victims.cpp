@@ -14,9 +14,9 @@
 
 namespace tier::daemon {
 
+using tiering::kSpillRetryS;
 using tiering::now_s;
 using tiering::nvme_bytes;
-using tiering::kSpillRetryS;
 
 std::vector<policy::PlanAt> NvmeTier::plans_for_pool(uint64_t pool_id) const {
   std::vector<policy::PlanAt> out;
@@ -25,9 +25,8 @@ std::vector<policy::PlanAt> NvmeTier::plans_for_pool(uint64_t pool_id) const {
   return out;
 }
 
-std::vector<policy::Candidate> NvmeTier::candidates(std::optional<uint64_t> pool,
-                                                       std::optional<int32_t> node,
-                                                       std::optional<Ahead> protect) {
+std::vector<policy::Candidate> NvmeTier::candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,
+                                                    std::optional<Ahead> protect) {
   std::vector<policy::Candidate> out;
   // Several clients (a trainer's pass and its optimizer thread, or several ranks on the node)
   // may each have a plan over the pool: a tensor's next use is the nearest in any of them.
@@ -63,17 +62,18 @@ bool NvmeTier::spill_backed_off(const TensorIo& s, double now) const {
 std::string NvmeTier::nvme_short_message(const NvmeShort& sh) const {
   if (const Pool* p = sh.quota_pool) {
     const uint64_t q = nvme_quota(*p);
-    return fmt::format("pool '{}' NVMe quota full: {} of {} free, {} needed for the victims' write-backs", p->name,
-                       format_size(q - std::min(q, p->nvme_used)), format_size(q), format_size(sh.bytes));
+    return fmt::format("pool '{}' NVMe quota full: {} of {} free, {} needed for the victims' write-backs",
+                       p->name, format_size(q - std::min(q, p->nvme_used)), format_size(q),
+                       format_size(sh.bytes));
   }
   const nvme::EngineStats es = engine_->stats();
   return fmt::format("NVMe tier full: {} free, {} needed for the victims' write-backs",
                      format_size(es.capacity - std::min(es.capacity, es.used)), format_size(sh.bytes));
 }
 
-uint64_t NvmeTier::evict_some(std::span<const policy::Candidate> cands, uint64_t need,
-                                 uint64_t& started, Status& last_error,
-                                 std::optional<uint64_t> for_pool, int32_t for_node, NvmeShort* short_of) {
+uint64_t NvmeTier::evict_some(std::span<const policy::Candidate> cands, uint64_t need, uint64_t& started,
+                              Status& last_error, std::optional<uint64_t> for_pool, int32_t for_node,
+                              NvmeShort* short_of) {
   uint64_t freed = 0;
   std::vector<Tensor*> clean;  // dropped together below: one journal commit
   // A victim whose write-back NVMe space refused goes into *short_of, until such victims would
@@ -190,7 +190,8 @@ Status NvmeTier::evict(Pool& pool, std::span<Tensor* const> tensors, size_t& ski
     if (!t->ram) continue;
     if (needs_writeback(*t)) {
       if (first.is_ok())
-        first = Status(Code::kIo, "write-back of tensor '" + t->name + "' failed (see the daemon log); it stays in RAM");
+        first = Status(Code::kIo,
+                       "write-back of tensor '" + t->name + "' failed (see the daemon log); it stays in RAM");
       if (t->readers == 0 && !t->writer) continue;
     }
     if (t->readers > 0 || t->writer) {

@@ -83,8 +83,16 @@ class [[nodiscard]] TIER_EXPORT Lease {
 };
 
 // Node-wide figures, as `tierctl status` shows them.
-struct RamTierStatus { int32_t node; uint64_t capacity, used, dirty, tensors; };
-struct NvmeTierStatus { std::string path; int32_t numa_node; std::string backend; uint64_t capacity, used; };
+struct RamTierStatus {
+  int32_t node;
+  uint64_t capacity, used, dirty, tensors;
+};
+struct NvmeTierStatus {
+  std::string path;
+  int32_t numa_node;
+  std::string backend;
+  uint64_t capacity, used;
+};
 struct NodeStatus {
   std::string daemon_version;
   uint64_t uptime_ms = 0;
@@ -97,8 +105,17 @@ struct NodeStatus {
   uint64_t requests = 0, errors = 0;
 };
 
-struct TopoNode { int32_t id; uint64_t memory; std::string cpus; };
-struct TopoDevice { int32_t index; std::string name; std::string pci; int32_t numa_node; };
+struct TopoNode {
+  int32_t id;
+  uint64_t memory;
+  std::string cpus;
+};
+struct TopoDevice {
+  int32_t index;
+  std::string name;
+  std::string pci;
+  int32_t numa_node;
+};
 struct Topology {
   std::string source;
   std::vector<TopoNode> nodes;
@@ -106,12 +123,20 @@ struct Topology {
   std::vector<TopoDevice> nvme;
 };
 
-struct SnapshotInfo { uint64_t snapshot_id; uint64_t bytes; uint64_t stall_us; };
+struct SnapshotInfo {
+  uint64_t snapshot_id;
+  uint64_t bytes;
+  uint64_t stall_us;
+};
 struct SnapshotOptions {
   uint64_t tag = 0;   // a label of the caller's (e.g. a training step); 0: none
   uint32_t keep = 1;  // durable snapshots of the pool kept once this one is durable (1..16)
 };
-struct SnapshotEntry { uint64_t snapshot_id; uint64_t tag; uint64_t bytes; };
+struct SnapshotEntry {
+  uint64_t snapshot_id;
+  uint64_t tag;
+  uint64_t bytes;
+};
 struct PoolSnapshots {
   // A tierd restart rebuilt the pool after its RAM was lost (a reboot), and it has not been
   // restored since: its bytes are snapshot `recovered_from` (0: none) plus the tensors' newer
@@ -121,7 +146,12 @@ struct PoolSnapshots {
   uint64_t lost = 0;
   std::vector<SnapshotEntry> snapshots;  // durable ones, oldest first
 };
-struct RestoreInfo { uint64_t tensors; uint64_t bytes; uint64_t deleted; uint64_t dropped_snapshots; };
+struct RestoreInfo {
+  uint64_t tensors;
+  uint64_t bytes;
+  uint64_t deleted;
+  uint64_t dropped_snapshots;
+};
 
 class TIER_EXPORT Client {
  public:
@@ -149,8 +179,8 @@ class TIER_EXPORT Client {
 
   // Leases. A batch is granted whole or not at all, in request order.
   [[nodiscard]] Result<Lease> lease(uint64_t tensor_id, LeaseMode mode, LeaseWait wait = {});
-  [[nodiscard]] Result<std::vector<Lease>> lease_batch(std::span<const uint64_t> tensor_ids,
-                                                       LeaseMode mode, LeaseWait wait = {});
+  [[nodiscard]] Result<std::vector<Lease>> lease_batch(std::span<const uint64_t> tensor_ids, LeaseMode mode,
+                                                       LeaseWait wait = {});
   // Releases every valid lease in `leases` in one round trip; they become invalid.
   [[nodiscard]] Status release_batch(std::span<Lease> leases);
 
@@ -170,8 +200,7 @@ class TIER_EXPORT Client {
                                 uint64_t budget = 0);
   // The same, with uses marked as overwrites (the use writes every byte under a kOverwrite
   // lease): the daemon never fetches a tensor for such a use and drops its RAM copy first.
-  [[nodiscard]] Status set_plan(std::string_view pool, std::span<const PlanUse> uses,
-                                uint64_t budget = 0);
+  [[nodiscard]] Status set_plan(std::string_view pool, std::span<const PlanUse> uses, uint64_t budget = 0);
   // A consistent, durable copy of the pool; returns once it is durable.
   [[nodiscard]] Result<SnapshotInfo> snapshot(std::string_view pool);
   // The same, tagged, keeping the pool's newest opts.keep durable snapshots (a tierd that

@@ -18,19 +18,19 @@ namespace tier {
 // Wire-visible: the numeric values travel in replies and must not be renumbered.
 enum class Code : uint16_t {
   kOk = 0,
-  kInvalidArgument = 1,   // the request is malformed or names something impossible
-  kNotFound = 2,          // no such pool, tensor, lease or file
-  kAlreadyExists = 3,     // create of a name that exists
-  kPermissionDenied = 4,  // the peer's uid may not do this
-  kResourceExhausted = 5, // RAM/NVMe full, quota reached, too many leases
-  kBusy = 6,              // a conflicting lease is held (fail-fast lease)
-  kTimeout = 7,           // waited for a lease or I/O longer than asked
-  kIo = 8,                // an I/O error from the OS or the device
-  kCorruption = 9,        // a checksum mismatch: data that must not be returned
-  kProtocol = 10,         // malformed or unexpected bytes on the control socket
-  kUnavailable = 11,      // the daemon cannot be reached (not running, socket closed)
-  kUnsupported = 12,      // the feature is not available on this node or build
-  kInternal = 13,         // an invariant broke inside tierd or libtier
+  kInvalidArgument = 1,    // the request is malformed or names something impossible
+  kNotFound = 2,           // no such pool, tensor, lease or file
+  kAlreadyExists = 3,      // create of a name that exists
+  kPermissionDenied = 4,   // the peer's uid may not do this
+  kResourceExhausted = 5,  // RAM/NVMe full, quota reached, too many leases
+  kBusy = 6,               // a conflicting lease is held (fail-fast lease)
+  kTimeout = 7,            // waited for a lease or I/O longer than asked
+  kIo = 8,                 // an I/O error from the OS or the device
+  kCorruption = 9,         // a checksum mismatch: data that must not be returned
+  kProtocol = 10,          // malformed or unexpected bytes on the control socket
+  kUnavailable = 11,       // the daemon cannot be reached (not running, socket closed)
+  kUnsupported = 12,       // the feature is not available on this node or build
+  kInternal = 13,          // an invariant broke inside tierd or libtier
 };
 inline constexpr uint16_t kMaxCode = 13;
 
@@ -58,7 +58,6 @@ class [[nodiscard]] TIER_EXPORT Status {
   std::string message_;
 };
 
-template <class T>
-using Result = std::expected<T, Status>;
+template <class T> using Result = std::expected<T, Status>;
 
 }  // namespace tier

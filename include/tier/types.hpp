@@ -13,7 +13,15 @@ namespace tier {
 
 // Wire-visible numeric values.
 enum class DType : uint8_t {
-  kBytes = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kF64 = 4, kI32 = 5, kI64 = 6, kU8 = 7, kI8 = 8,
+  kBytes = 0,
+  kF32 = 1,
+  kF16 = 2,
+  kBF16 = 3,
+  kF64 = 4,
+  kI32 = 5,
+  kI64 = 6,
+  kU8 = 7,
+  kI8 = 8,
 };
 inline constexpr uint8_t kMaxDType = 8;
 [[nodiscard]] TIER_EXPORT std::string_view dtype_name(DType d) noexcept;
@@ -71,8 +79,8 @@ struct TensorInfo {
 };
 
 struct PoolOptions {
-  uint64_t ram_quota = 0;   // bytes; 0 = the daemon's default pool quota
-  uint64_t nvme_quota = 0;  // bytes; 0 = the daemon's default NVMe quota
+  uint64_t ram_quota = 0;       // bytes; 0 = the daemon's default pool quota
+  uint64_t nvme_quota = 0;      // bytes; 0 = the daemon's default NVMe quota
   uint32_t group = UINT32_MAX;  // with group_read: members of this gid may read the pool
   bool group_read = false;
 };

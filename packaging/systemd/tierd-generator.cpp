@@ -57,8 +57,10 @@ int main(int argc, char** argv) {
 
   tierd_generator::DropIn dropin = tierd_generator::dropin_for(parsed.table());
   for (const std::string& d : dropin.skipped)
-    std::fprintf(stderr, "tierd-generator: %s: skipped the path '%s' (not absolute, or a control character, \\ or \")\n",
-                 config.c_str(), d.c_str());
+    std::fprintf(
+        stderr,
+        "tierd-generator: %s: skipped the path '%s' (not absolute, or a control character, \\ or \")\n",
+        config.c_str(), d.c_str());
   const std::string& body = dropin.body;
   if (body.empty()) return 0;
 

@@ -32,7 +32,9 @@ uint64_t make_tensor(Client& c, const std::string& pool, const std::string& name
 void fill_pattern(std::span<std::byte> b, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (auto& v : b) {
-    x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
     v = static_cast<std::byte>(x);
   }
 }
@@ -290,7 +292,8 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
   REQUIRE(admin->create_pool("p", {.ram_quota = 128 << 20}).has_value());
   constexpr int kThreads = 8, kProcs = 4, kRounds = 50;
   std::vector<uint64_t> own;
-  for (int i = 0; i < kThreads + kProcs; ++i) own.push_back(make_tensor(*admin, "p", "own" + std::to_string(i), 8192));
+  for (int i = 0; i < kThreads + kProcs; ++i)
+    own.push_back(make_tensor(*admin, "p", "own" + std::to_string(i), 8192));
   uint64_t shared_id = make_tensor(*admin, "p", "shared", 8192);
   uint64_t counter_id = make_tensor(*admin, "p", "counter", 8);
   {
@@ -318,7 +321,8 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
       {
         auto rd = c.lease(own[i], LeaseMode::kRead);
         if (!rd) return note("own read lease", rd.error());
-        if (!has_pattern(rd->bytes(), i * 1000 + r)) return note("own read", Status(Code::kCorruption, "pattern"));
+        if (!has_pattern(rd->bytes(), i * 1000 + r))
+          return note("own read", Status(Code::kCorruption, "pattern"));
       }
       {
         auto rd = c.lease(shared_id, LeaseMode::kRead, LeaseWait{10000});
@@ -377,7 +381,8 @@ TEST_CASE("a daemon killed mid-session turns calls into Unavailable, never a cra
   TestDaemon d;
   DropPoolsAtEnd janitor{d};
   // No reconnecting: every call must fail at once (tests/durability covers reconnects).
-  auto cr = Client::connect(d.socket(), {.client_name = "no-reconnect", .reconnect_timeout = std::chrono::milliseconds(0)});
+  auto cr = Client::connect(
+      d.socket(), {.client_name = "no-reconnect", .reconnect_timeout = std::chrono::milliseconds(0)});
   REQUIRE(cr.has_value());
   auto c = std::move(*cr);
   REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
@@ -424,9 +429,7 @@ TEST_CASE("status, topology and the tiering calls answer with a value or a clear
   CHECK_FALSE(t->nodes.empty());
   REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*c, "p", "t", 4096);
-  auto ok_or_unsupported = [](const Status& st) {
-    return st.is_ok() || st.code() == Code::kUnsupported;
-  };
+  auto ok_or_unsupported = [](const Status& st) { return st.is_ok() || st.code() == Code::kUnsupported; };
   CHECK(ok_or_unsupported(c->prefetch("p", {&id, 1})));
   CHECK(ok_or_unsupported(c->evict("p", {&id, 1})));
   CHECK(ok_or_unsupported(c->set_plan("p", {&id, 1}, 0)));

@@ -71,9 +71,8 @@ class FakeDaemon {
     r.payload.assign(buf.begin() + kHeaderBytes, buf.end());
     return true;
   }
-  template <class T>
-  void reply(const Req& r, const T& body, int pass_fd = -1, const Status& st = Status::ok(),
-             int32_t id_delta = 0) {
+  template <class T> void reply(const Req& r, const T& body, int pass_fd = -1,
+                                const Status& st = Status::ok(), int32_t id_delta = 0) {
     // No Catch2 assertions here: this runs on the server thread. A failure shows up as the
     // client's call failing, which the test checks.
     std::vector<std::byte> out;
@@ -106,8 +105,8 @@ TEST_CASE("default socket path honours TIERD_SOCKET") {
 }
 
 TEST_CASE("connecting to a missing socket is Unavailable, after retrying") {
-  auto c = Client::connect("/tmp/tier-no-such-dir/tierd.sock", {.client_name = "t",
-                                                                 .connect_timeout = std::chrono::milliseconds(100)});
+  auto c = Client::connect("/tmp/tier-no-such-dir/tierd.sock",
+                           {.client_name = "t", .connect_timeout = std::chrono::milliseconds(100)});
   REQUIRE_FALSE(c.has_value());
   CHECK(c.error().code() == Code::kUnavailable);
   CHECK(c.error().message().find("/tmp/tier-no-such-dir/tierd.sock") != std::string::npos);
@@ -126,8 +125,8 @@ TEST_CASE("hello carries pid, NUMA node and client name") {
 TEST_CASE("a lease maps its arena once from the passed fd and points at the granted offset") {
   constexpr size_t kArena = 1 << 20;
   int memfd = make_memfd(kArena);
-  auto* shared = static_cast<unsigned char*>(
-      mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
+  auto* shared =
+      static_cast<unsigned char*>(mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
   REQUIRE(shared != MAP_FAILED);
   std::memset(shared + 8192, 0xab, 100);
   int map_requests = 0;
@@ -154,8 +153,7 @@ TEST_CASE("a lease maps its arena once from the passed fd and points at the gran
           s.reply(r, Empty{});
           break;
         }
-        default:
-          s.reply(r, Empty{}, -1, Status(Code::kUnsupported, "fake"));
+        default: s.reply(r, Empty{}, -1, Status(Code::kUnsupported, "fake"));
       }
     }
   });

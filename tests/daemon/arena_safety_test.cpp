@@ -209,7 +209,7 @@ TEST_CASE("a tenant truncating its own arena through its fd and evicting cannot 
     ::close(fd);
     // tierd reads the tensor to write it back (checksum, copy): before the guard, SIGBUS.
     (void)c->call<Empty>(MsgType::kEvict, TensorIdsReq{"nobodypool", {t->id}});
-    auto back = c->lease(LeaseMode::kRead, {t->id}, 5000);  // fetched back from NVMe
+    auto back = c->lease(LeaseMode::kRead, {t->id}, 5000);     // fetched back from NVMe
     if (!back && back.error().code() == Code::kIo) return 18;  // the connection is gone
     if (!c->call<StatusRep>(MsgType::kStatus, Empty{})) return 19;
     return 0;
@@ -228,7 +228,9 @@ TEST_CASE("a tenant truncating its own arena through its fd and evicting cannot 
   d.stop();
 }
 
-TEST_CASE("an arena damaged while tierd was down fails its pool only: restored from the snapshot, the others come up") {
+TEST_CASE(
+    "an arena damaged while tierd was down fails its pool only: restored from the snapshot, the others come "
+    "up") {
   fresh_shm();
   TestDaemon d(opts());
   uint64_t ta = 0, tb = 0;
@@ -267,7 +269,9 @@ TEST_CASE("an arena damaged while tierd was down fails its pool only: restored f
   d.stop();
 }
 
-TEST_CASE("a squatted arena name after a reboot is not re-attached, root's snapshot comes back and the squatter reads nothing") {
+TEST_CASE(
+    "a squatted arena name after a reboot is not re-attached, root's snapshot comes back and the squatter "
+    "reads nothing") {
   fresh_shm();
   TestDaemon d(opts());
   REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
@@ -351,7 +355,8 @@ TEST_CASE("a squatted arena name after a reboot is not re-attached, root's snaps
   d.stop();
 }
 
-TEST_CASE("arena identity: only a well-named, tierd-owned 0600 regular file of the right size is re-attached") {
+TEST_CASE(
+    "arena identity: only a well-named, tierd-owned 0600 regular file of the right size is re-attached") {
   using daemon::arena_name_matches;
   std::array<uint8_t, 16> id{};
   id[0] = 0xab;
@@ -363,7 +368,8 @@ TEST_CASE("arena identity: only a well-named, tierd-owned 0600 regular file of t
   CHECK_FALSE(arena_name_matches(n, "tierd-1a2b3c4d", 77, 1));
   CHECK_FALSE(arena_name_matches("tierd-1a2b3c4d-p7-n1", "tierd-1a2b3c4d", 7, 1));  // guessable
   CHECK_FALSE(arena_name_matches(n + "0", "tierd-1a2b3c4d", 7, 1));
-  CHECK_FALSE(arena_name_matches("tierd-1a2b3c4d-p7-n1-AB000000000000000000000000000001", "tierd-1a2b3c4d", 7, 1));
+  CHECK_FALSE(
+      arena_name_matches("tierd-1a2b3c4d-p7-n1-AB000000000000000000000000000001", "tierd-1a2b3c4d", 7, 1));
 
   struct stat sb{};
   sb.st_mode = S_IFREG | 0600;
@@ -440,7 +446,7 @@ TEST_CASE("on two NUMA nodes a pool's arenas hold what is placed on each, not a 
     REQUIRE(::stat(a.c_str(), &sb) == 0);
     total += static_cast<uint64_t>(sb.st_size);
   }
-  CHECK(total >= 64 * kMiB);  // what is placed
+  CHECK(total >= 64 * kMiB);                             // what is placed
   CHECK(total <= 64 * kMiB + 64 * kMiB / 4 + 4 * kMiB);  // plus the growth step, not 2 x 256 MiB
   // A restart re-attaches the partly grown arenas with their bytes.
   d.kill9();
@@ -452,7 +458,9 @@ TEST_CASE("on two NUMA nodes a pool's arenas hold what is placed on each, not a 
   d.stop();
 }
 
-TEST_CASE("a /dev/shm smaller than the RAM tier is refused at start and by --check-config, saying how to raise it") {
+TEST_CASE(
+    "a /dev/shm smaller than the RAM tier is refused at start and by --check-config, saying how to raise "
+    "it") {
   TmpDir dir("shm-small");
   const std::string& state = dir.path;
   auto run = [&](const std::string& extra, std::string& out) {

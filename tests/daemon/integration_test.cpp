@@ -142,21 +142,36 @@ TEST_CASE("many clients at once") {
   for (int i = 0; i < kThreads; ++i) {
     ts.emplace_back([&, i] {
       auto c = RawClient::connect(d.socket());
-      if (!c) { failures++; return; }
+      if (!c) {
+        failures++;
+        return;
+      }
       std::string pool = "p" + std::to_string(i);
-      if (!c->pool_create(pool, 32 << 20)) { failures++; return; }
+      if (!c->pool_create(pool, 32 << 20)) {
+        failures++;
+        return;
+      }
       std::vector<uint64_t> ids;
       for (int k = 0; k < 4; ++k) {
         auto t = c->tensor_create(pool, "t" + std::to_string(k), 4096 * (k + 1));
-        if (!t) { failures++; return; }
+        if (!t) {
+          failures++;
+          return;
+        }
         ids.push_back(t->id);
       }
       for (int it = 0; it < kIters; ++it) {
         auto l = c->lease(it % 2 ? LeaseMode::kRead : LeaseMode::kWrite, ids);
-        if (!l || l->grants.size() != ids.size()) { failures++; return; }
+        if (!l || l->grants.size() != ids.size()) {
+          failures++;
+          return;
+        }
         std::vector<uint64_t> lids;
         for (auto& g : l->grants) lids.push_back(g.lease_id);
-        if (!c->release(lids)) { failures++; return; }
+        if (!c->release(lids)) {
+          failures++;
+          return;
+        }
       }
     });
   }
@@ -391,7 +406,10 @@ TEST_CASE("garbage and oversized datagrams do not kill the daemon") {
   uint32_t seed = 12345;
   for (int i = 0; i < 50; ++i) {
     std::vector<std::byte> junk(16 + (seed % 300));
-    for (auto& b : junk) { seed = seed * 1103515245 + 12345; b = std::byte(seed >> 16); }
+    for (auto& b : junk) {
+      seed = seed * 1103515245 + 12345;
+      b = std::byte(seed >> 16);
+    }
     if (i % 2) std::memcpy(junk.data(), &wire::kMagic, 4);
     auto c = RawClient::connect(d.socket(), true);
     REQUIRE(c);
@@ -454,7 +472,8 @@ TEST_CASE("NUMA placement on the 2-node XML topology; the node-0 arena is bound"
   close(fd);
 }
 
-TEST_CASE("clean exit keeps /dev/shm clean with --remove-arenas-on-exit; --cleanup-arenas removes leftovers") {
+TEST_CASE(
+    "clean exit keeps /dev/shm clean with --remove-arenas-on-exit; --cleanup-arenas removes leftovers") {
   std::string prefix;
   {
     TestDaemon d(opts());

@@ -19,7 +19,7 @@ namespace {
 struct ShmObject {
   std::string name = "/tierd-lease-reclaim-test-" + std::to_string(::getpid());
   int fd = -1;
-  struct stat sb {};
+  struct stat sb{};
   ShmObject() {
     fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     REQUIRE(fd >= 0);

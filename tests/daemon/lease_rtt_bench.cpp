@@ -117,10 +117,12 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("{\"name\":\"daemon_lease_rtt\",\"value\":%.0f,\"unit\":\"ns\",\"baseline\":%.0f,\"ratio\":%.3f}\n",
-              median(lease_v), median(raw_v), median(lease_r));
-  std::printf("{\"name\":\"daemon_release_rtt\",\"value\":%.0f,\"unit\":\"ns\",\"baseline\":%.0f,\"ratio\":%.3f}\n",
-              median(lease_v) * median(release_r) / median(lease_r), median(raw_v), median(release_r));
+  std::printf(
+      "{\"name\":\"daemon_lease_rtt\",\"value\":%.0f,\"unit\":\"ns\",\"baseline\":%.0f,\"ratio\":%.3f}\n",
+      median(lease_v), median(raw_v), median(lease_r));
+  std::printf(
+      "{\"name\":\"daemon_release_rtt\",\"value\":%.0f,\"unit\":\"ns\",\"baseline\":%.0f,\"ratio\":%.3f}\n",
+      median(lease_v) * median(release_r) / median(lease_r), median(raw_v), median(release_r));
   // Batched: 1024 tensors per lease request.
   int batches = std::max(1, iters / 100);
   auto t0 = Clock::now();
@@ -133,7 +135,9 @@ int main(int argc, char** argv) {
     if (!c->release(lids)) return 1;
   }
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("{\"name\":\"daemon_batched_leases\",\"value\":%.0f,\"unit\":\"leases/s\",\"baseline\":200000,\"ratio\":%.3f}\n",
-              batches * 1024.0 / secs, batches * 1024.0 / secs / 200000);
+  std::printf(
+      "{\"name\":\"daemon_batched_leases\",\"value\":%.0f,\"unit\":\"leases/"
+      "s\",\"baseline\":200000,\"ratio\":%.3f}\n",
+      batches * 1024.0 / secs, batches * 1024.0 / secs / 200000);
   return 0;
 }

@@ -108,11 +108,15 @@ TEST_CASE("leases: waiters keep FIFO order and expire at their deadline") {
   table.add_waiter(Waiter{3, 30, LeaseMode::kRead, {1}, now + std::chrono::milliseconds(50)});
   CHECK(table.next_deadline() == now + std::chrono::milliseconds(50));
   std::vector<uint32_t> order;
-  table.retry_waiters([&](Waiter& w) { order.push_back(w.request_id); return w.request_id == 20; });
+  table.retry_waiters([&](Waiter& w) {
+    order.push_back(w.request_id);
+    return w.request_id == 20;
+  });
   CHECK(order == std::vector<uint32_t>{10, 20, 30});
   CHECK(table.waiter_count() == 2);
   std::vector<uint32_t> expired;
-  table.expire_waiters(now + std::chrono::milliseconds(60), [&](Waiter& w) { expired.push_back(w.request_id); });
+  table.expire_waiters(now + std::chrono::milliseconds(60),
+                       [&](Waiter& w) { expired.push_back(w.request_id); });
   CHECK(expired == std::vector<uint32_t>{30});
   table.drop_waiters(1);
   CHECK(table.waiter_count() == 0);

@@ -79,8 +79,7 @@ TEST_CASE("handler: malformed datagrams are answered or close, never crash") {
     r = h.raw(*s, b);
     CHECK(code_of(r) == Code::kProtocol);
     // A vector count far beyond the bytes present.
-    REQUIRE(encode(static_cast<uint16_t>(MsgType::kLease), 1,
-                   LeaseReq{1, 0, {}}, b));
+    REQUIRE(encode(static_cast<uint16_t>(MsgType::kLease), 1, LeaseReq{1, 0, {}}, b));
     uint32_t huge = 0x7fffffff;
     std::memcpy(b.data() + kHeaderBytes + 5, &huge, 4);
     r = h.raw(*s, b);
@@ -130,10 +129,16 @@ TEST_CASE("handler: request validation") {
   Harness h;
   auto s = h.session();
   REQUIRE(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"p", 8 << 20, 0, false}));
-  auto err = [&](auto r) { REQUIRE_FALSE(r); return r.error().code(); };
-  CHECK(err(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"p", 0, 0, false})) == Code::kAlreadyExists);
-  CHECK(err(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"bad/name", 0, 0, false})) == Code::kInvalidArgument);
-  CHECK(err(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"big", 1ull << 40, 0, false})) == Code::kResourceExhausted);
+  auto err = [&](auto r) {
+    REQUIRE_FALSE(r);
+    return r.error().code();
+  };
+  CHECK(err(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"p", 0, 0, false})) ==
+        Code::kAlreadyExists);
+  CHECK(err(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"bad/name", 0, 0, false})) ==
+        Code::kInvalidArgument);
+  CHECK(err(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"big", 1ull << 40, 0, false})) ==
+        Code::kResourceExhausted);
   CHECK(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"p", 0, 0, true}));
   auto tc = [&](TensorCreateReq r) { return h.call<TensorInfoW>(*s, MsgType::kTensorCreate, r); };
   CHECK(err(tc({"p", "t", 0, 0, {}, 0, -1, false})) == Code::kInvalidArgument);
@@ -161,10 +166,14 @@ TEST_CASE("handler: request validation") {
     REQUIRE(h.call<Empty>(*s, MsgType::kRelease, ReleaseReq{{w->grants[0].lease_id}}));
   }
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, {}})) == Code::kInvalidArgument);
-  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(kMaxBatch + 1, t->id)})) == Code::kInvalidArgument);
-  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(1638, t->id)})) == Code::kInvalidArgument);
+  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease,
+                             LeaseReq{1, 0, std::vector<uint64_t>(kMaxBatch + 1, t->id)})) ==
+        Code::kInvalidArgument);
+  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(1638, t->id)})) ==
+        Code::kInvalidArgument);
   CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, {12345}})) == Code::kNotFound);
-  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(65, t->id)})) == Code::kResourceExhausted);
+  CHECK(err(h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{1, 0, std::vector<uint64_t>(65, t->id)})) ==
+        Code::kResourceExhausted);
   CHECK(err(h.call<Empty>(*s, MsgType::kRelease, ReleaseReq{{42}})) == Code::kNotFound);
   CHECK(err(h.call<MapArenaRep>(*s, MsgType::kMapArena, MapArenaReq{999})) == Code::kNotFound);
   CHECK(err(h.call<Empty>(*s, MsgType::kSnapshot, PoolNameReq{"p"})) == Code::kUnsupported);
@@ -198,28 +207,37 @@ TEST_CASE("handler: authorization by uid") {
   auto other = h.session(1001);
   auto root = h.session(0);
   REQUIRE(h.call<PoolInfoW>(*owner, MsgType::kPoolCreate, PoolCreateReq{"mine", 4 << 20, 0, false}));
-  auto t = h.call<TensorInfoW>(*owner, MsgType::kTensorCreate, TensorCreateReq{"mine", "t", 4096, 0, {}, 0, -1, false});
+  auto t = h.call<TensorInfoW>(*owner, MsgType::kTensorCreate,
+                               TensorCreateReq{"mine", "t", 4096, 0, {}, 0, -1, false});
   REQUIRE(t);
   auto denied = h.call<PoolInfoW>(*other, MsgType::kPoolOpen, PoolNameReq{"mine"});
   REQUIRE_FALSE(denied);
   CHECK(denied.error().code() == Code::kPermissionDenied);
   CHECK(denied.error().message() == "pool 'mine' belongs to uid 1000");
-  CHECK(h.call<PoolInfoW>(*other, MsgType::kPoolCreate, PoolCreateReq{"mine", 0, 0, true}).error().code() == Code::kPermissionDenied);
-  CHECK(h.call<LeaseRep>(*other, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() == Code::kPermissionDenied);
-  CHECK(h.call<TensorInfoW>(*other, MsgType::kTensorCreate, TensorCreateReq{"mine", "u", 4096, 0, {}, 0, -1, false}).error().code() == Code::kPermissionDenied);
-  CHECK(h.call<Empty>(*other, MsgType::kPoolDrop, PoolNameReq{"mine"}).error().code() == Code::kPermissionDenied);
+  CHECK(h.call<PoolInfoW>(*other, MsgType::kPoolCreate, PoolCreateReq{"mine", 0, 0, true}).error().code() ==
+        Code::kPermissionDenied);
+  CHECK(h.call<LeaseRep>(*other, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() ==
+        Code::kPermissionDenied);
+  CHECK(h.call<TensorInfoW>(*other, MsgType::kTensorCreate,
+                            TensorCreateReq{"mine", "u", 4096, 0, {}, 0, -1, false})
+            .error()
+            .code() == Code::kPermissionDenied);
+  CHECK(h.call<Empty>(*other, MsgType::kPoolDrop, PoolNameReq{"mine"}).error().code() ==
+        Code::kPermissionDenied);
   CHECK(h.call<PoolListRep>(*other, MsgType::kPoolList, Empty{})->pools.empty());
   // root inspects and drops, but does not lease another uid's tensors.
   CHECK(h.call<PoolInfoW>(*root, MsgType::kPoolOpen, PoolNameReq{"mine"}));
   CHECK(h.call<TensorListRep>(*root, MsgType::kTensorList, TensorListReq{"mine", 0, 0})->tensors.size() == 1);
-  CHECK(h.call<LeaseRep>(*root, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() == Code::kPermissionDenied);
+  CHECK(h.call<LeaseRep>(*root, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() ==
+        Code::kPermissionDenied);
   CHECK(h.call<PoolListRep>(*root, MsgType::kPoolList, Empty{})->pools.size() == 1);
   // A member of admin_group (by primary gid) inspects like root.
   h.state->admin_gid = 4242;
   auto admin = h.session(1002);
   admin->gid = 4242;
   CHECK(h.call<PoolListRep>(*admin, MsgType::kPoolList, Empty{})->pools.size() == 1);
-  CHECK(h.call<LeaseRep>(*admin, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() == Code::kPermissionDenied);
+  CHECK(h.call<LeaseRep>(*admin, MsgType::kLease, LeaseReq{1, 0, {t->id}}).error().code() ==
+        Code::kPermissionDenied);
   CHECK(h.state->ram->used() > 0);
   CHECK(h.call<Empty>(*root, MsgType::kPoolDrop, PoolNameReq{"mine"}));
   CHECK(h.state->catalog.pool_count() == 0);
@@ -233,7 +251,8 @@ TEST_CASE("handler: lease waits are answered later through the sink") {
   Harness h;
   auto a = h.session(), b = h.session();
   REQUIRE(h.call<PoolInfoW>(*a, MsgType::kPoolCreate, PoolCreateReq{"p", 4 << 20, 0, false}));
-  auto t = h.call<TensorInfoW>(*a, MsgType::kTensorCreate, TensorCreateReq{"p", "t", 4096, 0, {}, 0, -1, false});
+  auto t =
+      h.call<TensorInfoW>(*a, MsgType::kTensorCreate, TensorCreateReq{"p", "t", 4096, 0, {}, 0, -1, false});
   REQUIRE(t);
   auto w = h.call<LeaseRep>(*a, MsgType::kLease, LeaseReq{2, 0, {t->id}});
   REQUIRE(w);

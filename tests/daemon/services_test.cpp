@@ -179,10 +179,12 @@ TEST_CASE("lease service: requests it must refuse") {
   Tensor* t = f.one_tensor();
   auto s = f.open(0), other = f.open(1234);
   std::vector<std::byte> reply;
-  CHECK(f.leases.request(*s, 1, wire::LeaseReq{9, 0, {t->id}}, reply).status.code() == Code::kInvalidArgument);
+  CHECK(f.leases.request(*s, 1, wire::LeaseReq{9, 0, {t->id}}, reply).status.code() ==
+        Code::kInvalidArgument);
   CHECK(f.leases.request(*s, 1, wire::LeaseReq{1, 0, {}}, reply).status.code() == Code::kInvalidArgument);
   std::vector<uint64_t> too_many(LeaseService::max_grants() + 1, t->id);
-  CHECK(f.leases.request(*s, 1, wire::LeaseReq{1, 0, too_many}, reply).status.code() == Code::kInvalidArgument);
+  CHECK(f.leases.request(*s, 1, wire::LeaseReq{1, 0, too_many}, reply).status.code() ==
+        Code::kInvalidArgument);
   CHECK(f.leases.request(*s, 1, Fixture::lease_req(LeaseMode::kRead, 0, 999999), reply).status.code() ==
         Code::kNotFound);
   // Another uid without a group grant may not read the pool.

@@ -26,8 +26,7 @@ class Churn {
   }
 
  private:
-  template <class M>
-  auto pick(const M& m) {
+  template <class M> auto pick(const M& m) {
     auto it = m.begin();
     std::advance(it, static_cast<long>(rng_() % m.size()));
     return it;
@@ -50,8 +49,7 @@ class Churn {
           auto p = pick(pools);
           uint64_t a = (p->first << 16) | (rng_() % 2);
           if (p->second.arenas.count(a)) return std::nullopt;
-          return ArenaCreated{p->first, a, int32_t(a & 1), "tierd-x-p" + std::to_string(p->first),
-                              1 << 30};
+          return ArenaCreated{p->first, a, int32_t(a & 1), "tierd-x-p" + std::to_string(p->first), 1 << 30};
         }
         return std::nullopt;
       case 3:
@@ -59,8 +57,16 @@ class Churn {
         if (!pools.empty()) {
           auto p = pick(pools);
           uint64_t t = next_tensor_++;
-          return TensorCreated{p->first, t, "t" + std::to_string(t), 4096 * (t % 7 + 1), 3,
-                               {int64_t(t % 5 + 1), 1024}, 0, p->first << 16, t * 8192, 8192};
+          return TensorCreated{p->first,
+                               t,
+                               "t" + std::to_string(t),
+                               4096 * (t % 7 + 1),
+                               3,
+                               {int64_t(t % 5 + 1), 1024},
+                               0,
+                               p->first << 16,
+                               t * 8192,
+                               8192};
         }
         return std::nullopt;
       default: {
@@ -73,14 +79,17 @@ class Churn {
           case 0: return TensorDeleted{p->first, tid};
           case 6:
             if (t->second.write_lease) return WriteLeaseEnded{tid};
-            return WriteLeaseHeld{tid, (rng_() % 9) << 32 | (tid % 64), 1000, int32_t(tid % 30000 + 2),
-                                  rng_() % 1000000, 4026531836ull};
+            return WriteLeaseHeld{tid,
+                                  (rng_() % 9) << 32 | (tid % 64),
+                                  1000,
+                                  int32_t(tid % 30000 + 2),
+                                  rng_() % 1000000,
+                                  4026531836ull};
           case 1: return TensorRamPlaced{tid, 1, (p->first << 16) | 1, tid * 4096, 4096};
           case 2: return TensorRamDropped{tid};
           case 3:
-            return NvmeCopyWritten{tid, next_gen_++,
-                                   {Extent{"/nvme", "d" + std::to_string(tid), tid << 20, 4096,
-                                           rng_()}}};
+            return NvmeCopyWritten{
+                tid, next_gen_++, {Extent{"/nvme", "d" + std::to_string(tid), tid << 20, 4096, rng_()}}};
           case 4:
             if (t->second.nvme) return NvmeCopyDropped{tid, t->second.nvme->generation};
             return std::nullopt;
@@ -89,7 +98,8 @@ class Churn {
             return SnapshotBegun{p->first, s, "/snap/" + std::to_string(s)};
           }
           default:
-            if (p->second.snapshots.empty()) return Watermarks{next_pool_, next_tensor_ + 64, next_snap_, 1, next_gen_};
+            if (p->second.snapshots.empty())
+              return Watermarks{next_pool_, next_tensor_ + 64, next_snap_, 1, next_gen_};
             auto s = pick(p->second.snapshots);
             switch (rng_() % 5) {
               case 0: return SnapshotTagged{p->first, s->first, rng_() % 100 + 1};
@@ -175,8 +185,7 @@ TEST_CASE("records change the catalog image as documented", "[journal][image]") 
   CHECK(img.watermarks().next_tensor_id == 100);
 }
 
-TEST_CASE("records that contradict the image are corruption and change nothing",
-          "[journal][image]") {
+TEST_CASE("records that contradict the image are corruption and change nothing", "[journal][image]") {
   CatalogImage img;
   REQUIRE(img.apply(PoolCreated{1, "job", 0, 0, 0, 1, 1}).is_ok());
   REQUIRE(img.apply(TensorCreated{1, 5, "w", 4096, 3, {}, 0, 0, 0, 0}).is_ok());
@@ -184,8 +193,8 @@ TEST_CASE("records that contradict the image are corruption and change nothing",
   REQUIRE(img.apply(ArenaCreated{2, 7, 0, "a", 1}).is_ok());
   const CatalogImage before = img;
   std::vector<Record> bad = {
-      PoolCreated{1, "other", 0, 0, 0, 1, 1},        // id exists
-      PoolCreated{2, "job", 0, 0, 0, 1, 1},          // name exists
+      PoolCreated{1, "other", 0, 0, 0, 1, 1},  // id exists
+      PoolCreated{2, "job", 0, 0, 0, 1, 1},    // name exists
       PoolDropped{9},
       TensorCreated{9, 6, "x", 1, 0, {}, 0, 0, 0, 0},  // no pool
       TensorCreated{1, 5, "y", 1, 0, {}, 0, 0, 0, 0},  // tensor id exists
@@ -238,8 +247,7 @@ TEST_CASE("compaction preserves the catalog exactly, across many rounds and reop
   INFO("seed " << seed);
   Churn churn(seed);
   CatalogImage truth;
-  JournalOptions opts{.fsync = FsyncPolicy::kNever, .compact_ratio = 2.0,
-                      .compact_min_bytes = 16 << 10};
+  JournalOptions opts{.fsync = FsyncPolicy::kNever, .compact_ratio = 2.0, .compact_min_bytes = 16 << 10};
   int compactions = 0;
   uint64_t records = 0;
   for (int round = 0; round < 6; ++round) {
@@ -269,6 +277,6 @@ TEST_CASE("compaction preserves the catalog exactly, across many rounds and reop
   REQUIRE(Journal::open(dir.path(), opts, again.replayer()).has_value());
   CHECK(again == truth);
   CHECK(compactions > 0);
-  WARN(records << " records, " << compactions << " compactions, " << truth.pools().size()
-               << " pools and " << truth.tensor_count() << " tensors live at the end");
+  WARN(records << " records, " << compactions << " compactions, " << truth.pools().size() << " pools and "
+               << truth.tensor_count() << " tensors live at the end");
 }

@@ -22,9 +22,10 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 void line(const char* name, uint64_t bytes, double value, const char* unit, double baseline) {
-  std::printf("{\"name\":\"%s\",\"bytes\":%llu,\"value\":%.3f,\"unit\":\"%s\",\"baseline\":%.3f,\"ratio\":%.3f}\n",
-              name, static_cast<unsigned long long>(bytes), value, unit, baseline,
-              baseline > 0 ? value / baseline : 0.0);
+  std::printf(
+      "{\"name\":\"%s\",\"bytes\":%llu,\"value\":%.3f,\"unit\":\"%s\",\"baseline\":%.3f,\"ratio\":%.3f}\n",
+      name, static_cast<unsigned long long>(bytes), value, unit, baseline,
+      baseline > 0 ? value / baseline : 0.0);
 }
 }  // namespace
 
@@ -71,7 +72,10 @@ int main(int argc, char** argv) {
   double memcpy_us = ms_since(t0) * 1000;
   t0 = Clock::now();
   auto s = (*c)->snapshot("bench");
-  if (!s) { std::fprintf(stderr, "%s\n", s.error().message().c_str()); return 1; }
+  if (!s) {
+    std::fprintf(stderr, "%s\n", s.error().message().c_str());
+    return 1;
+  }
   double snap_ms = ms_since(t0);
   line("durability.snapshot_stall", s->bytes, static_cast<double>(s->stall_us), "us", memcpy_us);
   line("durability.snapshot_durable", s->bytes, snap_ms, "ms", 0);
@@ -81,7 +85,8 @@ int main(int argc, char** argv) {
   d.start();
   line("durability.restart_to_ready", static_cast<uint64_t>(n), ms_since(t0), "ms", empty_start);
   d.kill9();
-  std::string cmd = test::bin_path("tierd") + " --state-dir " + d.state_dir() + " --cleanup-arenas >/dev/null";
+  std::string cmd =
+      test::bin_path("tierd") + " --state-dir " + d.state_dir() + " --cleanup-arenas >/dev/null";
   if (std::system(cmd.c_str()) != 0) return 1;
   t0 = Clock::now();
   d.start();

@@ -19,18 +19,19 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 Record sample(int i) {
-  return TensorCreated{1, uint64_t(i), "layer." + std::to_string(i) + ".weight", 1 << 20, 3,
-                       {1024, 512}, 0, 1, uint64_t(i) << 20, 1 << 20};
+  return TensorCreated{1,       uint64_t(i), "layer." + std::to_string(i) + ".weight",
+                       1 << 20, 3,           {1024, 512},
+                       0,       1,           uint64_t(i) << 20,
+                       1 << 20};
 }
 
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void line(const std::string& name, uint64_t bytes, double value, double baseline) {
-  std::printf("{\"name\":\"%s\",\"bytes\":%llu,\"value\":%.0f,\"unit\":\"records/s\","
-              "\"baseline\":%.0f,\"ratio\":%.3f}\n",
-              name.c_str(), (unsigned long long)bytes, value, baseline, value / baseline);
+  std::printf(
+      "{\"name\":\"%s\",\"bytes\":%llu,\"value\":%.0f,\"unit\":\"records/s\","
+      "\"baseline\":%.0f,\"ratio\":%.3f}\n",
+      name.c_str(), (unsigned long long)bytes, value, baseline, value / baseline);
 }
 
 // Raw baseline: the same number of writes of `rec_bytes`, fdatasync every `sync_every` (0: never).
@@ -57,13 +58,20 @@ int main(int argc, char** argv) {
   std::vector<std::byte> one;
   (void)encode_record(sample(1), 1, one);
   const size_t rec_bytes = one.size();
-  struct Case { FsyncPolicy p; int n; int sync_every; };
+  struct Case {
+    FsyncPolicy p;
+    int n;
+    int sync_every;
+  };
   for (Case c : {Case{FsyncPolicy::kAlways, 1000, 1}, Case{FsyncPolicy::kBatch, 100000, 64},
                  Case{FsyncPolicy::kNever, 100000, 0}}) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     auto j = Journal::open(dir, {.fsync = c.p}, {});
-    if (!j) { std::fprintf(stderr, "%s\n", j.error().to_string().c_str()); return 1; }
+    if (!j) {
+      std::fprintf(stderr, "%s\n", j.error().to_string().c_str());
+      return 1;
+    }
     auto t0 = Clock::now();
     for (int i = 0; i < c.n; ++i) {
       if (!(*j)->append(sample(i))) return 1;

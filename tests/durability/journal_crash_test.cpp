@@ -29,12 +29,12 @@ Record record_for(uint64_t id, bool allow_large = true) {
   if (allow_large && id % 3 == 0) {
     NvmeCopyWritten c{id, id * 7, {}};
     for (uint64_t e = 0; e < 900; ++e)
-      c.extents.push_back(Extent{"/nvme/dir" + std::to_string(e % 4), "data." + std::to_string(id),
-                                 e << 20, 1 << 20, id ^ (e * 0x9E3779B97F4A7C15ull)});
+      c.extents.push_back(Extent{"/nvme/dir" + std::to_string(e % 4), "data." + std::to_string(id), e << 20,
+                                 1 << 20, id ^ (e * 0x9E3779B97F4A7C15ull)});
     return c;
   }
-  return TensorCreated{1, id, "tensor-" + std::to_string(id), id * 4096, 3, {int64_t(id), 8}, 0,
-                       1, id << 12, id * 4096};
+  return TensorCreated{
+      1, id, "tensor-" + std::to_string(id), id * 4096, 3, {int64_t(id), 8}, 0, 1, id << 12, id * 4096};
 }
 
 uint64_t id_of(const Record& r) {
@@ -58,8 +58,7 @@ uint64_t id_of(const Record& r) {
 
 // Forks a child that runs `body` with the write end of a pipe (it must not return: it exits
 // or is killed); the parent gets the child's pid and the read end.
-template <class Body>
-std::pair<pid_t, int> fork_child(Body body) {
+template <class Body> std::pair<pid_t, int> fork_child(Body body) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   pid_t pid = ::fork();
@@ -75,8 +74,7 @@ std::pair<pid_t, int> fork_child(Body body) {
 
 }  // namespace
 
-TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged record",
-          "[journal][crash]") {
+TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged record", "[journal][crash]") {
   TempDir dir;
   std::mt19937_64 rng(std::random_device{}());
   std::map<uint64_t, uint64_t> acked;  // seq -> id, over all trials
@@ -100,8 +98,7 @@ TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged recor
       ++got;
     }
     // A random extra delay of up to 2 ms places the kill at varying points of an append.
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        std::uniform_int_distribution<int>(0, 2000)(rng)));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 2000)(rng)));
     ::kill(pid, SIGKILL);
     // Acks written before the kill are still in the pipe: they count too.
     for (;;) {
@@ -136,11 +133,11 @@ TEST_CASE("kill -9 while appending with fsync=always loses no acknowledged recor
     for (const Record& r : seen.records) next_id = std::max(next_id, id_of(r) + 1);
     total_recovered = seen.records.size();
   }
-  std::printf("journal kill -9: %d trials, %zu records acknowledged, %llu recovered, "
-              "%llu torn tails truncated (%llu bytes)\n",
-              kTrials, acked.size(), static_cast<unsigned long long>(total_recovered),
-              static_cast<unsigned long long>(trials_with_torn_tail),
-              static_cast<unsigned long long>(total_dropped));
+  std::printf(
+      "journal kill -9: %d trials, %zu records acknowledged, %llu recovered, "
+      "%llu torn tails truncated (%llu bytes)\n",
+      kTrials, acked.size(), static_cast<unsigned long long>(total_recovered),
+      static_cast<unsigned long long>(trials_with_torn_tail), static_cast<unsigned long long>(total_dropped));
   CHECK(total_recovered >= acked.size());
 }
 
@@ -157,11 +154,11 @@ TEST_CASE("kill -9 during appends and compactions: the journal is the old or the
       // Rebuild the live set from the journal, then append small records, compacting every 8
       // with every record seen so far as the live state (so replay content is unchanged).
       std::vector<Record> live;
-      auto j = Journal::open(dir.path(), {.fsync = FsyncPolicy::kAlways},
-                             [&](const Record& r, uint64_t, size_t) {
-                               live.push_back(r);
-                               return Status::ok();
-                             });
+      auto j =
+          Journal::open(dir.path(), {.fsync = FsyncPolicy::kAlways}, [&](const Record& r, uint64_t, size_t) {
+            live.push_back(r);
+            return Status::ok();
+          });
       if (!j) _exit(3);
       for (uint64_t id = next_id;; ++id) {
         Record r = record_for(id, false);
@@ -178,8 +175,7 @@ TEST_CASE("kill -9 during appends and compactions: the journal is the old or the
       acked_ids.insert(id);
       ++got;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        std::uniform_int_distribution<int>(0, 3000)(rng)));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
     ::kill(pid, SIGKILL);
     while (::read(ack_fd, &id, sizeof id) == sizeof id) acked_ids.insert(id);
     ::close(ack_fd);
@@ -205,14 +201,14 @@ TEST_CASE("kill -9 during appends and compactions: the journal is the old or the
       REQUIRE(present.count(a) == 1);
     }
   }
-  std::printf("journal kill -9 with compaction: %d trials, %zu records acknowledged, all "
-              "present; %d kills interrupted a compaction before its rename\n",
-              kTrials, acked_ids.size(), compactions_seen);
+  std::printf(
+      "journal kill -9 with compaction: %d trials, %zu records acknowledged, all "
+      "present; %d kills interrupted a compaction before its rename\n",
+      kTrials, acked_ids.size(), compactions_seen);
   CHECK(acked_ids.size() <= next_id);
 }
 
-TEST_CASE("a write cut short by the file size limit is undone; the journal stays valid",
-          "[journal][crash]") {
+TEST_CASE("a write cut short by the file size limit is undone; the journal stays valid", "[journal][crash]") {
   TempDir dir;
   {
     auto j = Journal::open(dir.path(), {.fsync = FsyncPolicy::kAlways}, {});
@@ -230,7 +226,7 @@ TEST_CASE("a write cut short by the file size limit is undone; the journal stays
     if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(4);
     auto big = (*j)->append(record_for(3));  // ~90 KiB: only 100 bytes fit
     if (big.has_value()) _exit(5);
-    if (!(*j)->health().is_ok()) _exit(6);  // undone, not failed
+    if (!(*j)->health().is_ok()) _exit(6);                         // undone, not failed
     if (!(*j)->append(TensorDeleted{1, 1}).has_value()) _exit(7);  // 40 bytes: fits
     _exit(0);
   }

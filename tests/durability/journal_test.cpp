@@ -19,8 +19,8 @@ using namespace tier::journal::test;
 
 namespace {
 
-std::unique_ptr<Journal> open_ok(const TempDir& dir, Replayed* seen = nullptr,
-                                 OpenReport* report = nullptr, JournalOptions opts = {}) {
+std::unique_ptr<Journal> open_ok(const TempDir& dir, Replayed* seen = nullptr, OpenReport* report = nullptr,
+                                 JournalOptions opts = {}) {
   Replayed local;
   Replayed& r = seen ? *seen : local;
   auto j = Journal::open(dir.path(), opts, r.visitor(), report);
@@ -46,8 +46,8 @@ std::vector<size_t> write_journal(const TempDir& dir, const std::vector<Record>&
 std::vector<Record> churn_records(int n) {
   std::vector<Record> v;
   for (int i = 0; i < n; ++i) {
-    v.push_back(TensorCreated{1, uint64_t(i + 1), "t" + std::to_string(i), 4096, 1, {1024}, 0, 1,
-                              uint64_t(i) * 4096, 4096});
+    v.push_back(TensorCreated{
+        1, uint64_t(i + 1), "t" + std::to_string(i), 4096, 1, {1024}, 0, 1, uint64_t(i) * 4096, 4096});
     if (i % 2 == 1) v.push_back(TensorDeleted{1, uint64_t(i + 1)});
   }
   return v;
@@ -193,8 +193,7 @@ TEST_CASE("a flipped byte before the last record is corruption: refused, file un
   const auto full = read_file(dir.journal());
   // Every byte of the second and of the second-to-last record, and of the file header.
   std::vector<std::pair<size_t, size_t>> ranges = {
-      {0, kFileHeaderBytes}, {offsets[1], offsets[2]},
-      {offsets[recs.size() - 2], offsets[recs.size() - 1]}};
+      {0, kFileHeaderBytes}, {offsets[1], offsets[2]}, {offsets[recs.size() - 2], offsets[recs.size() - 1]}};
   size_t refused = 0;
   for (auto [from, to] : ranges) {
     for (size_t pos = from; pos < to; ++pos) {
@@ -216,8 +215,7 @@ TEST_CASE("a flipped byte before the last record is corruption: refused, file un
   WARN("refused " << refused << " single-byte corruptions");
 }
 
-TEST_CASE("a flipped byte in the last record is indistinguishable from a torn write",
-          "[journal][torn]") {
+TEST_CASE("a flipped byte in the last record is indistinguishable from a torn write", "[journal][torn]") {
   TempDir dir;
   auto recs = sample_records();
   auto offsets = write_journal(dir, recs);
@@ -260,8 +258,7 @@ TEST_CASE("files that are not journals, newer formats and unknown records are re
     auto j = Journal::open(dir.path(), {}, {});
     REQUIRE_FALSE(j.has_value());
     CHECK(j.error().code() == Code::kUnsupported);
-    CHECK(j.error().message().find("version " + std::to_string(kFormatVersion + 1)) !=
-          std::string::npos);
+    CHECK(j.error().message().find("version " + std::to_string(kFormatVersion + 1)) != std::string::npos);
   }
   SECTION("a record type from a newer tierd") {
     std::vector<std::byte> b;
@@ -279,8 +276,7 @@ TEST_CASE("files that are not journals, newer formats and unknown records are re
     REQUIRE_FALSE(j.has_value());
     CHECK(j.error().code() == Code::kUnsupported);
     CHECK(j.error().message().find("type 200") != std::string::npos);
-    CHECK(j.error().message().find("version " + std::to_string(kFormatVersion)) !=
-          std::string::npos);
+    CHECK(j.error().message().find("version " + std::to_string(kFormatVersion)) != std::string::npos);
   }
   SECTION("a gap in the sequence numbers") {
     std::vector<std::byte> b;
@@ -373,14 +369,13 @@ TEST_CASE("an oversized append fails cleanly and the journal stays usable", "[jo
   CHECK(j->last_seq() == 1);
 }
 
-TEST_CASE("compaction keeps exactly the live state and continues the sequence",
-          "[journal][compaction]") {
+TEST_CASE("compaction keeps exactly the live state and continues the sequence", "[journal][compaction]") {
   TempDir dir;
   auto churn = churn_records(200);
   std::vector<Record> live = {Watermarks{2, 201, 1, 2, 1}, PoolCreated{1, "p", 0, 0, 0, 1, 2}};
   for (int i = 0; i < 200; i += 2)
-    live.push_back(TensorCreated{1, uint64_t(i + 1), "t" + std::to_string(i), 4096, 1, {1024},
-                                 0, 1, uint64_t(i) * 4096, 4096});
+    live.push_back(TensorCreated{
+        1, uint64_t(i + 1), "t" + std::to_string(i), 4096, 1, {1024}, 0, 1, uint64_t(i) * 4096, 4096});
   uint64_t before_size = 0, before_seq = 0;
   {
     auto j = open_ok(dir, nullptr, nullptr, {.compact_ratio = 1.2, .compact_min_bytes = 4096});
@@ -445,8 +440,7 @@ TEST_CASE("a crash between writing the compacted file and renaming it loses noth
   CHECK(read_file(dir.journal()) == old_image);
 }
 
-TEST_CASE("a failing compaction producer leaves the old journal in use",
-          "[journal][compaction]") {
+TEST_CASE("a failing compaction producer leaves the old journal in use", "[journal][compaction]") {
   TempDir dir;
   auto recs = sample_records();
   write_journal(dir, recs);

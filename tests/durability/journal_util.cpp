@@ -26,13 +26,21 @@ TempDir::~TempDir() {
 
 std::vector<Record> sample_records(uint64_t salt) {
   std::vector<Record> v;
-  v.push_back(PoolCreated{7 + salt, "job-" + std::to_string(salt), 1000, 1001, 1, 64ull << 30,
-                          1ull << 40});
+  v.push_back(PoolCreated{7 + salt, "job-" + std::to_string(salt), 1000, 1001, 1, 64ull << 30, 1ull << 40});
   v.push_back(PoolDropped{8 + salt});
-  v.push_back(TensorCreated{7 + salt, 100 + salt, "layer.0.weight", 4096 * 4096 * 2, 3,
-                            {4096, 4096}, 1, 2, 1ull << 21, 4096ull * 4096 * 2});
+  v.push_back(TensorCreated{7 + salt,
+                            100 + salt,
+                            "layer.0.weight",
+                            4096 * 4096 * 2,
+                            3,
+                            {4096, 4096},
+                            1,
+                            2,
+                            1ull << 21,
+                            4096ull * 4096 * 2});
   v.push_back(TensorDeleted{7 + salt, 99 + salt});
-  v.push_back(NvmeCopyWritten{100 + salt, 3 + salt,
+  v.push_back(NvmeCopyWritten{100 + salt,
+                              3 + salt,
                               {Extent{"/nvme0/tier", "data.0", 0, 1 << 20, 0xABCDEF0123456789ull},
                                Extent{"/nvme1/tier", "data.3", 1ull << 30, 1 << 20, 42 + salt}}});
   v.push_back(NvmeCopyDropped{100 + salt, 2 + salt});

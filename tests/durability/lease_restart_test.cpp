@@ -99,7 +99,7 @@ size_t not_round(std::span<const std::byte> b, uint64_t round) {
 
 // What W reports when it is done.
 struct WReport {
-  int code = -1;          // the Code its release returned
+  int code = -1;  // the Code its release returned
   uint64_t last_round = 0;
   char message[200] = {};
 };
@@ -207,8 +207,8 @@ void start_writer(Writer& w, const TestDaemon& d, uint64_t tensor, int idle_ms =
 }
 
 struct NvmeDir {
-  std::string path = std::filesystem::temp_directory_path().string() + "/tierd-lease-restart-" +
-                     std::to_string(::getpid());
+  std::string path =
+      std::filesystem::temp_directory_path().string() + "/tierd-lease-restart-" + std::to_string(::getpid());
   NvmeDir() { std::filesystem::create_directories(path); }
   ~NvmeDir() {
     std::error_code ec;
@@ -250,8 +250,9 @@ struct Node {
 
 }  // namespace
 
-TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its holder: no other client's "
-          "tensor gets its bytes") {
+TEST_CASE(
+    "a write lease held across kill -9 or a stop of tierd is kept for its holder: no other client's "
+    "tensor gets its bytes") {
   Node node;
   TestDaemon& d = node.d;
   const uint64_t wid = node.wid;
@@ -296,10 +297,12 @@ TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its 
   CHECK(busy.error().code() == Code::kBusy);
   auto raw = tier::test::RawClient::connect(d.socket());
   REQUIRE(raw.has_value());
-  auto steal = raw->call<wire::LeaseRep>(wire::MsgType::kLeaseReclaim, wire::LeaseReclaimReq{wid, w.lease_id});
+  auto steal =
+      raw->call<wire::LeaseRep>(wire::MsgType::kLeaseReclaim, wire::LeaseReclaimReq{wid, w.lease_id});
   REQUIRE_FALSE(steal.has_value());
   CHECK(steal.error().code() == Code::kPermissionDenied);
-  auto wrong = raw->call<wire::LeaseRep>(wire::MsgType::kLeaseReclaim, wire::LeaseReclaimReq{wid, w.lease_id + 1});
+  auto wrong =
+      raw->call<wire::LeaseRep>(wire::MsgType::kLeaseReclaim, wire::LeaseReclaimReq{wid, w.lease_id + 1});
   REQUIRE_FALSE(wrong.has_value());
   CHECK(wrong.error().code() == Code::kNotFound);
 
@@ -329,8 +332,9 @@ TEST_CASE("a write lease held across kill -9 or a stop of tierd is kept for its 
   CHECK(d.log().find("checksum") == std::string::npos);
 }
 
-TEST_CASE("a write lease from before a restart is lost after the reclaim timeout, or at once when "
-          "its holder is gone, and the tensor keeps the bytes it left") {
+TEST_CASE(
+    "a write lease from before a restart is lost after the reclaim timeout, or at once when "
+    "its holder is gone, and the tensor keeps the bytes it left") {
   Node node("lease_reclaim_timeout_ms = 2000\n");
   TestDaemon& d = node.d;
   const uint64_t wid = node.wid;

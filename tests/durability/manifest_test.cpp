@@ -14,10 +14,9 @@ namespace {
 std::vector<Record> manifest_body() {
   std::vector<Record> body = {PoolCreated{3, "job", 1000, 1000, 0, 1 << 30, 1ull << 34}};
   for (uint64_t t = 1; t <= 4; ++t) {
-    body.push_back(TensorCreated{3, t, "w" + std::to_string(t), t << 20, 3, {int64_t(t), 512}, 0,
-                                 0, 0, 0});
-    body.push_back(NvmeCopyWritten{t, 1, {Extent{"/snap", "p3.s9.data", (t - 1) << 20, t << 20,
-                                                 0x1234 + t}}});
+    body.push_back(TensorCreated{3, t, "w" + std::to_string(t), t << 20, 3, {int64_t(t), 512}, 0, 0, 0, 0});
+    body.push_back(
+        NvmeCopyWritten{t, 1, {Extent{"/snap", "p3.s9.data", (t - 1) << 20, t << 20, 0x1234 + t}}});
   }
   return body;
 }

@@ -95,8 +95,11 @@ std::string journal_path(const TestDaemon& d) { return d.state_dir() + "/journal
 
 }  // namespace
 
-TEST_CASE("kill -9 of tierd at random points of put/evict/prefetch/snapshot/delete loops loses no acknowledged tensor") {
-  std::string nvme = std::filesystem::temp_directory_path().string() + "/tierd-dur-nvme-" + std::to_string(::getpid());
+TEST_CASE(
+    "kill -9 of tierd at random points of put/evict/prefetch/snapshot/delete loops loses no acknowledged "
+    "tensor") {
+  std::string nvme =
+      std::filesystem::temp_directory_path().string() + "/tierd-dur-nvme-" + std::to_string(::getpid());
   std::filesystem::create_directories(nvme);
   DaemonOptions dopt;
   dopt.ram = "128M";
@@ -121,7 +124,8 @@ TEST_CASE("kill -9 of tierd at random points of put/evict/prefetch/snapshot/dele
     std::atomic<bool> stop{false};
     std::mutex mu;
     std::thread worker([&] {
-      auto cr = Client::connect(d.socket(), {.client_name = "worker", .reconnect_timeout = std::chrono::milliseconds(0)});
+      auto cr = Client::connect(d.socket(),
+                                {.client_name = "worker", .reconnect_timeout = std::chrono::milliseconds(0)});
       if (!cr) return;
       Client& c = **cr;
       std::mt19937 wr(seed + static_cast<unsigned>(trial * 7919));
@@ -192,10 +196,11 @@ TEST_CASE("kill -9 of tierd at random points of put/evict/prefetch/snapshot/dele
   auto st = c->status();
   REQUIRE(st.has_value());
   CHECK(st->leases == 0);
-  std::printf("kill -9 trials: %d, operations %llu, acknowledged tensors verified %llu (all matched their hash), "
-              "deletes in flight at a kill %llu\n",
-              kTrials, static_cast<unsigned long long>(total_ops), static_cast<unsigned long long>(checked),
-              static_cast<unsigned long long>(unknown));
+  std::printf(
+      "kill -9 trials: %d, operations %llu, acknowledged tensors verified %llu (all matched their hash), "
+      "deletes in flight at a kill %llu\n",
+      kTrials, static_cast<unsigned long long>(total_ops), static_cast<unsigned long long>(checked),
+      static_cast<unsigned long long>(unknown));
   std::error_code ec;
   std::filesystem::remove_all(nvme, ec);
 }
@@ -315,7 +320,8 @@ TEST_CASE("a truncated journal recovers its valid records, a corrupted one is re
     REQUIRE(c->create_pool("j", {.ram_quota = 8 << 20}).has_value());
     for (int i = 0; i < 9; ++i) REQUIRE(put(*c, "j", "x" + std::to_string(i), 4096));
     // Created only (no write lease, whose records would follow): its create is the last record.
-    REQUIRE(c->create_tensor("j", TensorDesc{.name = "x9", .size = 4096, .shape = {}, .placement = {}}).has_value());
+    REQUIRE(c->create_tensor("j", TensorDesc{.name = "x9", .size = 4096, .shape = {}, .placement = {}})
+                .has_value());
   }
   d.kill9();
   std::string jp = journal_path(d);
@@ -345,8 +351,8 @@ TEST_CASE("a truncated journal recovers its valid records, a corrupted one is re
       f.write(bytes.data(), static_cast<std::streamsize>(size));
     }
     int rc = 0;
-    std::string out = run_capture(tier::test::bin_path("tierd") + " --socket " + d.dir() + "/other.sock --state-dir " +
-                                      d.state_dir() + " --ram 64M",
+    std::string out = run_capture(tier::test::bin_path("tierd") + " --socket " + d.dir() +
+                                      "/other.sock --state-dir " + d.state_dir() + " --ram 64M",
                                   &rc);
     CHECK(rc == 1);
     CHECK(out.find("cannot recover the catalog") != std::string::npos);
@@ -360,7 +366,9 @@ TEST_CASE("a truncated journal recovers its valid records, a corrupted one is re
   }
 }
 
-TEST_CASE("a client that lives through a daemon restart reconnects, keeps its lease and mapping, and sees its data") {
+TEST_CASE(
+    "a client that lives through a daemon restart reconnects, keeps its lease and mapping, and sees its "
+    "data") {
   TestDaemon d;
   auto c = connect_to(d, 10000);
   REQUIRE(c->create_pool("rc", {.ram_quota = 8 << 20}).has_value());

@@ -41,9 +41,10 @@ double pct(std::vector<double> v, double p) {
 }
 
 void report(const char* phase, const std::vector<double>& v) {
-  std::printf("{\"name\":\"snapshot.other_client_lease_us\",\"phase\":\"%s\",\"samples\":%zu,"
-              "\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}\n",
-              phase, v.size(), pct(v, 0.50), pct(v, 0.99), pct(v, 0.999), pct(v, 1.0));
+  std::printf(
+      "{\"name\":\"snapshot.other_client_lease_us\",\"phase\":\"%s\",\"samples\":%zu,"
+      "\"p50\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}\n",
+      phase, v.size(), pct(v, 0.50), pct(v, 0.99), pct(v, 0.999), pct(v, 1.0));
 }
 
 std::unique_ptr<Client> connect(const std::string& sock, const char* name) {
@@ -81,7 +82,8 @@ int main(int argc, char** argv) {
     auto t = c->create_tensor("snapbench-big", d);
     auto l = t ? c->lease(t->id, LeaseMode::kWrite) : fail(t.error());
     if (!l) {
-      std::fprintf(stderr, "tensor %llu: %s\n", static_cast<unsigned long long>(i), l.error().message().c_str());
+      std::fprintf(stderr, "tensor %llu: %s\n", static_cast<unsigned long long>(i),
+                   l.error().message().c_str());
       return 1;
     }
     std::memset(l->bytes().data(), static_cast<int>(i & 0xff), tensor);

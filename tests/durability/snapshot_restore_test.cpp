@@ -26,8 +26,8 @@ namespace {
 constexpr size_t kSize = 256 << 10;
 
 // Writes version v of the named tensors; returns their hashes.
-std::map<std::string, uint64_t> write_all(Client& c, const std::string& pool, const std::vector<std::string>& names,
-                                          int v) {
+std::map<std::string, uint64_t> write_all(Client& c, const std::string& pool,
+                                          const std::vector<std::string>& names, int v) {
   std::map<std::string, uint64_t> h;
   for (const auto& n : names) h[n] = write_version(c, c.open_tensor(pool, n)->id, n, v);
   return h;
@@ -69,7 +69,9 @@ size_t snapshot_dirs(const TestDaemon& d, const std::string& pool) {
 
 }  // namespace
 
-TEST_CASE("a pool rolls back to a kept, tagged snapshot: every tier, new tensors deleted, across restart and reboot") {
+TEST_CASE(
+    "a pool rolls back to a kept, tagged snapshot: every tier, new tensors deleted, across restart and "
+    "reboot") {
   fresh_boot();
   TempDir nvme("restore");
   TestDaemon d(with_nvme(nvme, "64M"));
@@ -123,7 +125,8 @@ TEST_CASE("a pool rolls back to a kept, tagged snapshot: every tier, new tensors
     auto gone = c->restore_snapshot("r", s1->snapshot_id);
     REQUIRE_FALSE(gone.has_value());
     CHECK(gone.error().code() == Code::kNotFound);
-    CHECK(gone.error().message().find(std::to_string(s2->snapshot_id)) != std::string::npos);  // names what exists
+    CHECK(gone.error().message().find(std::to_string(s2->snapshot_id)) !=
+          std::string::npos);  // names what exists
     // Nothing changed: the pool still reads as after s3 (t0 at version 4).
     CHECK(c->open_tensor("r", "later").has_value());
     std::vector<std::byte> want(kSize);
@@ -172,7 +175,9 @@ TEST_CASE("a pool rolls back to a kept, tagged snapshot: every tier, new tensors
   }
 }
 
-TEST_CASE("a reboot leaves a pool recovered (a mix of points in time) until it is restored, and a damaged snapshot changes nothing") {
+TEST_CASE(
+    "a reboot leaves a pool recovered (a mix of points in time) until it is restored, and a damaged snapshot "
+    "changes nothing") {
   fresh_boot();
   TempDir nvme("mix");
   TestDaemon d(with_nvme(nvme, "64M"));

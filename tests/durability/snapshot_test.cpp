@@ -54,11 +54,12 @@ std::string snapshot_data_file(const TestDaemon& d, const std::string& pool, con
 }
 
 // A pool of `n` tensors of `size` bytes named <prefix><i>, each written once; their hashes.
-std::map<std::string, uint64_t> fill_pool(Client& c, const std::string& pool, const std::string& prefix, int n,
-                                          size_t size) {
+std::map<std::string, uint64_t> fill_pool(Client& c, const std::string& pool, const std::string& prefix,
+                                          int n, size_t size) {
   REQUIRE(c.create_pool(pool, {.ram_quota = static_cast<uint64_t>(n) * size}).has_value());
   std::map<std::string, uint64_t> hashes;
-  for (int i = 0; i < n; ++i) hashes[prefix + std::to_string(i)] = put(c, pool, prefix + std::to_string(i), size, 1);
+  for (int i = 0; i < n; ++i)
+    hashes[prefix + std::to_string(i)] = put(c, pool, prefix + std::to_string(i), size, 1);
   return hashes;
 }
 
@@ -103,7 +104,7 @@ TEST_CASE("a snapshot covers tensors only on NVMe: after a reboot each reads its
       ids[n] = c->open_tensor("d4", n)->id;
     }
     REQUIRE(c->evict("d4").is_ok());  // all 24 now only on NVMe
-    for (int i = 0; i < 4; ++i) {      // and 4 only in RAM
+    for (int i = 0; i < 4; ++i) {     // and 4 only in RAM
       std::string n = "ram" + std::to_string(i);
       want[n] = put(*c, "d4", n, kSize, 1);
     }
@@ -187,8 +188,8 @@ TEST_CASE("kill -9 of tierd while a snapshot is written leaves no partial snapsh
   }
   std::atomic<bool> answered{false};
   std::jthread snapper([&] {
-    auto sc = Client::connect(d.socket(), {.client_name = "snapshotter",
-                                           .reconnect_timeout = std::chrono::milliseconds(0)});
+    auto sc = Client::connect(
+        d.socket(), {.client_name = "snapshotter", .reconnect_timeout = std::chrono::milliseconds(0)});
     if (sc) (void)(*sc)->snapshot("kill");
     answered = true;
   });
@@ -238,7 +239,9 @@ TEST_CASE("snapshot directories are 0700 (also ones made 0755 before) and uid 65
   CHECK_FALSE(nobody_can_list(root));
 }
 
-TEST_CASE("a large snapshot streams in bounded memory while the loop serves other clients, as a point-in-time image") {
+TEST_CASE(
+    "a large snapshot streams in bounded memory while the loop serves other clients, as a point-in-time "
+    "image") {
   fresh_boot();
   DaemonOptions o;
   o.ram = "768M";
@@ -267,8 +270,8 @@ TEST_CASE("a large snapshot streams in bounded memory while the loop serves othe
   std::atomic<bool> snapshot_answered{false};
   Result<SnapshotInfo> snap = fail(Code::kInternal, "not run");
   std::jthread snapper([&] {  // joined also when a REQUIRE below fails
-    auto sc = Client::connect(d.socket(), {.client_name = "snapshotter",
-                                           .reconnect_timeout = std::chrono::milliseconds(0)});
+    auto sc = Client::connect(
+        d.socket(), {.client_name = "snapshotter", .reconnect_timeout = std::chrono::milliseconds(0)});
     if (sc) snap = (*sc)->snapshot("big");
     snapshot_answered = true;
   });
@@ -294,7 +297,8 @@ TEST_CASE("a large snapshot streams in bounded memory while the loop serves othe
   std::vector<std::byte> b(kSize);
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   REQUIRE(fd >= 0);
-  CHECK(::pread(fd, b.data(), kSize, static_cast<off_t>((kTensors - 1) * kSize)) == static_cast<ssize_t>(kSize));
+  CHECK(::pread(fd, b.data(), kSize, static_cast<off_t>((kTensors - 1) * kSize)) ==
+        static_cast<ssize_t>(kSize));
   ::close(fd);
   CHECK(XXH3_64bits(b.data(), kSize) == want[last->name]);
 }

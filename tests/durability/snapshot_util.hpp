@@ -48,7 +48,8 @@ inline uint64_t fill(std::span<std::byte> b, const std::string& name, int v) {
   return XXH3_64bits(b.data(), b.size());
 }
 
-inline uint64_t write_version(Client& c, uint64_t id, const std::string& name, int v, int32_t timeout_ms = 10000) {
+inline uint64_t write_version(Client& c, uint64_t id, const std::string& name, int v,
+                              int32_t timeout_ms = 10000) {
   auto l = c.lease(id, LeaseMode::kWrite, {.timeout_ms = timeout_ms});
   REQUIRE(l.has_value());
   uint64_t h = fill(l->bytes(), name, v);

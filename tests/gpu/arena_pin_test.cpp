@@ -40,7 +40,8 @@ TEST_CASE("an H2D after evict and refetch copies the arena's current bytes", "[g
   const std::string nvme = tmpl;
   tier::test::DaemonOptions dopts;
   dopts.ram = "64M";
-  dopts.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};  // sparse arenas: evicted extents are punched
+  dopts.extra_args = {"--remove-arenas-on-exit", "--nvme-dir",
+                      nvme};  // sparse arenas: evicted extents are punched
   {
     tier::test::TestDaemon daemon(dopts);
     auto client = tier::Client::connect(daemon.socket());
@@ -108,7 +109,8 @@ TEST_CASE("a group reader's read-only arena is registered read-only and copied d
     if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
     auto cl = tier::Client::connect(daemon.socket());
     if (!cl) _exit(4);
-    if (!(*cl)->create_pool("shared", {.ram_quota = 16 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true}))
+    if (!(*cl)->create_pool("shared",
+                            {.ram_quota = 16 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true}))
       _exit(5);
     auto t = (*cl)->create_tensor("shared", {.name = "t", .size = n, .shape = {}, .placement = {}});
     if (!t) _exit(6);

@@ -15,8 +15,7 @@ inline bool have_cuda_device() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
-    WARN("no CUDA device: skipping (" << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices")
-                                      << ")");
+    WARN("no CUDA device: skipping (" << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") << ")");
     return false;
   }
   return true;

@@ -29,7 +29,9 @@ std::vector<float> random_floats(size_t n, uint64_t seed, float a = 1.0f, float 
   std::vector<float> v(n);
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (auto& x : v) {
-    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
     x = offset + a * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
   }
   return v;
@@ -45,11 +47,11 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
   return diff / scale;
 }
 
-#define CHECK_CLOSE(got, want, tol)                    \
-  do {                                                 \
-    const double e_ = rel_err(got, want);              \
-    INFO(#got << " vs CPU: relative error " << e_);    \
-    CHECK(e_ <= (tol));                                \
+#define CHECK_CLOSE(got, want, tol)                 \
+  do {                                              \
+    const double e_ = rel_err(got, want);           \
+    INFO(#got << " vs CPU: relative error " << e_); \
+    CHECK(e_ <= (tol));                             \
   } while (0)
 
 // Device buffer helper over a Backend.
@@ -71,8 +73,7 @@ struct Dev {
   }
 };
 
-template <class T>
-T* device_alloc(size_t n) {
+template <class T> T* device_alloc(size_t n) {
   void* p = nullptr;
   return cudaMalloc(&p, n * sizeof(T)) == cudaSuccess ? static_cast<T*>(p) : nullptr;
 }
@@ -132,8 +133,8 @@ void run_layers(const Case& cs) {
     std::vector<float> acts(block_acts_floats(d)), y(BTC), grads(bl.total, 0.0f), dx(BTC),
         scratch(block_scratch_floats(d));
     cpu->block_forward(d, bp.data(), x.data(), carve_block_acts(acts.data(), d), y.data());
-    cpu->block_backward(d, bp.data(), grads.data(), x.data(), carve_block_acts(acts.data(), d),
-                        dy.data(), dx.data(), scratch.data());
+    cpu->block_backward(d, bp.data(), grads.data(), x.data(), carve_block_acts(acts.data(), d), dy.data(),
+                        dx.data(), scratch.data());
 
     Dev dp(*gpu, bp), dxin(*gpu, x), dacts(*gpu, block_acts_floats(d), false), dyout(*gpu, BTC, false);
     gpu->block_forward(d, dp.p, dxin.p, carve_block_acts(dacts.p, d), dyout.p);
@@ -145,9 +146,8 @@ void run_layers(const Case& cs) {
     const std::vector<float> g = dgr.get();
     // Per parameter tensor, so a wrong one is named.
     const std::pair<const char*, std::pair<size_t, size_t>> parts[] = {
-        {"ln1", {bl.ln1_w, bl.qkv_w}},   {"qkv", {bl.qkv_w, bl.proj_w}},
-        {"proj", {bl.proj_w, bl.ln2_w}}, {"ln2", {bl.ln2_w, bl.fc_w}},
-        {"fc", {bl.fc_w, bl.fcproj_w}},  {"fcproj", {bl.fcproj_w, bl.total}}};
+        {"ln1", {bl.ln1_w, bl.qkv_w}}, {"qkv", {bl.qkv_w, bl.proj_w}}, {"proj", {bl.proj_w, bl.ln2_w}},
+        {"ln2", {bl.ln2_w, bl.fc_w}},  {"fc", {bl.fc_w, bl.fcproj_w}}, {"fcproj", {bl.fcproj_w, bl.total}}};
     for (const auto& [name, r] : parts) {
       INFO("block gradient " << name);
       CHECK_CLOSE(std::vector<float>(g.begin() + r.first, g.begin() + r.second),
@@ -175,21 +175,21 @@ void run_layers(const Case& cs) {
     (void)unused;
     const float scale = 1.0f / static_cast<float>(BT);
     std::vector<float> acts(head_acts_floats(d)), dx(BTC), grads(el.total, 0.0f);
-    const double loss_cpu = cpu->head_forward(d, ep.data(), x.data(), targets.data(),
-                                              carve_head_acts(acts.data(), d), dx.data(),
-                                              grads.data(), scale);
-    Dev dp(*gpu, ep), dxin(*gpu, x), dacts(*gpu, head_acts_floats(d), false),
-        ddx(*gpu, BTC, false), dg(*gpu, el.total, true);
-    const double loss_gpu = gpu->head_forward(d, dp.p, dxin.p, dtgt, carve_head_acts(dacts.p, d),
-                                              ddx.p, dg.p, scale);
+    const double loss_cpu =
+        cpu->head_forward(d, ep.data(), x.data(), targets.data(), carve_head_acts(acts.data(), d), dx.data(),
+                          grads.data(), scale);
+    Dev dp(*gpu, ep), dxin(*gpu, x), dacts(*gpu, head_acts_floats(d), false), ddx(*gpu, BTC, false),
+        dg(*gpu, el.total, true);
+    const double loss_gpu =
+        gpu->head_forward(d, dp.p, dxin.p, dtgt, carve_head_acts(dacts.p, d), ddx.p, dg.p, scale);
     INFO("backend error: " << tier::train::cuda::backend_error(*gpu));
     REQUIRE(std::isfinite(loss_gpu));
     CHECK(std::abs(loss_gpu - loss_cpu) <= cs.tol * std::abs(loss_cpu));
     CHECK_CLOSE(ddx.get(), dx, cs.tol);
     CHECK_CLOSE(dg.get(), grads, cs.tol);
     // Forward only (no dx) gives the same loss.
-    const double loss_fwd = gpu->head_forward(d, dp.p, dxin.p, dtgt, carve_head_acts(dacts.p, d),
-                                              nullptr, nullptr, 0.0f);
+    const double loss_fwd =
+        gpu->head_forward(d, dp.p, dxin.p, dtgt, carve_head_acts(dacts.p, d), nullptr, nullptr, 0.0f);
     CHECK(std::abs(loss_fwd - loss_cpu) <= cs.tol * std::abs(loss_cpu));
   }
   gpu->free_tokens(dtok);
@@ -233,8 +233,7 @@ TEST_CASE("fused AdamW kernel matches the CPU AdamW and rounds its bf16 copy", "
   AdamWConfig cfg;
   const AdamWStep s = make_step(cfg, 1e-3f, 3, 0.5f);
   std::vector<float> pc(n), mc(n), vc(n);
-  adamw_update_scalar(p.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(), vc.data(), n,
-                      s, true);
+  adamw_update_scalar(p.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(), vc.data(), n, s, true);
 
   float* dp = device_alloc<float>(n);
   float* dm = device_alloc<float>(n);
@@ -246,8 +245,13 @@ TEST_CASE("fused AdamW kernel matches the CPU AdamW and rounds its bf16 copy", "
   cudaMemcpy(dm, m.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dv, v.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice);
-  tier::train::cuda::AdamW h{.lr = 1e-3f, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
-                             .weight_decay = cfg.weight_decay, .step = 3, .grad_scale = 0.5f};
+  tier::train::cuda::AdamW h{.lr = 1e-3f,
+                             .beta1 = cfg.beta1,
+                             .beta2 = cfg.beta2,
+                             .eps = cfg.eps,
+                             .weight_decay = cfg.weight_decay,
+                             .step = 3,
+                             .grad_scale = 0.5f};
   REQUIRE(tier::train::cuda::adamw(dp, dg, dm, dv, db, n, h, nullptr) == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   std::vector<float> pg(n), mg(n), vg(n), bf(n);
@@ -292,8 +296,8 @@ TEST_CASE("an upload into a parameter buffer waits for the layer that read it", 
 
   // One parameter slot reused back to back, as the trainer's slot ring does: the second upload
   // must not overwrite the slot while the first layer's kernels still read it.
-  Dev slot(*gpu, bl.total, false), dx(*gpu, x), da(*gpu, block_acts_floats(d), false),
-      dy1(*gpu, BTC, false), dy2(*gpu, BTC, false);
+  Dev slot(*gpu, bl.total, false), dx(*gpu, x), da(*gpu, block_acts_floats(d), false), dy1(*gpu, BTC, false),
+      dy2(*gpu, BTC, false);
   gpu->upload(slot.p, p1.data(), bl.total);
   gpu->block_forward(d, slot.p, dx.p, carve_block_acts(da.p, d), dy1.p);
   gpu->upload(slot.p, p2.data(), bl.total);
@@ -314,13 +318,19 @@ struct ModelPass {
 };
 
 ModelPass model_pass(Backend& be, const ModelConfig& m, const Dims& d,
-                     const std::vector<std::vector<float>>& params,
-                     const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+                     const std::vector<std::vector<float>>& params, const std::vector<int32_t>& tokens,
+                     const std::vector<int32_t>& targets) {
   const int L = m.layers;
   const size_t BTC = size_t(d.B) * d.T * d.C, BT = size_t(d.B) * d.T;
   std::vector<Dev*> owned;
-  auto dev = [&](size_t n) { owned.push_back(new Dev(be, n, true)); return owned.back()->p; };
-  auto devv = [&](const std::vector<float>& h) { owned.push_back(new Dev(be, h)); return owned.back()->p; };
+  auto dev = [&](size_t n) {
+    owned.push_back(new Dev(be, n, true));
+    return owned.back()->p;
+  };
+  auto devv = [&](const std::vector<float>& h) {
+    owned.push_back(new Dev(be, h));
+    return owned.back()->p;
+  };
   int32_t* tok = be.alloc_tokens(BT);
   int32_t* tgt = be.alloc_tokens(BT);
   be.upload_tokens(tok, tokens.data(), BT);
@@ -337,11 +347,10 @@ ModelPass model_pass(Backend& be, const ModelConfig& m, const Dims& d,
   float* dx = dev(BTC);
 
   be.embed_forward(d, P[0], tok, xs[0]);
-  for (int l = 1; l <= L; ++l)
-    be.block_forward(d, P[l], xs[l - 1], carve_block_acts(acts[l - 1], d), xs[l]);
+  for (int l = 1; l <= L; ++l) be.block_forward(d, P[l], xs[l - 1], carve_block_acts(acts[l - 1], d), xs[l]);
   ModelPass r;
-  r.loss = be.head_forward(d, P[0], xs[L], tgt, carve_head_acts(head, d), dx, G[0],
-                           1.0f / static_cast<float>(BT));
+  r.loss =
+      be.head_forward(d, P[0], xs[L], tgt, carve_head_acts(head, d), dx, G[0], 1.0f / static_cast<float>(BT));
   for (int l = L; l >= 1; --l)
     be.block_backward(d, P[l], G[l], xs[l - 1], carve_block_acts(acts[l - 1], d), dx, dx, scratch);
   be.embed_backward(d, G[0], tok, dx);

@@ -39,8 +39,8 @@ TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]
   cudaStream_t compute = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
   const size_t n = 300007;
-  auto pl = tier::train::cuda::LayerPipeline::create(**stager, nullptr, compute,
-                                                      {.shard_floats = n, .depth = 2});
+  auto pl =
+      tier::train::cuda::LayerPipeline::create(**stager, nullptr, compute, {.shard_floats = n, .depth = 2});
   REQUIRE(pl.has_value());
   auto& p = **pl;
 
@@ -76,10 +76,15 @@ TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]
   std::vector<float> pc(n), mc(n), vc(n);
   tier::train::AdamWConfig cfg;
   const auto st = tier::train::make_step(cfg, 1e-3f, 2, 1.0f);
-  tier::train::adamw_update_scalar(pw.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(),
-                                   vc.data(), n, st, true);
-  tier::train::cuda::AdamW h{.lr = 1e-3f, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = cfg.eps,
-                             .weight_decay = cfg.weight_decay, .step = 2, .grad_scale = 1.0f};
+  tier::train::adamw_update_scalar(pw.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(), vc.data(),
+                                   n, st, true);
+  tier::train::cuda::AdamW h{.lr = 1e-3f,
+                             .beta1 = cfg.beta1,
+                             .beta2 = cfg.beta2,
+                             .eps = cfg.eps,
+                             .weight_decay = cfg.weight_decay,
+                             .step = 2,
+                             .grad_scale = 1.0f};
   REQUIRE(p.adamw(pw, m, v, g, h).is_ok());
   double err = 0;
   for (size_t i = 0; i < n; ++i)

@@ -24,7 +24,8 @@ bool device_present() {
 
 // Page-aligned host memory (registered ranges of two buffers must not share a page).
 struct PageBuffer {
-  explicit PageBuffer(size_t n) : n(n), p(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
+  explicit PageBuffer(size_t n)
+      : n(n), p(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {}
   ~PageBuffer() { std::free(p); }
   std::span<std::byte> span() const { return {p, n}; }
   size_t n;

@@ -52,8 +52,7 @@ std::vector<double> losses_of(std::FILE* f) {
 }
 
 // Per-step losses of train() with `be` (and `stream` when not null) over `store`.
-std::vector<double> run(TrainOptions o, Comm& comm, Backend& be, ShardStore& store,
-                        LayerStream* stream) {
+std::vector<double> run(TrainOptions o, Comm& comm, Backend& be, ShardStore& store, LayerStream* stream) {
   auto data = Dataset::load("", o.model.seq);
   REQUIRE(data.has_value());
   o.stream = stream;
@@ -191,7 +190,7 @@ TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][tr
   };
   const auto want = losses(bin + args + " --backend cpu");
   REQUIRE(want.size() == 5);
-  const auto got = losses(std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin +
-                          args + " --backend cuda --collectives nccl");
+  const auto got = losses(std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin + args +
+                          " --backend cuda --collectives nccl");
   check_close(got, want, 3e-2);
 }

@@ -99,10 +99,8 @@ TEST_CASE("IoQueue: short transfers and -EAGAIN are resubmitted until complete")
   TempDir dir;
   int fd = open_direct(dir.sub("f"));
   REQUIRE(fd >= 0);
-  auto fb = make_fault_backend(uring(8),
-                               {{FaultKind::kShort, std::nullopt, 0, 0.4},
-                                {FaultKind::kEagain, std::nullopt, 0, 0.3}},
-                               99);
+  auto fb = make_fault_backend(
+      uring(8), {{FaultKind::kShort, std::nullopt, 0, 0.4}, {FaultKind::kEagain, std::nullopt, 0, 0.3}}, 99);
   REQUIRE(fb);
   FaultBackend* faults = fb->get();
   IoQueue q(std::move(*fb), {1u << 20, 1000});
@@ -219,11 +217,10 @@ TEST_CASE("IoQueue: destruction drains every transfer in flight") {
     auto idx = q.backend().add_file(fd);
     REQUIRE(idx);
     for (int i = 0; i < 8; ++i)
-      q.submit(IoOp::kWrite, *idx, uint64_t(i) << 20, a.data() + (size_t(i) << 20), 1u << 20,
-               [&](int64_t r) {
-                 CHECK(r == (1 << 20));
-                 ++completed;
-               });
+      q.submit(IoOp::kWrite, *idx, uint64_t(i) << 20, a.data() + (size_t(i) << 20), 1u << 20, [&](int64_t r) {
+        CHECK(r == (1 << 20));
+        ++completed;
+      });
     CHECK(q.pending_transfers() == 8);
   }
   CHECK(completed == 8);

@@ -123,11 +123,13 @@ struct Spills {
   std::map<uint64_t, Result<NvmeLocation>> reported;
   bool powered = true;  // results reported after a power loss describe a dead machine
 
-  void start(Engine& e, uint64_t id, std::span<const std::byte> src,
-             const NvmeLocation* replaces = nullptr) {
-    e.spill(id, src, [this, id](Result<NvmeLocation> r) {
-      if (powered) reported.emplace(id, std::move(r));
-    }, replaces);
+  void start(Engine& e, uint64_t id, std::span<const std::byte> src, const NvmeLocation* replaces = nullptr) {
+    e.spill(
+        id, src,
+        [this, id](Result<NvmeLocation> r) {
+          if (powered) reported.emplace(id, std::move(r));
+        },
+        replaces);
   }
 };
 
@@ -204,7 +206,7 @@ TEST_CASE("FaultBackend: a power loss forgets exactly the writes no reported syn
   CHECK(*lost == 3 * k64K);
   CHECK(faults->powered_off());
   q.drain();
-  CHECK(rv == -EIO);  // the held sync never made it
+  CHECK(rv == -EIO);                                               // the held sync never made it
   CHECK(run(q, IoOp::kRead, *idx, 0, back.data(), k64K) == -EIO);  // the device is off
 
   REQUIRE(::pread(fd, back.data(), 5 * k64K, 0) == static_cast<ssize_t>(5 * k64K));
@@ -324,8 +326,7 @@ TEST_CASE("engine: a failed fdatasync fails the spill, frees its extents, keeps 
   const Result<NvmeLocation>& r = s.reported.at(1);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code() == Code::kIo);
-  CHECK_THAT(r.error().message(), Catch::Contains("spill of tensor 1") &&
-                                      Catch::Contains("fdatasync") &&
+  CHECK_THAT(r.error().message(), Catch::Contains("spill of tensor 1") && Catch::Contains("fdatasync") &&
                                       Catch::Contains("data-000000.tier"));
   CHECK(fe.e->stats().used == used);  // the new extents were freed, the old copy kept
   fe.set_rules({});

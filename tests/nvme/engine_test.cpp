@@ -272,7 +272,8 @@ TEST_CASE("engine: content integrity under churn, every read checked against a h
   o.wrap_backend = [&](uint16_t d, std::unique_ptr<IoBackend> b) -> std::unique_ptr<IoBackend> {
     // short transfers and EAGAIN on the first directory, to churn through the retry paths too
     std::vector<FaultRule> rules;
-    if (d == 0) rules = {{FaultKind::kShort, std::nullopt, 0, 0.1}, {FaultKind::kEagain, std::nullopt, 0, 0.1}};
+    if (d == 0)
+      rules = {{FaultKind::kShort, std::nullopt, 0, 0.1}, {FaultKind::kEagain, std::nullopt, 0, 0.1}};
     auto f = make_fault_backend(std::move(b), rules, 5);
     REQUIRE(f);
     if (d == 0) faults = f->get();

@@ -33,8 +33,8 @@ TEST_CASE("worker pool: stop() finishes every queued job; each result is taken o
   constexpr uint64_t kJobs = 2000;
   std::vector<uint64_t> got;
   {
-    WorkerPool<uint64_t, uint64_t> pool(3, ev.fd, [](uint64_t& j) { return j * 3 + 1; },
-                                        [&] { started.fetch_add(1); });
+    WorkerPool<uint64_t, uint64_t> pool(
+        3, ev.fd, [](uint64_t& j) { return j * 3 + 1; }, [&] { started.fetch_add(1); });
     CHECK(pool.threads() == 3);
     for (uint64_t i = 0; i < kJobs; ++i) pool.submit(i);
     pool.stop();

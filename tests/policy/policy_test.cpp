@@ -86,9 +86,9 @@ TEST_CASE("eviction: Belady on the cyclic plan matches the exhaustive optimum") 
   std::mt19937_64 g(2024);
   int cases = 0, lru_worse = 0;
   for (int c = 0; c < 400; ++c) {
-    int m = 2 + static_cast<int>(g() % 6);           // distinct tensors
-    int n = m + static_cast<int>(g() % 5);           // plan length (repeats allowed)
-    int k = 1 + static_cast<int>(g() % (m - 1));     // room for k tensors
+    int m = 2 + static_cast<int>(g() % 6);        // distinct tensors
+    int n = m + static_cast<int>(g() % 5);        // plan length (repeats allowed)
+    int k = 1 + static_cast<int>(g() % (m - 1));  // room for k tensors
     size_t cycles = 1 + g() % 3;
     std::vector<uint64_t> order;
     for (int i = 0; i < m; ++i) order.push_back(i);
@@ -116,18 +116,18 @@ TEST_CASE("eviction: a cyclic plan over twice the room defeats LRU but not the p
   PlanIndex plan(order);
   int lru = simulate(plan, 4, 8, false);
   int belady = simulate(plan, 4, 8, true);
-  CHECK(lru == 64);  // every access misses
+  CHECK(lru == 64);                // every access misses
   CHECK(belady < 16 + 3 * 9 + 1);  // cold misses, then about n - k + 1 per step
 }
 
 TEST_CASE("eviction: tensors in no plan go first, least recently used first") {
   PlanIndex plan({1, 2, 3});
   std::vector<Candidate> c = {
-      make_candidate(1, 100, 50, &plan, 1),   // planned, next use in 2
-      make_candidate(2, 100, 10, &plan, 1),   // planned, next use now (0)
-      make_candidate(7, 100, 30, &plan, 1),   // unplanned, used at 30
-      make_candidate(8, 100, 20, &plan, 1),   // unplanned, used at 20
-      make_candidate(3, 100, 40, &plan, 1),   // planned, next use in 1
+      make_candidate(1, 100, 50, &plan, 1),  // planned, next use in 2
+      make_candidate(2, 100, 10, &plan, 1),  // planned, next use now (0)
+      make_candidate(7, 100, 30, &plan, 1),  // unplanned, used at 30
+      make_candidate(8, 100, 20, &plan, 1),  // unplanned, used at 20
+      make_candidate(3, 100, 40, &plan, 1),  // planned, next use in 1
   };
   CHECK(eviction_order(c) == std::vector<uint64_t>{8, 7, 1, 3, 2});
   CHECK(choose_victims(c, 150) == std::vector<uint64_t>{8, 7});
@@ -202,8 +202,8 @@ TEST_CASE("prefetch: each fetch is timed to finish just before its use") {
   auto p = plan_prefetch(in);
   REQUIRE(p.items.size() == 5);  // 2..6; 1 is resident
   for (const PrefetchItem& it : p.items) {
-    CHECK(it.finish_at == Approx(it.use_at));          // arrives just in time...
-    CHECK(it.start_at == Approx(it.use_at - 0.1));     // ...and is not started earlier
+    CHECK(it.finish_at == Approx(it.use_at));       // arrives just in time...
+    CHECK(it.start_at == Approx(it.use_at - 0.1));  // ...and is not started earlier
     CHECK_FALSE(it.late);
   }
   CHECK(p.start_now.empty());
@@ -290,13 +290,15 @@ TEST_CASE("plan overwrites: nothing is fetched for them and their tensors are vi
   CHECK(eviction_order(cands).front() == 2);
   // Without flags the same order keeps 2 (used at distance 1) over 3 (distance 2).
   PlanIndex plain({1, 2, 3, 2, 4});
-  std::vector<Candidate> plain_cands{make_candidate(3, 100, 5, &plain, 0), make_candidate(2, 100, 9, &plain, 0)};
+  std::vector<Candidate> plain_cands{make_candidate(3, 100, 5, &plain, 0),
+                                     make_candidate(2, 100, 9, &plain, 0)};
   CHECK(eviction_order(plain_cands).front() == 3);
   // Over several plans of a pool the nearest read counts: 3 is read next in `other`.
   PlanIndex other({3, 1});
   const PlanAt both[] = {{&plan, 0}, {&other, 0}};
   CHECK(make_candidate(3, 100, 5, both).next_use == 0u);
-  CHECK_FALSE(make_candidate(4, 100, 5, both).next_use.has_value());  // overwritten in one, absent in the other
+  CHECK_FALSE(
+      make_candidate(4, 100, 5, both).next_use.has_value());  // overwritten in one, absent in the other
   CHECK(make_candidate(1, 100, 5, both).next_use == 0u);
   // Plans advancing at different rates: compared in estimated time once every rate is known.
   // `slow` reads 3 in 2 uses of 0.5 s (1 s away); `fast` reads 1 in 4 uses of 10 ms (40 ms).

@@ -32,7 +32,7 @@ TEST_CASE("allocator: allocate, free and coalesce") {
   CHECK(*z == 4 * G);
   REQUIRE(a.free(*y, 3 * G));
   CHECK(a.free_ranges() == 2);
-  CHECK_FALSE(a.free(*y, 3 * G));  // double free
+  CHECK_FALSE(a.free(*y, 3 * G));      // double free
   CHECK_FALSE(a.free(*x + G / 2, G));  // unaligned
   REQUIRE(a.free(*x, G));
   CHECK(a.free_ranges() == 2);  // [0,4G) merged; [6G,16G)
@@ -62,7 +62,7 @@ TEST_CASE("allocator: alignment") {
   auto big = a.allocate(3ull << 20, M2);
   REQUIRE(big);
   CHECK(*big % M2 == 0);
-  CHECK(*big == M2);  // the first 2 MiB boundary after the small one
+  CHECK(*big == M2);            // the first 2 MiB boundary after the small one
   auto filler = a.allocate(G);  // fills the gap before the aligned block (best fit)
   REQUIRE(filler);
   CHECK(*filler < M2);
@@ -92,7 +92,10 @@ TEST_CASE("allocator: random churn agrees with a bitmap model") {
   std::mt19937_64 rng(42);
   auto longest_run = [&] {
     uint64_t best = 0, cur = 0;
-    for (bool b : bits) { cur = b ? 0 : cur + 1; best = std::max(best, cur); }
+    for (bool b : bits) {
+      cur = b ? 0 : cur + 1;
+      best = std::max(best, cur);
+    }
     return best;
   };
   for (int step = 0; step < 20000; ++step) {
@@ -161,7 +164,10 @@ TEST_CASE("allocator: fragmentation under random create/delete churn", "[measure
       live[k] = live.back();
       live.pop_back();
       while (static_cast<double>(a.used()) < target * kCap)
-        if (!create()) { ++failures; break; }
+        if (!create()) {
+          ++failures;
+          break;
+        }
       frag_sum += a.fragmentation();
       frag_max = std::max(frag_max, a.fragmentation());
       ranges_max = std::max(ranges_max, a.free_ranges());
@@ -170,11 +176,12 @@ TEST_CASE("allocator: fragmentation under random create/delete churn", "[measure
     uint64_t fill_creates = 0;
     while (create()) ++fill_creates;
     double usable = static_cast<double>(a.used()) / kCap;
-    std::printf("{\"name\":\"allocator_churn\",\"occupancy\":%.2f,\"ops\":%llu,"
-                "\"mean_fragmentation\":%.4f,\"max_fragmentation\":%.4f,\"max_free_ranges\":%zu,"
-                "\"create_failures\":%llu,\"usable_after_churn\":%.4f}\n",
-                target, static_cast<unsigned long long>(ops), frag_sum / ops, frag_max, ranges_max,
-                static_cast<unsigned long long>(failures), usable);
+    std::printf(
+        "{\"name\":\"allocator_churn\",\"occupancy\":%.2f,\"ops\":%llu,"
+        "\"mean_fragmentation\":%.4f,\"max_fragmentation\":%.4f,\"max_free_ranges\":%zu,"
+        "\"create_failures\":%llu,\"usable_after_churn\":%.4f}\n",
+        target, static_cast<unsigned long long>(ops), frag_sum / ops, frag_max, ranges_max,
+        static_cast<unsigned long long>(failures), usable);
     // Up to 70 % occupancy churn never fails a create; at 85 % some creates of the largest
     // sizes find no range (documented), yet most of the arena stays usable.
     if (target <= 0.7) CHECK(failures == 0);

@@ -39,7 +39,8 @@ TestDaemon::~TestDaemon() {
   if (pid_ > 0) stop();
   // Arenas are named shared memory that outlives the daemon by design; remove this state
   // dir's arenas so the test suite leaves /dev/shm clean.
-  std::string cleanup = bin_path("tierd") + " --state-dir '" + state_dir_ + "' --cleanup-arenas >/dev/null 2>&1";
+  std::string cleanup =
+      bin_path("tierd") + " --state-dir '" + state_dir_ + "' --cleanup-arenas >/dev/null 2>&1";
   (void)!std::system(cleanup.c_str());
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
@@ -47,14 +48,17 @@ TestDaemon::~TestDaemon() {
 
 void TestDaemon::start() {
   if (pid_ > 0) return;
-  std::vector<std::string> args = {bin_path("tierd"), "--socket",  socket_, "--state-dir",
-                                   state_dir_,        "--ram",     opts_.ram, "--foreground"};
+  std::vector<std::string> args = {bin_path("tierd"), "--socket", socket_,   "--state-dir",
+                                   state_dir_,        "--ram",    opts_.ram, "--foreground"};
   args.insert(args.end(), opts_.extra_args.begin(), opts_.extra_args.end());
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
     int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (log >= 0) { dup2(log, 2); dup2(log, 1); }
+    if (log >= 0) {
+      dup2(log, 2);
+      dup2(log, 1);
+    }
     for (const auto& e : opts_.env) putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -72,7 +76,10 @@ bool TestDaemon::wait_ready(int ms) {
   while (std::chrono::steady_clock::now() < deadline) {
     if (pid_ > 0) {
       int st;
-      if (waitpid(pid_, &st, WNOHANG) == pid_) { pid_ = -1; return false; }
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
     }
     int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sockaddr_un a{};
@@ -91,7 +98,10 @@ int TestDaemon::stop() {
   ::kill(pid_, SIGTERM);
   int st = 0;
   for (int i = 0; i < 1000; ++i) {  // up to 10 s, then SIGKILL
-    if (waitpid(pid_, &st, WNOHANG) == pid_) { pid_ = -1; return st; }
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      return st;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ::kill(pid_, SIGKILL);

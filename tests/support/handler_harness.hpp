@@ -114,8 +114,7 @@ class HandlerHarness {
   uint64_t next_session = 1;
 
  private:
-  template <class Rep>
-  Result<Rep> decode(std::span<const std::byte> bytes, wire::MsgType t) {
+  template <class Rep> Result<Rep> decode(std::span<const std::byte> bytes, wire::MsgType t) {
     auto h = wire::parse_header(bytes);
     if (!h) return fail(h.error());
     REQUIRE(h->type == (static_cast<uint16_t>(t) | wire::kReplyBit));

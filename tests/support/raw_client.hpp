@@ -40,8 +40,7 @@ class RawClient {
     return wait_reply<Rep>(type, id, fd_out);
   }
   // Sends a request without waiting; returns its request id.
-  template <class Req>
-  [[nodiscard]] Result<uint32_t> send(wire::MsgType type, const Req& req) {
+  template <class Req> [[nodiscard]] Result<uint32_t> send(wire::MsgType type, const Req& req) {
     uint32_t id = next_id_++;
     std::vector<std::byte> out;
     if (Status st = wire::encode(static_cast<uint16_t>(type), id, req, out); !st) return fail(st);

@@ -1,6 +1,7 @@
 // Helpers shared by the integration tests that drive a real tierd through libtier: a temporary
 // directory, the options of a daemon with an NVMe tier, a connected Client, tensor descriptions,
-// a content hash, writing and hashing a tensor under a lease, and corrupting an NVMe byte. Header-only; for Catch2 test sources (REQUIRE on setup failures).
+// a content hash, writing and hashing a tensor under a lease, and corrupting an NVMe byte. Header-only; for
+// Catch2 test sources (REQUIRE on setup failures).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -42,7 +43,8 @@ struct TempDir {
 
 // A daemon with the NVMe directory `nvme` and `ram` of RAM tier; `config` is extra TOML, written
 // next to `nvme`.
-inline DaemonOptions nvme_opts(const std::string& nvme, const std::string& ram, const std::string& config = "") {
+inline DaemonOptions nvme_opts(const std::string& nvme, const std::string& ram,
+                               const std::string& config = "") {
   DaemonOptions o;
   o.ram = ram;
   o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};

@@ -126,8 +126,8 @@ TEST_CASE("a failed tierctl put leaves neither the tensor nor the pool it create
   // Into an existing 256 MiB pool: refused, and no tensor is left behind.
   std::string in = d.dir() + "/in.bin";
   write_random_file(in, 4096, 1);
-  REQUIRE(ctl(d, {"put", "job", "small", in}).rc == 0);   // creates the pool
-  REQUIRE(ctl(d, {"put", "job", "small", in}).rc == 0);   // into the existing pool and tensor
+  REQUIRE(ctl(d, {"put", "job", "small", in}).rc == 0);  // creates the pool
+  REQUIRE(ctl(d, {"put", "job", "small", in}).rc == 0);  // into the existing pool and tensor
   {
     // Finding out whether the pool exists costs no error answer, in either case.
     auto st = connect_to(d)->status();
@@ -205,7 +205,8 @@ TEST_CASE("tierctl put replaces a tensor whose NVMe copy is corrupt") {
   CHECK(read_text(out) == data);
 }
 
-TEST_CASE("an overwrite lease waiting for a conflict reads nothing, so a corrupt NVMe copy does not fail it") {
+TEST_CASE(
+    "an overwrite lease waiting for a conflict reads nothing, so a corrupt NVMe copy does not fail it") {
   TempDir nvme;
   TestDaemon d(nvme_opts(nvme.path, "64M"));
   auto c = connect_to(d);
@@ -241,10 +242,10 @@ TEST_CASE("tensor and pool names with control characters or malformed UTF-8 are 
   auto raw = RawClient::connect(d.socket());
   REQUIRE(raw);
   REQUIRE(raw->pool_create("p"));
-  for (std::string name : {std::string("a\nb"), std::string("\x1b[31mred"), std::string("del\x7f"),
-                           std::string("tab\there"), std::string("c1\xc2\x85nel"), std::string("bad\xff"),
-                           std::string("overlong\xc0\xaf"), std::string("trunc\xe6\x97"),
-                           std::string("surrogate\xed\xa0\x80")}) {
+  for (std::string name :
+       {std::string("a\nb"), std::string("\x1b[31mred"), std::string("del\x7f"), std::string("tab\there"),
+        std::string("c1\xc2\x85nel"), std::string("bad\xff"), std::string("overlong\xc0\xaf"),
+        std::string("trunc\xe6\x97"), std::string("surrogate\xed\xa0\x80")}) {
     INFO("name " << escaped(name));
     auto t = raw->tensor_create("p", name, 4096);
     REQUIRE_FALSE(t);
@@ -265,8 +266,8 @@ TEST_CASE("an NVMe directory listed twice, or two on one file system, is refused
   fs::create_directories(a);
   fs::create_directories(b);
   fs::create_directory_symlink(a, link);
-  const std::vector<std::string> base = {"--state-dir", dir.path + "/state", "--socket", dir.path + "/s",
-                                         "--ram", "64M"};
+  const std::vector<std::string> base = {
+      "--state-dir", dir.path + "/state", "--socket", dir.path + "/s", "--ram", "64M"};
   auto run = [&](std::vector<std::string> more) {
     std::vector<std::string> args = base;
     args.insert(args.end(), more.begin(), more.end());
@@ -285,11 +286,13 @@ TEST_CASE("an NVMe directory listed twice, or two on one file system, is refused
   CHECK(same_fs.rc == 2);
   CHECK_THAT(same_fs.err, Catch::Contains("same file system"));
   // The TOML list, and a real start (not only --check-config).
-  std::ofstream(dir.path + "/t.toml") << "nvme = [ { path = \"" << a << "\" }, { path = \"" << a << "\" } ]\n";
+  std::ofstream(dir.path + "/t.toml")
+      << "nvme = [ { path = \"" << a << "\" }, { path = \"" << a << "\" } ]\n";
   auto toml = run({"--config", dir.path + "/t.toml", "--check-config"});
   CHECK(toml.rc == 2);
   CHECK_THAT(toml.err, Catch::Contains("listed twice"));
-  std::ofstream(dir.path + "/u.toml") << "nvme = [ { path = \"" << a << "\" }, { path = \"" << link << "\" } ]\n";
+  std::ofstream(dir.path + "/u.toml")
+      << "nvme = [ { path = \"" << a << "\" }, { path = \"" << link << "\" } ]\n";
   auto start = run({"--config", dir.path + "/u.toml", "--remove-arenas-on-exit"});
   CHECK(start.rc == 2);
   CHECK_THAT(start.err, Catch::Contains("listed twice"));
@@ -302,5 +305,6 @@ TEST_CASE("check-config refuses a socket path longer than a Unix socket address 
   CHECK(r.rc == 2);
   CHECK_THAT(r.err, Catch::Contains("at most 107"));
   const std::string fits = dir.path + "/ok.sock";
-  CHECK(tierd({"--state-dir", dir.path + "/state", "--socket", fits, "--ram", "64M", "--check-config"}).rc == 0);
+  CHECK(tierd({"--state-dir", dir.path + "/state", "--socket", fits, "--ram", "64M", "--check-config"}).rc ==
+        0);
 }

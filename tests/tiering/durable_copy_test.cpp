@@ -38,13 +38,12 @@ std::vector<journal::NvmeCopyWritten> copies_journaled(const std::string& state_
   auto bytes = journal::read_whole_file(fd, path);
   ::close(fd);
   REQUIRE(bytes);
-  auto scanned = journal::scan(*bytes, journal::kJournalMagic,
-                               [&](const journal::Record& r, uint64_t, size_t) {
-                                 if (const auto* w = std::get_if<journal::NvmeCopyWritten>(&r);
-                                     w && w->tensor_id == tensor)
-                                   out.push_back(*w);
-                                 return Status::ok();
-                               });
+  auto scanned =
+      journal::scan(*bytes, journal::kJournalMagic, [&](const journal::Record& r, uint64_t, size_t) {
+        if (const auto* w = std::get_if<journal::NvmeCopyWritten>(&r); w && w->tensor_id == tensor)
+          out.push_back(*w);
+        return Status::ok();
+      });
   REQUIRE(scanned);
   return out;
 }
@@ -87,7 +86,8 @@ TEST_CASE("a write-back is journaled after its writes and their fdatasync, and s
 
   auto s = h.session(::getuid(), true);
   REQUIRE(h.call<PoolInfoW>(*s, MsgType::kPoolCreate, PoolCreateReq{"p", kRam, 0, false}));
-  auto t = h.call<TensorInfoW>(*s, MsgType::kTensorCreate, TensorCreateReq{"p", "t", kSize, 0, {}, 0, -1, false});
+  auto t =
+      h.call<TensorInfoW>(*s, MsgType::kTensorCreate, TensorCreateReq{"p", "t", kSize, 0, {}, 0, -1, false});
   REQUIRE(t);
   auto l = h.call<LeaseRep>(*s, MsgType::kLease, LeaseReq{2, -1, {t->id}});
   REQUIRE(l);
@@ -136,7 +136,8 @@ TEST_CASE("a write-back is journaled after its writes and their fdatasync, and s
     int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     REQUIRE(fd >= 0);
     std::vector<std::byte> got(e.length);
-    CHECK(::pread(fd, got.data(), got.size(), static_cast<off_t>(e.offset)) == static_cast<ssize_t>(e.length));
+    CHECK(::pread(fd, got.data(), got.size(), static_cast<off_t>(e.offset)) ==
+          static_cast<ssize_t>(e.length));
     ::close(fd);
     CHECK(XXH3_64bits(got.data(), got.size()) == e.checksum);
     CHECK(std::memcmp(got.data(), bytes.data() + covered, e.length) == 0);

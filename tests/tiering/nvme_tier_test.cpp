@@ -36,12 +36,13 @@ struct Tier {
     char tmpl[] = "/tmp/tierd-nvme-tier.XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
-    nvme::set_default_wrap_backend([this](uint16_t, std::unique_ptr<nvme::IoBackend> b) -> std::unique_ptr<nvme::IoBackend> {
-      auto f = nvme::make_fault_backend(std::move(b), {});
-      REQUIRE(f);
-      fault = f->get();
-      return std::move(*f);
-    });
+    nvme::set_default_wrap_backend(
+        [this](uint16_t, std::unique_ptr<nvme::IoBackend> b) -> std::unique_ptr<nvme::IoBackend> {
+          auto f = nvme::make_fault_backend(std::move(b), {});
+          REQUIRE(f);
+          fault = f->get();
+          return std::move(*f);
+        });
     Config cfg;
     cfg.state_dir = dir;
     cfg.topology = "synthetic:pack:1 numa:1 core:1 pu:1";
@@ -107,7 +108,9 @@ bool all_bytes(const std::byte* p, uint64_t n, std::byte v) {
 
 }  // namespace
 
-TEST_CASE("a failed write-back keeps the tensor in RAM, dirty, and says why, and once the device works it leaves and comes back intact") {
+TEST_CASE(
+    "a failed write-back keeps the tensor in RAM, dirty, and says why, and once the device works it leaves "
+    "and comes back intact") {
   nvme::testing::TempDir nvme;
   Tier t(nvme.path(), 64ull << 20);
   Pool& p = t.pool("p");

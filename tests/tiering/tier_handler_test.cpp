@@ -52,8 +52,7 @@ struct Harness : TempNvmeDir, tier::test::HandlerHarness {
     s = session(::getuid(), true);
   }
   ~Harness() { handler->session_closed(*s); }
-  template <class Rep, class Req>
-  Result<Rep> call(MsgType t, const Req& req) {
+  template <class Rep, class Req> Result<Rep> call(MsgType t, const Req& req) {
     return call_waiting<Rep>(*s, t, req);
   }
   // Creates tensor `name` of `size` bytes in `pool` and stamps it with `seed` under a write
@@ -115,10 +114,10 @@ std::vector<uint64_t> fill_pool_with_dirty(Harness& h, uint64_t ram, uint64_t si
 TEST_CASE("leases under a plan's prefetches see their last committed bytes (deterministic)") {
   // Tensors large enough that a fetch takes longer than the gap between two leases: then the
   // prefetches a lease's cursor advance schedules are due at once, inside that lease.
-  const int kTensors = 12;                // 96 MiB working set
+  const int kTensors = 12;  // 96 MiB working set
   const uint64_t kSize = 8ull << 20;
-  const uint64_t kRam = 48ull << 20;      // on a 48 MiB RAM tier
-  const uint64_t kBudget = 40ull << 20;   // plan residency budget
+  const uint64_t kRam = 48ull << 20;     // on a 48 MiB RAM tier
+  const uint64_t kBudget = 40ull << 20;  // plan residency budget
   Harness h(kRam);
   REQUIRE(h.call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"plan", kRam, 0, false}));
   std::vector<uint64_t> ids, sizes, want;
@@ -193,7 +192,8 @@ TEST_CASE("a lease that needs a write-back first is deferred, not waited for ins
   Harness h(kRam);
   std::vector<uint64_t> ids = fill_pool_with_dirty(h, kRam, kSize);
   REQUIRE(h.call<Empty>(MsgType::kEvict, TensorIdsReq{"p", {ids[0]}}));  // t0 only on NVMe now
-  auto t4 = h.call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{"p", "t4", kSize, 0, {}, 0, -1, false});
+  auto t4 =
+      h.call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{"p", "t4", kSize, 0, {}, 0, -1, false});
   REQUIRE(t4);  // RAM full again, every resident copy dirty
   const uint64_t writebacks = h.state->tiering->stats().writebacks;
 
@@ -223,7 +223,9 @@ TEST_CASE("a lease that needs a write-back first is deferred, not waited for ins
   CHECK(h.state->tiering->stats().writebacks > writebacks);
 }
 
-TEST_CASE("a create that needs a write-back first is answered at once, the tensor in no tier until its first lease") {
+TEST_CASE(
+    "a create that needs a write-back first is answered at once, the tensor in no tier until its first "
+    "lease") {
   const uint64_t kRam = 8ull << 20, kSize = 2ull << 20;
   Harness h(kRam);
   std::vector<uint64_t> ids = fill_pool_with_dirty(h, kRam, kSize);

@@ -232,14 +232,14 @@ TEST_CASE("discard lets a dirty tensor leave RAM without a write-back: its last 
   std::vector<uint64_t> all{aid, bid, wid};
   REQUIRE(c->discard("p", all).is_ok());
   CHECK(metric_value(*c, "tierd_discarded_bytes_total") == 2 * size);  // a and b
-  CHECK(read_hash(*c, aid) == a2);  // still in RAM: the current bytes
+  CHECK(read_hash(*c, aid) == a2);                                     // still in RAM: the current bytes
   CHECK(read_hash(*c, bid) == b3);
   REQUIRE(held->release().is_ok());
   REQUIRE(c->evict("p", all).is_ok());
   CHECK(metric_value(*c, "tierd_writebacks_total") == wb0 + 1);  // w only
   CHECK(tiers_of(*c, "p", "a") == kTierNvme);
   CHECK(tiers_of(*c, "p", "b") == 0);  // in no tier
-  CHECK(read_hash(*c, wid) == w6);  // the write after the discard is kept
+  CHECK(read_hash(*c, wid) == w6);     // the write after the discard is kept
 
   SECTION("the older copy and zeros are what a lease reads") {
     const uint64_t skipped0 = metric_value(*c, "tierd_fetches_skipped_total");
@@ -441,8 +441,7 @@ TEST_CASE("prefaulted arenas are io_uring fixed buffers; content survives churn 
       WARN("no io_uring + O_DIRECT on " << nvme.path << ": nothing to register, checked the fallback");
     else if (d.log().find("as fixed buffers failed") != std::string::npos)
       WARN("io_uring refused to register the arenas here (memlock limit): checked unregistered");
-    else
-      CHECK(metric_value(*c, "tierd_nvme_registered_buffers{path=\"" + nvme.path + "\"}") == 1);
+    else CHECK(metric_value(*c, "tierd_nvme_registered_buffers{path=\"" + nvme.path + "\"}") == 1);
     REQUIRE(c->drop_pool(pool).is_ok());
   }
 }
@@ -569,7 +568,7 @@ TEST_CASE("SIGTERM stops a daemon with an NVMe tier cleanly and removes its aren
   const size_t at = log.find("arena /tierd-");
   REQUIRE(at != std::string::npos);
   const std::string arena = log.substr(at + 6, log.find(':', at) - at - 6);  // "/tierd-..."
-  CHECK_FALSE(std::filesystem::exists("/dev/shm" + arena));  // --remove-arenas-on-exit ran
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + arena));                  // --remove-arenas-on-exit ran
 }
 
 TEST_CASE("without NVMe directories, Prefetch/Evict/PlanSet stay unsupported") {
@@ -592,7 +591,8 @@ TEST_CASE("without NVMe directories, Prefetch/Evict/PlanSet stay unsupported") {
 namespace {
 
 // Misses of `steps` cyclic passes over `ids` (after one warm-up pass), `gap` between uses.
-uint64_t cyclic_misses(Client& c, const std::vector<uint64_t>& ids, int steps, std::chrono::milliseconds gap) {
+uint64_t cyclic_misses(Client& c, const std::vector<uint64_t>& ids, int steps,
+                       std::chrono::milliseconds gap) {
   for (uint64_t id : ids) {
     auto l = c.lease(id, LeaseMode::kRead, {LeaseWait::kForever});
     REQUIRE(l);
@@ -612,7 +612,8 @@ uint64_t cyclic_misses(Client& c, const std::vector<uint64_t>& ids, int steps, s
 
 }  // namespace
 
-TEST_CASE("a plan whose budget exceeds RAM prefetches up to the high watermark, without a fetch-evict cycle") {
+TEST_CASE(
+    "a plan whose budget exceeds RAM prefetches up to the high watermark, without a fetch-evict cycle") {
   TempDir nvme;
   TestDaemon d(nvme_opts(nvme.path, "64M"));  // high watermark 0.9: 57.6 MiB
   auto c = connect_to(d);
@@ -665,8 +666,8 @@ TEST_CASE("a registered plan reduces misses on a cyclic access pattern") {
     misses[with_plan] = cyclic_misses(*c, ids, kSteps, std::chrono::milliseconds(4));
     NodeStatus s = status_of(*c);
     WARN("cyclic plan test, " << (with_plan ? "with" : "without") << " a plan: " << misses[with_plan]
-                               << " misses in " << kSteps * kTensors << " uses, " << s.prefetches
-                               << " prefetches, " << s.stalls << " stalls");
+                              << " misses in " << kSteps * kTensors << " uses, " << s.prefetches
+                              << " prefetches, " << s.stalls << " stalls");
   }
   // Without a plan, LRU misses on (nearly) every use of a cyclic pattern larger than RAM.
   CHECK(misses[0] >= static_cast<uint64_t>(kSteps * kTensors * 3 / 4));

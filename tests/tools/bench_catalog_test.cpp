@@ -63,8 +63,8 @@ TEST_CASE("tier-bench catalog --keep against a running tierd leaves a catalog it
   opts.ram = "512M";  // the three pools' 31 000 extents of 4 KiB (121 MiB) and their arenas
   tier::test::TestDaemon d(opts);
   auto r = run_binary(bin_path("tier-bench"),
-                      {"catalog", "--tensors", "20000", "--clients", "16", "--quick", "--json",
-                       "--socket", d.socket(), "--keep"},
+                      {"catalog", "--tensors", "20000", "--clients", "16", "--quick", "--json", "--socket",
+                       d.socket(), "--keep"},
                       {}, 300);
   INFO(r.err);
   REQUIRE(r.rc == 0);
@@ -84,7 +84,8 @@ TEST_CASE("tier-bench catalog --keep against a running tierd leaves a catalog it
   REQUIRE(pools);
   std::map<std::string, uint64_t> count_by_suffix;
   for (const auto& p : *pools) count_by_suffix[p.name.substr(p.name.rfind('.'))] = p.tensor_count;
-  CHECK(count_by_suffix == std::map<std::string, uint64_t>{{".big", 20000}, {".base", 10000}, {".small", 1000}});
+  CHECK(count_by_suffix ==
+        std::map<std::string, uint64_t>{{".big", 20000}, {".base", 10000}, {".small", 1000}});
 }
 
 TEST_CASE("tier-bench catalog with a private tierd drops its pools and times the drop") {
@@ -103,10 +104,10 @@ TEST_CASE("tier-bench catalog counts refused creates as errors and exits 1") {
   tier::test::DaemonOptions opts;
   opts.ram = "64M";  // room for ~16 000 extents of 4 KiB: the base rounds run out of RAM
   tier::test::TestDaemon d(opts);
-  auto r = run_binary(bin_path("tier-bench"),
-                      {"catalog", "--tensors", "20000", "--clients", "8", "--quick", "--json",
-                       "--socket", d.socket()},
-                      {}, 300);
+  auto r = run_binary(
+      bin_path("tier-bench"),
+      {"catalog", "--tensors", "20000", "--clients", "8", "--quick", "--json", "--socket", d.socket()}, {},
+      300);
   INFO(r.err);
   CHECK(r.rc == 1);
   auto f = figures(r.out);

@@ -11,11 +11,11 @@
 #include "run_binary.hpp"
 #include "support/daemon_fixture.hpp"
 
-using tier::test::bin_path;
-using tier::test::run_binary;
 using nlohmann::json;
+using tier::test::bin_path;
 using tier::test::check_bench_keys;
 using tier::test::parse_bench_lines;
+using tier::test::run_binary;
 
 TEST_CASE("tier-bench ram --quick --json prints the documented JSON lines") {
   auto r = run_binary(bin_path("tier-bench"), {"ram", "--quick", "--json"}, {}, 120);
@@ -68,7 +68,8 @@ TEST_CASE("tier-bench usage errors exit 2") {
 }
 
 TEST_CASE("tier-bench load --clients 8 --seconds 2 prints its figures with zero errors") {
-  auto r = run_binary(bin_path("tier-bench"), {"load", "--clients", "8", "--seconds", "2", "--json"}, {}, 120);
+  auto r =
+      run_binary(bin_path("tier-bench"), {"load", "--clients", "8", "--seconds", "2", "--json"}, {}, 120);
   INFO(r.err);
   REQUIRE(r.rc == 0);
   std::map<std::string, json> by_name;
@@ -76,14 +77,15 @@ TEST_CASE("tier-bench load --clients 8 --seconds 2 prints its figures with zero 
     check_bench_keys(j, false);
     by_name[j["name"]] = j;
   }
-  for (const char* n : {"load.ops", "load.lease.p50", "load.lease.p99", "load.lease.p999", "load.errors",
-                        "load.daemon_rss"})
+  for (const char* n :
+       {"load.ops", "load.lease.p50", "load.lease.p99", "load.lease.p999", "load.errors", "load.daemon_rss"})
     CHECK(by_name.count(n) == 1);
   REQUIRE(by_name.count("load.errors") == 1);
   CHECK(by_name["load.errors"]["value"] == 0);
   CHECK(by_name["load.ops"]["value"].get<double>() > 0);
   CHECK(by_name["load.ops"]["unit"] == "ops/s");
-  CHECK(by_name["load.lease.p50"]["value"].get<double>() <= by_name["load.lease.p999"]["value"].get<double>());
+  CHECK(by_name["load.lease.p50"]["value"].get<double>() <=
+        by_name["load.lease.p999"]["value"].get<double>());
   // RSS before and after were both read from /proc (the private daemon's pid is known).
   CHECK(by_name["load.daemon_rss"]["value"].get<double>() > 0);
   CHECK(by_name["load.daemon_rss"]["baseline"].get<double>() > 0);

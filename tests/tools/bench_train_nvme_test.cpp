@@ -56,13 +56,16 @@ TEST_CASE("tools/bench-train-nvme measures the NVMe-state step against its bound
 }
 
 TEST_CASE("tools/bench-train-nvme refuses bad options with a clear message") {
-  auto r = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/bench-train-nvme", {"--steps", "2"}, {}, 30);
+  auto r = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/bench-train-nvme", {"--steps", "2"},
+                                  {}, 30);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--steps") != std::string::npos);
-  auto b = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/bench-train-nvme", {"--build", "/nonexistent"}, {}, 30);
+  auto b = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/bench-train-nvme",
+                                  {"--build", "/nonexistent"}, {}, 30);
   CHECK(b.rc == 2);
   CHECK(b.err.find("build directory") != std::string::npos);
-  auto h = tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/bench-train-nvme", {"--help"}, {}, 30);
+  auto h =
+      tier::test::run_binary(std::string(TIER_SOURCE_DIR) + "/tools/bench-train-nvme", {"--help"}, {}, 30);
   CHECK(h.rc == 0);
   CHECK(h.out.find("Usage: tools/bench-train-nvme") != std::string::npos);
 }

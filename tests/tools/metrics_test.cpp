@@ -29,7 +29,8 @@ namespace {
 std::map<std::string, double> parse_exposition(const std::string& text) {
   static const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.eE+-]+|\+Inf|NaN)$)");
   static const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
-  static const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
+  static const std::regex type(
+      R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$)");
   std::map<std::string, double> out;
   std::set<std::string> helped, typed;
   std::map<std::string, std::string> types;
@@ -39,8 +40,15 @@ std::map<std::string, double> parse_exposition(const std::string& text) {
   while (std::getline(in, line)) {
     INFO("line: " << line);
     if (line.empty()) continue;
-    if (std::regex_match(line, m, help)) { CHECK(helped.insert(m[1]).second); continue; }
-    if (std::regex_match(line, m, type)) { CHECK(typed.insert(m[1]).second); types[m[1]] = m[2]; continue; }
+    if (std::regex_match(line, m, help)) {
+      CHECK(helped.insert(m[1]).second);
+      continue;
+    }
+    if (std::regex_match(line, m, type)) {
+      CHECK(typed.insert(m[1]).second);
+      types[m[1]] = m[2];
+      continue;
+    }
     REQUIRE(std::regex_match(line, m, sample));
     std::string name = m[1];
     std::string family = name;
@@ -63,7 +71,10 @@ std::string http_get(int port, const std::string& path) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) { ::close(s); return {}; }
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return {};
+  }
   std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   (void)!::write(s, req.data(), req.size());
   std::string resp;
@@ -80,7 +91,8 @@ TEST_CASE("metrics over the socket (paged) and over HTTP on 127.0.0.1 parse as P
   char tmpl[] = "/tmp/tier-metrics.XXXXXX";
   REQUIRE(::mkdtemp(tmpl));
   std::string cfg = std::string(tmpl) + "/m.toml";
-  std::ofstream(cfg) << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
+  std::ofstream(cfg)
+      << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
   TestDaemon d(tier::test::DaemonOptions::with_config(cfg));
   // Enough pools that the text is several 4 KiB pages.
   {

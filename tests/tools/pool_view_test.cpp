@@ -43,8 +43,8 @@ TEST_CASE("a pool's effective NVMe quota is shown everywhere, and NVMe node labe
     auto m = (*c)->metrics();
     REQUIRE(m);
     INFO(*m);
-    CHECK(m->find("tierd_pool_nvme_quota_bytes{pool=\"dflt\",uid=\"0\"} " + std::to_string(kDefault) + "\n") !=
-          std::string::npos);
+    CHECK(m->find("tierd_pool_nvme_quota_bytes{pool=\"dflt\",uid=\"0\"} " + std::to_string(kDefault) +
+                  "\n") != std::string::npos);
     CHECK(m->find("tierd_pool_nvme_quota_bytes{pool=\"set\",uid=\"0\"} " + std::to_string(kSet) + "\n") !=
           std::string::npos);
     CHECK(m->find("tierd_nvme_capacity_bytes{tier=\"nvme\"") != std::string::npos);

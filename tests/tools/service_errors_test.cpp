@@ -35,8 +35,8 @@ struct TempDir {
     std::filesystem::remove_all(path, ec);
   }
   std::vector<std::string> daemon_args() const {
-    return {"--foreground", "--socket", path + "/tierd.sock", "--state-dir", path + "/state",
-            "--ram", "64M", "--remove-arenas-on-exit"};
+    return {"--foreground", "--socket", path + "/tierd.sock",     "--state-dir", path + "/state",
+            "--ram",        "64M",      "--remove-arenas-on-exit"};
   }
 };
 
@@ -117,8 +117,8 @@ TEST_CASE("tierd --check-config creates nothing on disk") {
   CHECK_FALSE(std::filesystem::exists(t.path + "/not-yet"));
   // A state dir that could not be created is still refused.
   std::ofstream(t.path + "/file") << "x";
-  auto bad = run_binary(bin_path("tierd"), {"--check-config", "--state-dir", t.path + "/file/state", "--ram", "64M"},
-                        {}, 30);
+  auto bad = run_binary(bin_path("tierd"),
+                        {"--check-config", "--state-dir", t.path + "/file/state", "--ram", "64M"}, {}, 30);
   CHECK(bad.rc == 2);
   CHECK(bad.err.find("cannot create state dir") != std::string::npos);
 }

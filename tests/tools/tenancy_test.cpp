@@ -65,14 +65,14 @@ std::vector<int64_t> as(const Who& w, const std::function<std::vector<int64_t>()
   return v;
 }
 
-template <class T>
-int64_t code(const Result<T>& r) { return r ? 0 : static_cast<int64_t>(r.error().code()); }
+template <class T> int64_t code(const Result<T>& r) { return r ? 0 : static_cast<int64_t>(r.error().code()); }
 int64_t code(const Status& s) { return static_cast<int64_t>(s.code()); }
 constexpr int64_t c(Code x) { return static_cast<int64_t>(x); }
 
 // Every request kind on pool `pool` (tensor `tid` named "t", arena `aid`); one code per kind,
 // then two flags: the pool shows in PoolList, and its name shows in Metrics.
-std::vector<int64_t> try_everything(const std::string& sock, const std::string& pool, uint64_t tid, uint64_t aid) {
+std::vector<int64_t> try_everything(const std::string& sock, const std::string& pool, uint64_t tid,
+                                    uint64_t aid) {
   auto rc = RawClient::connect(sock);
   if (!rc) return {-1};
   RawClient& r = *rc;
@@ -82,16 +82,17 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
   v.push_back(code(r.call<PoolInfoW>(MsgType::kPoolOpen, PoolNameReq{pool})));                   // 2
   auto list = r.call<PoolListRep>(MsgType::kPoolList, Empty{});                                  // 3
   v.push_back(code(list));
-  v.push_back(code(r.call<TensorInfoW>(MsgType::kTensorCreate, TensorCreateReq{pool, "x", 4096, 0, {}, 0, -1, false})));      // 4
-  v.push_back(code(r.call<TensorInfoW>(MsgType::kTensorOpen, TensorRefReq{pool, "t"})));         // 5
-  v.push_back(code(r.call<TensorListRep>(MsgType::kTensorList, TensorListReq{pool})));           // 6
-  v.push_back(code(r.call<Empty>(MsgType::kTensorDelete, TensorRefReq{pool, "t"})));             // 7
-  auto lr = r.lease(LeaseMode::kRead, {tid});                                                   // 8
+  v.push_back(code(r.call<TensorInfoW>(MsgType::kTensorCreate,
+                                       TensorCreateReq{pool, "x", 4096, 0, {}, 0, -1, false})));  // 4
+  v.push_back(code(r.call<TensorInfoW>(MsgType::kTensorOpen, TensorRefReq{pool, "t"})));          // 5
+  v.push_back(code(r.call<TensorListRep>(MsgType::kTensorList, TensorListReq{pool})));            // 6
+  v.push_back(code(r.call<Empty>(MsgType::kTensorDelete, TensorRefReq{pool, "t"})));              // 7
+  auto lr = r.lease(LeaseMode::kRead, {tid});                                                     // 8
   v.push_back(code(lr));
-  v.push_back(code(r.lease(LeaseMode::kWrite, {tid})));                                          // 9
-  v.push_back(code(r.release({777777})));                                                        // 10
+  v.push_back(code(r.lease(LeaseMode::kWrite, {tid})));  // 9
+  v.push_back(code(r.release({777777})));                // 10
   int fd = -1;
-  auto m = r.call<MapArenaRep>(MsgType::kMapArena, MapArenaReq{aid}, &fd);                       // 11
+  auto m = r.call<MapArenaRep>(MsgType::kMapArena, MapArenaReq{aid}, &fd);  // 11
   v.push_back(code(m));
   int64_t writable = -1;
   if (fd >= 0) {
@@ -100,17 +101,18 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
     if (p != MAP_FAILED) ::munmap(p, 4096);
     ::close(fd);
   }
-  v.push_back(code(r.call<Empty>(MsgType::kPrefetch, TensorIdsReq{pool, {tid}})));               // 12
-  v.push_back(code(r.call<Empty>(MsgType::kEvict, TensorIdsReq{pool, {tid}})));                  // 13
-  v.push_back(code(r.call<Empty>(MsgType::kPlanSet, PlanSetReq{pool, {tid}, 0, {}})));               // 14
-  v.push_back(code(r.call<SnapshotRep>(MsgType::kSnapshot, PoolNameReq{pool})));                 // 15
+  v.push_back(code(r.call<Empty>(MsgType::kPrefetch, TensorIdsReq{pool, {tid}})));      // 12
+  v.push_back(code(r.call<Empty>(MsgType::kEvict, TensorIdsReq{pool, {tid}})));         // 13
+  v.push_back(code(r.call<Empty>(MsgType::kPlanSet, PlanSetReq{pool, {tid}, 0, {}})));  // 14
+  v.push_back(code(r.call<SnapshotRep>(MsgType::kSnapshot, PoolNameReq{pool})));        // 15
   // 23..25, asked here, while the pool exists
   const int64_t take = code(r.call<SnapshotRep>(MsgType::kSnapshotTake, SnapshotTakeReq{pool, 7, 2}));
   const int64_t snaps = code(r.call<SnapshotListRep>(MsgType::kSnapshotList, PoolNameReq{pool}));
-  const int64_t restore = code(r.call<SnapshotRestoreRep>(MsgType::kSnapshotRestore, SnapshotRestoreReq{pool, 1}));
-  v.push_back(code(r.call<StatusRep>(MsgType::kStatus, Empty{})));                               // 16
-  v.push_back(code(r.call<TopoRep>(MsgType::kTopo, Empty{})));                                   // 17
-  auto met = r.call<TextRep>(MsgType::kMetrics, MetricsReq{0});                                  // 18
+  const int64_t restore =
+      code(r.call<SnapshotRestoreRep>(MsgType::kSnapshotRestore, SnapshotRestoreReq{pool, 1}));
+  v.push_back(code(r.call<StatusRep>(MsgType::kStatus, Empty{})));  // 16
+  v.push_back(code(r.call<TopoRep>(MsgType::kTopo, Empty{})));      // 17
+  auto met = r.call<TextRep>(MsgType::kMetrics, MetricsReq{0});     // 18
   v.push_back(code(met));
   for (uint32_t page = 1; met && met->more && page < 1000; ++page) {  // the per-pool series come later
     auto next = r.call<TextRep>(MsgType::kMetrics, MetricsReq{page});
@@ -118,24 +120,45 @@ std::vector<int64_t> try_everything(const std::string& sock, const std::string& 
     met->text += next->text;
     met->more = next->more;
   }
-  v.push_back(code(r.call<Empty>(MsgType::kPoolDrop, PoolNameReq{pool})));                       // 19
+  v.push_back(code(r.call<Empty>(MsgType::kPoolDrop, PoolNameReq{pool})));  // 19
   bool listed = false;
   if (list)
     for (const auto& p : list->pools) listed = listed || p.name == pool;
-  v.push_back(listed);                                                                          // 20
-  v.push_back(met && met->text.find("pool=\"" + pool + "\"") != std::string::npos);              // 21
-  v.push_back(writable);                                                                        // 22
-  v.push_back(take);                                                                            // 23
-  v.push_back(snaps);                                                                           // 24
-  v.push_back(restore);                                                                         // 25
+  v.push_back(listed);                                                               // 20
+  v.push_back(met && met->text.find("pool=\"" + pool + "\"") != std::string::npos);  // 21
+  v.push_back(writable);                                                             // 22
+  v.push_back(take);                                                                 // 23
+  v.push_back(snaps);                                                                // 24
+  v.push_back(restore);                                                              // 25
   return v;
 }
 
-const char* kKinds[] = {"PoolCreate exist_ok", "PoolCreate", "PoolOpen", "PoolList", "TensorCreate",
-                        "TensorOpen", "TensorList", "TensorDelete", "Lease read", "Lease write",
-                        "Release (foreign id)", "MapArena", "Prefetch", "Evict", "PlanSet", "Snapshot",
-                        "Status", "Topo", "Metrics", "PoolDrop", "listed", "in metrics", "fd writable",
-                        "SnapshotTake", "SnapshotList", "SnapshotRestore"};
+const char* kKinds[] = {"PoolCreate exist_ok",
+                        "PoolCreate",
+                        "PoolOpen",
+                        "PoolList",
+                        "TensorCreate",
+                        "TensorOpen",
+                        "TensorList",
+                        "TensorDelete",
+                        "Lease read",
+                        "Lease write",
+                        "Release (foreign id)",
+                        "MapArena",
+                        "Prefetch",
+                        "Evict",
+                        "PlanSet",
+                        "Snapshot",
+                        "Status",
+                        "Topo",
+                        "Metrics",
+                        "PoolDrop",
+                        "listed",
+                        "in metrics",
+                        "fd writable",
+                        "SnapshotTake",
+                        "SnapshotList",
+                        "SnapshotRestore"};
 
 // NVMe-only kinds answer kUnsupported before any authorization when the daemon has no NVMe
 // tier; with one, they must be refused like the rest.
@@ -173,7 +196,8 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
   auto made = as(kOwner, [&]() -> std::vector<int64_t> {
     auto cl = Client::connect(sock);
     if (!cl) return {-1};
-    auto p = (*cl)->create_pool("shared", {.ram_quota = 8 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true});
+    auto p = (*cl)->create_pool(
+        "shared", {.ram_quota = 8 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true});
     auto q = (*cl)->create_pool("private", {.ram_quota = 8 << 20});
     if (!p || !q || p->group != kReaders || !p->group_read) return {-2};
     auto t = (*cl)->create_tensor("shared", {.name = "t", .size = 4096, .shape = {}, .placement = {}});
@@ -185,8 +209,8 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
     if (!l->release().is_ok()) return {-5};
     auto arenas = (*cl)->mapped_arenas();
     if (arenas.empty()) return {-6};
-    return {static_cast<int64_t>(t->id), static_cast<int64_t>(u->id), static_cast<int64_t>(arenas[0].arena_id),
-            static_cast<int64_t>(p->id << 16)};
+    return {static_cast<int64_t>(t->id), static_cast<int64_t>(u->id),
+            static_cast<int64_t>(arenas[0].arena_id), static_cast<int64_t>(p->id << 16)};
   });
   REQUIRE(made.size() == 4);
   const uint64_t shared_t = made[0], private_t = made[1], shared_arena = made[2];
@@ -195,13 +219,13 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
                 NOTFOUND = c(Code::kNotFound);
 
   SECTION("a stranger may do nothing with either pool") {
-    for (auto [pool, tid, aid] : {std::tuple{"shared", shared_t, shared_arena}, {"private", private_t, private_arena}}) {
+    for (auto [pool, tid, aid] :
+         {std::tuple{"shared", shared_t, shared_arena}, {"private", private_t, private_arena}}) {
       auto v = as(kStranger, [&] { return try_everything(sock, pool, tid, aid); });
       REQUIRE(v.size() == 26);
-      std::vector<int64_t> want = {DENIED, EXISTS, DENIED, OK,     DENIED, DENIED, DENIED, DENIED,
-                                   DENIED, DENIED, NOTFOUND, DENIED, DENIED, DENIED, DENIED, DENIED,
-                                   OK,     OK,     OK,     DENIED, 0,      0,      -1,
-                                   DENIED, DENIED, DENIED};
+      std::vector<int64_t> want = {DENIED, EXISTS,   DENIED, OK,     DENIED, DENIED, DENIED, DENIED, DENIED,
+                                   DENIED, NOTFOUND, DENIED, DENIED, DENIED, DENIED, DENIED, OK,     OK,
+                                   OK,     DENIED,   0,      0,      -1,     DENIED, DENIED, DENIED};
       for (size_t i = 0; i < want.size(); ++i) {
         INFO(pool << ": " << kKinds[i]);
         if (i >= 12 && i <= 15) check_nvme_kind(v[i], want[i], kKinds[i]);
@@ -213,10 +237,9 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
   SECTION("a member of the pool's group may read it, but not change it") {
     auto v = as(kReader, [&] { return try_everything(sock, "shared", shared_t, shared_arena); });
     REQUIRE(v.size() == 26);
-    std::vector<int64_t> want = {DENIED, EXISTS, OK, OK,     DENIED, OK,     OK,     DENIED,
-                                 OK,     DENIED, NOTFOUND, OK, DENIED, DENIED, DENIED, DENIED,
-                                 OK,     OK,     OK,     DENIED, 1,      1,      0,
-                                 DENIED, DENIED, DENIED};
+    std::vector<int64_t> want = {DENIED, EXISTS,   OK, OK,     DENIED, OK,     OK,     DENIED, OK,
+                                 DENIED, NOTFOUND, OK, DENIED, DENIED, DENIED, DENIED, OK,     OK,
+                                 OK,     DENIED,   1,  1,      0,      DENIED, DENIED, DENIED};
     for (size_t i = 0; i < want.size(); ++i) {
       INFO(kKinds[i]);
       if (i >= 12 && i <= 15) check_nvme_kind(v[i], want[i], kKinds[i]);
@@ -238,10 +261,9 @@ TEST_CASE("every request kind on another uid's pool: stranger, group reader, adm
   SECTION("an admin_group member (supplementary group) may inspect and drop, never lease or map") {
     auto v = as(kAdmin, [&] { return try_everything(sock, "private", private_t, private_arena); });
     REQUIRE(v.size() == 26);
-    std::vector<int64_t> want = {DENIED, EXISTS, OK, OK,     DENIED, OK,     OK,     DENIED,
-                                 DENIED, DENIED, NOTFOUND, DENIED, DENIED, DENIED, DENIED, DENIED,
-                                 OK,     OK,     OK,     OK,     1,      1,      -1,
-                                 DENIED, DENIED, DENIED};
+    std::vector<int64_t> want = {DENIED, EXISTS,   OK,     OK,     DENIED, OK,     OK,     DENIED, DENIED,
+                                 DENIED, NOTFOUND, DENIED, DENIED, DENIED, DENIED, DENIED, OK,     OK,
+                                 OK,     OK,       1,      1,      -1,     DENIED, DENIED, DENIED};
     for (size_t i = 0; i < want.size(); ++i) {
       INFO(kKinds[i]);
       if (i >= 12 && i <= 15) check_nvme_kind(v[i], want[i], kKinds[i]);
@@ -277,12 +299,14 @@ TEST_CASE("per-uid RAM quota, connections per uid and waiting leases per client"
     Client& c1 = **a;
     (void)c1.create_pool("p1", {.ram_quota = 1 << 20});
     (void)c1.create_pool("p2", {.ram_quota = 1 << 20});
-    out.push_back(code(c1.create_tensor("p1", {.name = "a", .size = 48 << 10, .shape = {}, .placement = {}})));
+    out.push_back(
+        code(c1.create_tensor("p1", {.name = "a", .size = 48 << 10, .shape = {}, .placement = {}})));
     // 48 KiB used of 64 KiB across the uid's pools: 32 KiB more in another pool do not fit.
     auto big = c1.create_tensor("p2", {.name = "b", .size = 32 << 10, .shape = {}, .placement = {}});
     out.push_back(code(big));
     out.push_back(!big && big.error().message().find("uid_ram_quota") != std::string::npos);
-    out.push_back(code(c1.create_tensor("p2", {.name = "c", .size = 16 << 10, .shape = {}, .placement = {}})));
+    out.push_back(
+        code(c1.create_tensor("p2", {.name = "c", .size = 16 << 10, .shape = {}, .placement = {}})));
     // Waiting leases: c1 holds a write lease; another client may have one lease request
     // waiting, not two.
     auto t = c1.open_tensor("p1", "a");
@@ -326,7 +350,8 @@ TEST_CASE("ArenaPin: the owner and group readers may pin an arena's range, stran
   auto made = as(kOwner, [&]() -> std::vector<int64_t> {
     auto cl = Client::connect(sock);
     if (!cl) return {-1};
-    if (!(*cl)->create_pool("shared", {.ram_quota = 8 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true}))
+    if (!(*cl)->create_pool("shared",
+                            {.ram_quota = 8 << 20, .nvme_quota = 0, .group = kReaders, .group_read = true}))
       return {-2};
     auto t = (*cl)->create_tensor("shared", {.name = "t", .size = 4096, .shape = {}, .placement = {}});
     if (!t) return {-3};

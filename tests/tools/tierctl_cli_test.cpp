@@ -55,16 +55,16 @@ TEST_CASE("tierctl top off a terminal draws one frame per interval, with stdin a
 
 // Runs `shell_cmd` on a pseudo-terminal (util-linux script(1)), stdin from `input`.
 RunResult on_terminal(const std::string& shell_cmd, const std::string& input, int timeout_s) {
-  return run_binary("/bin/sh", {"-c", "printf '" + input + "' | script -qec \"" + shell_cmd + "\" /dev/null"}, {},
-                    timeout_s);
+  return run_binary("/bin/sh", {"-c", "printf '" + input + "' | script -qec \"" + shell_cmd + "\" /dev/null"},
+                    {}, timeout_s);
 }
 
 TEST_CASE("tierctl top on a terminal: the alternate screen, frames clipped to the window") {
   TestDaemon d;
   put_small(d, "a-pool-with-a-rather-long-name", "t");
-  auto r = on_terminal("stty cols 40 rows 12; " + bin_path("tierctl") + " --socket " + d.socket() +
-                           " top --interval 0.5",
-                       "", /*timeout_s=*/2);
+  auto r = on_terminal(
+      "stty cols 40 rows 12; " + bin_path("tierctl") + " --socket " + d.socket() + " top --interval 0.5", "",
+      /*timeout_s=*/2);
   CHECK(r.out.find("\x1b[?1049h") != std::string::npos);  // entered the alternate screen
   size_t frames = count(r.out, "\x1b[H\x1b[2J");
   CHECK(frames >= 1);

@@ -9,14 +9,14 @@
 #include "support/daemon_fixture.hpp"
 #include "tierctl_run.hpp"
 
+using nlohmann::json;
 using tier::test::bin_path;
 using tier::test::ctl;
-using tier::test::write_random_file;
 using tier::test::read_text;
 using tier::test::run_binary;
 using tier::test::RunResult;
 using tier::test::TestDaemon;
-using nlohmann::json;
+using tier::test::write_random_file;
 
 namespace {
 
@@ -123,10 +123,10 @@ TEST_CASE("tierctl exit codes: 1 with one line on stderr for failures, 2 for usa
   CHECK(unreachable.err.rfind("tierctl: Unavailable: ", 0) == 0);
   CHECK(lines(unreachable.err) == 1);
 
-  CHECK(ctl(d, {}).rc == 2);                           // no command
-  CHECK(ctl(d, {"frobnicate"}).rc == 2);               // unknown command
-  CHECK(ctl(d, {"tensors"}).rc == 2);                  // missing POOL
-  CHECK(ctl(d, {"drop", "a", "b"}).rc == 2);           // extra argument
+  CHECK(ctl(d, {}).rc == 2);                                            // no command
+  CHECK(ctl(d, {"frobnicate"}).rc == 2);                                // unknown command
+  CHECK(ctl(d, {"tensors"}).rc == 2);                                   // missing POOL
+  CHECK(ctl(d, {"drop", "a", "b"}).rc == 2);                            // extra argument
   CHECK(ctl(d, {"put", "p", "n", d.dir() + "/no-such-file"}).rc == 1);  // a failure, not a usage error
   CHECK(ctl(d, {"status"}).rc == 0);
 }
@@ -134,9 +134,8 @@ TEST_CASE("tierctl exit codes: 1 with one line on stderr for failures, 2 for usa
 TEST_CASE("tierctl --help documents every command and the exit codes") {
   auto h = run_binary(bin_path("tierctl"), {"--help"});
   CHECK(h.rc == 0);
-  for (const char* cmd : {"status", "topo", "pools", "tensors", "put", "get", "evict", "prefetch",
-                          "snapshot", "drop", "metrics", "--socket", "--json", "TIERD_SOCKET",
-                          "Exit status"})
+  for (const char* cmd : {"status", "topo", "pools", "tensors", "put", "get", "evict", "prefetch", "snapshot",
+                          "drop", "metrics", "--socket", "--json", "TIERD_SOCKET", "Exit status"})
     CHECK(h.out.find(cmd) != std::string::npos);
   auto sub = run_binary(bin_path("tierctl"), {"put", "--help"});
   CHECK(sub.rc == 0);

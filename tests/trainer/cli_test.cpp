@@ -53,8 +53,7 @@ void expect_refused(const TrainRun& r, const std::string& says) {
 }  // namespace
 
 TEST_CASE("tier-train refuses --collectives nccl with the CPU backend", "[trainer][cli]") {
-  expect_refused(run_trainer(1, kTiny + " --collectives nccl"),
-                 "--collectives nccl needs --backend cuda");
+  expect_refused(run_trainer(1, kTiny + " --collectives nccl"), "--collectives nccl needs --backend cuda");
   expect_refused(run_trainer(1, kTiny + " --backend cpu --collectives nccl"),
                  "--collectives nccl needs --backend cuda");
 }
@@ -158,5 +157,6 @@ TEST_CASE("tier-train runs OpenBLAS kernels for the CPU's vector width unless OP
   CHECK(kernels(kept.stderr_text) == "Prescott");
   // Same model, seed and data: the kernels change rounding only.
   REQUIRE(kept.losses.size() == chosen.losses.size());
-  for (size_t i = 0; i < kept.losses.size(); ++i) CHECK(kept.losses[i] == Approx(chosen.losses[i]).epsilon(1e-4));
+  for (size_t i = 0; i < kept.losses.size(); ++i)
+    CHECK(kept.losses[i] == Approx(chosen.losses[i]).epsilon(1e-4));
 }

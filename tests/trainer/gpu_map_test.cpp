@@ -10,9 +10,10 @@ using namespace tier::train;
 namespace {
 
 // tierd's view of a 4-GPU node, PCI order (what hwloc reports).
-const std::vector<TopoDevice> kTierd = {
-    {0, "cuda0", "0000:07:00.0", 0}, {1, "cuda1", "0000:0f:00.0", 0},
-    {2, "cuda2", "0000:87:00.0", 1}, {3, "cuda3", "0000:8f:00.0", 1}};
+const std::vector<TopoDevice> kTierd = {{0, "cuda0", "0000:07:00.0", 0},
+                                        {1, "cuda1", "0000:0f:00.0", 0},
+                                        {2, "cuda2", "0000:87:00.0", 1},
+                                        {3, "cuda3", "0000:8f:00.0", 1}};
 
 // The tierd GPU local rank r ends up next to, as tier-train decides it.
 int tierd_gpu_of_rank(int r, const std::vector<std::string>& cuda_pci, bool visible_set) {

@@ -32,9 +32,8 @@ std::vector<float> randn(size_t n, uint64_t seed, float s = 1.0f) {
 
 // Compares analytic gradient `ana` of f at `x` against central differences on `count` sampled
 // coordinates. f returns a double; x is perturbed in place and restored.
-template <class F>
-void check_grad(const char* what, std::vector<float>& x, const std::vector<float>& ana, F f,
-                int count = 60, uint64_t seed = 7) {
+template <class F> void check_grad(const char* what, std::vector<float>& x, const std::vector<float>& ana,
+                                   F f, int count = 60, uint64_t seed = 7) {
   Rng r(seed);
   int bad = 0;
   double worst = 0;
@@ -103,13 +102,13 @@ TEST_CASE("gradient check: transformer block", "[trainer][gradcheck]") {
   };
   f();
   std::vector<float> grads(params.size(), 0.0f), dx(n);
-  be->block_backward(d, params.data(), grads.data(), x.data(), carve_block_acts(acts.data(), d),
-                     R.data(), dx.data(), scratch.data());
+  be->block_backward(d, params.data(), grads.data(), x.data(), carve_block_acts(acts.data(), d), R.data(),
+                     dx.data(), scratch.data());
   SECTION("parameters") {
     // Sample each tensor of the layout so no kind of weight is skipped.
     const BlockLayout l = block_layout(d);
-    const size_t offs[] = {l.ln1_w, l.ln1_b, l.qkv_w, l.qkv_b, l.proj_w, l.proj_b, l.ln2_w,
-                           l.ln2_b, l.fc_w, l.fc_b, l.fcproj_w, l.fcproj_b, l.total};
+    const size_t offs[] = {l.ln1_w, l.ln1_b, l.qkv_w, l.qkv_b,    l.proj_w,   l.proj_b, l.ln2_w,
+                           l.ln2_b, l.fc_w,  l.fc_b,  l.fcproj_w, l.fcproj_b, l.total};
     for (size_t t = 0; t + 1 < std::size(offs); ++t) {
       std::vector<float> sub(params.begin() + offs[t], params.begin() + offs[t + 1]);
       std::vector<float> gsub(grads.begin() + offs[t], grads.begin() + offs[t + 1]);
@@ -126,8 +125,8 @@ TEST_CASE("gradient check: transformer block", "[trainer][gradcheck]") {
   SECTION("dx may alias dy") {
     std::vector<float> g2(params.size(), 0.0f), dd = R;
     f();
-    be->block_backward(d, params.data(), g2.data(), x.data(), carve_block_acts(acts.data(), d),
-                       dd.data(), dd.data(), scratch.data());
+    be->block_backward(d, params.data(), g2.data(), x.data(), carve_block_acts(acts.data(), d), dd.data(),
+                       dd.data(), scratch.data());
     for (size_t i = 0; i < n; ++i) REQUIRE(dd[i] == Approx(dx[i]).margin(1e-6));
   }
 }
@@ -146,15 +145,15 @@ TEST_CASE("gradient check: head (final LayerNorm, tied output, cross-entropy)", 
   std::vector<float> acts(head_acts_floats(d));
   const float scale = 1.0f / static_cast<float>(d.B * d.T);
   auto f = [&] {
-    return scale * be->head_forward(d, params.data(), x.data(), tgt.data(),
-                                    carve_head_acts(acts.data(), d), nullptr, nullptr, 0.0f);
+    return scale * be->head_forward(d, params.data(), x.data(), tgt.data(), carve_head_acts(acts.data(), d),
+                                    nullptr, nullptr, 0.0f);
   };
   const double loss0 = f();
   REQUIRE(loss0 > 0.0);
   std::vector<float> grads(params.size(), 0.0f), dx(n);
-  const double loss1 = scale * be->head_forward(d, params.data(), x.data(), tgt.data(),
-                                                carve_head_acts(acts.data(), d), dx.data(),
-                                                grads.data(), scale);
+  const double loss1 =
+      scale * be->head_forward(d, params.data(), x.data(), tgt.data(), carve_head_acts(acts.data(), d),
+                               dx.data(), grads.data(), scale);
   REQUIRE(loss1 == Approx(loss0).epsilon(1e-6));
   const EmbedLayout l = embed_layout(d);
   // wpe does not take part in the head: its gradient stays exactly zero.

@@ -58,8 +58,7 @@ TEST_CASE("every preset trains when --plan says it fits, and is refused by --pla
     const int steps = large ? 2 : 6;
     const auto r = run_trainer(1, "--model " + name + " --seq " + std::to_string(kSeq) +
                                       " --batch 2 --steps " + std::to_string(steps) +
-                                      (large ? " --lr 3e-4" : " --lr 1e-2") +
-                                      " --seed 2 --val-every -1");
+                                      (large ? " --lr 3e-4" : " --lr 1e-2") + " --seed 2 --val-every -1");
     INFO(r.stderr_text);
     REQUIRE(r.exit_code == 0);
     REQUIRE(r.losses.size() == static_cast<size_t>(steps));

@@ -34,7 +34,8 @@ void check_losses(const std::map<long, double>& want, const TrainRun& r) {
 
 }  // namespace
 
-TEST_CASE("kill -9 of a rank at each point of a step and --resume give the uninterrupted losses", "[trainer][mpi][tier][restart]") {
+TEST_CASE("kill -9 of a rank at each point of a step and --resume give the uninterrupted losses",
+          "[trainer][mpi][tier][restart]") {
   // In RAM, and with the state mostly on NVMe (a RAM quota below it): there the dead buffer a
   // commit discards is dropped without a write-back, so a discard that came too early, or of
   // the wrong buffer, would leave the resume zeros to read.
@@ -51,10 +52,12 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
   REQUIRE(daemon.running());
   // --overlap-optimizer: the overlapped update's commit order is the one under test here (the
   // random-instant test below covers the default, serial one).
-  const std::string model = on_nvme ? "--layers 4 --dim 128 --heads 4 --seq 16 --ram-quota 14M --nvme-quota 256M"
-                                    : "--model tiny";
-  const std::string base = model + " --steps 9 --batch 4 --lr 3e-3 --seed 3 --val-every -1 "
-                           "--overlap-optimizer --state tier --socket " + daemon.socket();
+  const std::string model =
+      on_nvme ? "--layers 4 --dim 128 --heads 4 --seq 16 --ram-quota 14M --nvme-quota 256M" : "--model tiny";
+  const std::string base = model +
+                           " --steps 9 --batch 4 --lr 3e-3 --seed 3 --val-every -1 "
+                           "--overlap-optimizer --state tier --socket " +
+                           daemon.socket();
   const TrainRun ref = run_trainer(2, base + " --job ref");
   INFO(ref.stderr_text);
   REQUIRE(ref.exit_code == 0);
@@ -62,8 +65,12 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
   std::map<long, double> want;
   for (size_t i = 0; i < ref.steps.size(); ++i) want[ref.steps[i]] = ref.losses[i];
 
-  struct Fault { int step; const char* point; int rank; };
-  const Fault faults[] = {{2, "forward", 1}, {3, "backward", 0}, {4, "optimizer", 1},
+  struct Fault {
+    int step;
+    const char* point;
+    int rank;
+  };
+  const Fault faults[] = {{2, "forward", 1},   {3, "backward", 0},   {4, "optimizer", 1},
                           {5, "precommit", 0}, {6, "postcommit", 1}, {7, "discarded", 0},
                           {8, "discarded", 1}, {1, "optimizer", 0}};
   int n = 0;
@@ -88,7 +95,8 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
   }
 }
 
-TEST_CASE("two daemons on one host: kill -9 and --resume read every daemon's marker", "[trainer][mpi][tier][restart]") {
+TEST_CASE("two daemons on one host: kill -9 and --resume read every daemon's marker",
+          "[trainer][mpi][tier][restart]") {
   // Two tierds on this host, two ranks each (the MPMD line of one tierd per node): MPI sees one
   // shared-memory node, yet each daemon holds its own ranks' state and its own commit marker,
   // written by the lowest of its ranks (0 and 2); a resume reads both.
@@ -122,12 +130,14 @@ TEST_CASE("two daemons on one host: kill -9 and --resume read every daemon's mar
   }
 }
 
-TEST_CASE("resume refuses daemons whose markers no single run of the job left", "[trainer][mpi][tier][restart]") {
+TEST_CASE("resume refuses daemons whose markers no single run of the job left",
+          "[trainer][mpi][tier][restart]") {
   tier::test::TestDaemon da, db, dc;
   REQUIRE(da.running());
   REQUIRE(db.running());
   REQUIRE(dc.running());
-  const std::string base = "--model tiny --batch 4 --lr 3e-3 --seed 13 --val-every -1 --state tier --job split";
+  const std::string base =
+      "--model tiny --batch 4 --lr 3e-3 --seed 13 --val-every -1 --state tier --job split";
   REQUIRE(run_trainer_on({da.socket(), db.socket()}, 1, base + " --steps 2").exit_code == 0);
   // A daemon that never held the job: every rank refuses, none waits for it.
   const TrainRun none = run_trainer_on({da.socket(), dc.socket()}, 1, base + " --steps 4 --resume");
@@ -143,7 +153,8 @@ TEST_CASE("resume refuses daemons whose markers no single run of the job left", 
 
 TEST_CASE("resume refuses state written by another configuration", "[trainer][mpi][tier][restart]") {
   tier::test::TestDaemon daemon;
-  const std::string base = "--model tiny --steps 3 --batch 4 --val-every -1 --state tier --job other --socket " + daemon.socket();
+  const std::string base =
+      "--model tiny --steps 3 --batch 4 --val-every -1 --state tier --job other --socket " + daemon.socket();
   REQUIRE(run_trainer(1, base).exit_code == 0);
   const TrainRun r = run_trainer(1, base + " --resume --seed 99");
   CHECK(r.exit_code != 0);
@@ -174,11 +185,14 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterrupted losses", "[trainer][mpi][tier][restart]") {
+TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterrupted losses",
+          "[trainer][mpi][tier][restart]") {
   tier::test::TestDaemon daemon;
   REQUIRE(daemon.running());
-  const std::string base = "--model tiny --steps 40 --batch 4 --lr 3e-3 --seed 5 --val-every -1 "
-                           "--state tier --socket " + daemon.socket();
+  const std::string base =
+      "--model tiny --steps 40 --batch 4 --lr 3e-3 --seed 5 --val-every -1 "
+      "--state tier --socket " +
+      daemon.socket();
   const TrainRun ref = run_trainer(2, base + " --job rref");
   INFO(ref.stderr_text);
   REQUIRE(ref.exit_code == 0);
@@ -191,8 +205,8 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
     const std::string job = " --job rnd" + std::to_string(round);
     const std::string out = daemon.dir() + "/rnd" + std::to_string(round) + ".out";
     const std::string cmd = "exec " + std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " +
-                            tier::test::bin_path("tier-train") + " --threads 1 " + base + job +
-                            " >" + out + " 2>/dev/null";
+                            tier::test::bin_path("tier-train") + " --threads 1 " + base + job + " >" + out +
+                            " 2>/dev/null";
     const pid_t mpirun = fork();
     REQUIRE(mpirun >= 0);
     if (mpirun == 0) {

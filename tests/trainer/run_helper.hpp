@@ -18,7 +18,8 @@ struct TrainRun {
 // starts: under ASan, Open MPI's plugins leak at exit and are unloaded before LeakSanitizer
 // reports, so their stacks end in "<unknown module>" and cannot be suppressed by name. The same
 // tier-train code is leak-checked in the single-process runs; ASan and UBSan stay on in ranks.
-inline constexpr const char* kMpirun = "env LSAN_OPTIONS=detect_leaks=0 mpirun --allow-run-as-root --oversubscribe";
+inline constexpr const char* kMpirun =
+    "env LSAN_OPTIONS=detect_leaks=0 mpirun --allow-run-as-root --oversubscribe";
 
 // `args` are tier-train's arguments; ranks > 1 runs it under mpirun -np ranks.
 TrainRun run_trainer(int ranks, const std::string& args);

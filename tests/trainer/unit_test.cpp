@@ -27,7 +27,8 @@ TEST_CASE("AdamW: one step by hand", "[trainer][optimizer]") {
   CHECK(q == Approx(0.9f).epsilon(1e-6));  // no decay on biases and LayerNorm
 }
 
-TEST_CASE("AdamW: the vectorized, threaded update is bit-identical to the scalar loop at any offset", "[trainer][optimizer]") {
+TEST_CASE("AdamW: the vectorized, threaded update is bit-identical to the scalar loop at any offset",
+          "[trainer][optimizer]") {
   const size_t n = 100003;
   Rng r(5);
   std::vector<float> p(n), m(n), v(n), g(n);
@@ -40,10 +41,10 @@ TEST_CASE("AdamW: the vectorized, threaded update is bit-identical to the scalar
   const AdamWStep st = make_step(AdamWConfig{}, 1e-3f, 7, 0.37f);
   for (size_t off : {size_t{0}, size_t{1}, size_t{3}, size_t{17}}) {
     std::vector<float> p1(n), m1(n), v1(n), p2(n), m2(n), v2(n);
-    adamw_update(p.data() + off, m.data() + off, v.data() + off, g.data() + off, p1.data(),
-                 m1.data(), v1.data(), n - off, st, true);
-    adamw_update_scalar(p.data() + off, m.data() + off, v.data() + off, g.data() + off, p2.data(),
-                        m2.data(), v2.data(), n - off, st, true);
+    adamw_update(p.data() + off, m.data() + off, v.data() + off, g.data() + off, p1.data(), m1.data(),
+                 v1.data(), n - off, st, true);
+    adamw_update_scalar(p.data() + off, m.data() + off, v.data() + off, g.data() + off, p2.data(), m2.data(),
+                        v2.data(), n - off, st, true);
     INFO("offset " << off << " isa " << adamw_isa());
     CHECK(std::memcmp(p1.data(), p2.data(), (n - off) * 4) == 0);
     CHECK(std::memcmp(m1.data(), m2.data(), (n - off) * 4) == 0);

@@ -68,10 +68,12 @@ TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resi
   o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
   tier::test::TestDaemon daemon(o);
   REQUIRE(daemon.running());
-  const std::string model = "--layers 4 --dim 128 --heads 4 --seq 16 --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1";
+  const std::string model =
+      "--layers 4 --dim 128 --heads 4 --seq 16 --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1";
   const TrainRun ref = run_trainer(1, model);
   REQUIRE(ref.exit_code == 0);
-  const std::string tier = model + " --state tier --ram-quota 14M --nvme-quota 256M --socket " + daemon.socket();
+  const std::string tier =
+      model + " --state tier --ram-quota 14M --nvme-quota 256M --socket " + daemon.socket();
   require_same(ref, run_trainer(1, tier + " --job n1"), 1e-6);
   require_same(ref, run_trainer(1, tier + " --job n1o --overlap-optimizer"), 1e-6);
   require_same(ref, run_trainer(2, tier + " --job n2"), 1e-5);
@@ -88,7 +90,7 @@ TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resi
   CHECK(metric("tierd_writebacks_total") > 0);
   CHECK(metric("tierd_fetches_total") > 0);
   CHECK(metric("tierd_fetches_skipped_total") > 0);  // overwrite leases: no read-back
-  CHECK(metric("tierd_discarded_bytes_total") > 0);   // dead gradients: no write-back
+  CHECK(metric("tierd_discarded_bytes_total") > 0);  // dead gradients: no write-back
   CHECK(metric("tierd_fetch_errors_total") == 0);
   CHECK(metric("tierd_writeback_errors_total") == 0);
   auto st = (*c)->status();

@@ -37,7 +37,8 @@ TEST_CASE("codec round-trips a lease request and its reply") {
 TEST_CASE("an error reply decodes to its status") {
   std::vector<std::byte> buf;
   REQUIRE(encode_reply(static_cast<uint16_t>(MsgType::kPoolOpen), 1,
-                       Status(Code::kNotFound, "no pool named 'x'"), Empty{}, buf).is_ok());
+                       Status(Code::kNotFound, "no pool named 'x'"), Empty{}, buf)
+              .is_ok());
   auto r = decode_reply<PoolInfoW>(payload_of(as_span(buf)));
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code() == Code::kNotFound);
@@ -79,7 +80,7 @@ TEST_CASE("headers with bad magic, version, length or type are rejected") {
 
 TEST_CASE("a hostile vector count cannot make the reader allocate") {
   // count = 0xffffffff with only a few bytes behind it.
-  std::vector<std::byte> p = {std::byte{1}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
+  std::vector<std::byte> p = {std::byte{1},    std::byte{0},    std::byte{0},    std::byte{0},   std::byte{0},
                               std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0xff}};
   auto r = decode<LeaseReq>(as_span(p));
   CHECK_FALSE(r.has_value());
@@ -93,8 +94,7 @@ TEST_CASE("oversized strings and messages are refused") {
 
   ReleaseReq huge;
   huge.lease_ids.resize(kMaxMessageBytes / 8 + 1);
-  CHECK(encode(static_cast<uint16_t>(MsgType::kRelease), 1, huge, buf).code() ==
-        Code::kInvalidArgument);
+  CHECK(encode(static_cast<uint16_t>(MsgType::kRelease), 1, huge, buf).code() == Code::kInvalidArgument);
 }
 
 TEST_CASE("random bytes never crash the decoder") {
@@ -112,8 +112,7 @@ TEST_CASE("random bytes never crash the decoder") {
 
 namespace {
 // The payload bytes encode() produces for `msg`, and what encoded_size() says beforehand.
-template <class T>
-void check_encoded_size(const T& msg) {
+template <class T> void check_encoded_size(const T& msg) {
   std::vector<std::byte> buf;
   REQUIRE(encode(static_cast<uint16_t>(MsgType::kStatus), 1, msg, buf).is_ok());
   CHECK(encoded_size(msg) == buf.size() - kHeaderBytes);
@@ -146,9 +145,9 @@ TEST_CASE("encoded_size() is the size the encoder produces, for every kind of fi
 }
 
 TEST_CASE("the lease grants encoded_size() says fit one reply do fit, and one more does not") {
-  const size_t n = (kMaxMessageBytes - kHeaderBytes - encoded_size(ReplyStatus{}) -
-                    encoded_size(LeaseRep{})) /
-                   encoded_size(LeaseGrant{});
+  const size_t n =
+      (kMaxMessageBytes - kHeaderBytes - encoded_size(ReplyStatus{}) - encoded_size(LeaseRep{})) /
+      encoded_size(LeaseGrant{});
   CHECK(n < kMaxBatch);
   LeaseRep rep;
   rep.grants.assign(n, LeaseGrant{~0ULL, ~0ULL, ~0ULL, ~0ULL, ~0ULL});

@@ -19,8 +19,8 @@ TEST_CASE("parse_size accepts the documented forms") {
 
 TEST_CASE("parse_size rejects everything else with a message naming the text") {
   for (const char* s : {"", "abc", "12X", "-5", "1.5", "80%", "101%", "nan", "1e30T", "5MM"}) {
-    auto r = s == std::string("80%") || s == std::string("101%") ? parse_size(s, std::nullopt)
-                                                                 : parse_size(s);
+    auto r =
+        s == std::string("80%") || s == std::string("101%") ? parse_size(s, std::nullopt) : parse_size(s);
     INFO(s);
     REQUIRE_FALSE(r.has_value());
     CHECK(r.error().code() == Code::kInvalidArgument);
@@ -49,18 +49,19 @@ TEST_CASE("names are validated") {
 TEST_CASE("tensor names are printable UTF-8") {
   using namespace std::string_literals;
   CHECK(first_unprintable("plain ascii ~!") == std::string_view::npos);
-  CHECK(first_unprintable("\xc3\xbc \xe5\x90\x8d \xf0\x9f\x98\x80 \xc2\xa0 \xf4\x8f\xbf\xbf") == std::string_view::npos);
+  CHECK(first_unprintable("\xc3\xbc \xe5\x90\x8d \xf0\x9f\x98\x80 \xc2\xa0 \xf4\x8f\xbf\xbf") ==
+        std::string_view::npos);
   CHECK(first_unprintable("ab\ncd") == 2);
   CHECK(first_unprintable("\x1b[0m") == 0);
-  CHECK(first_unprintable("x\x7f") == 1);          // DEL
-  CHECK(first_unprintable("x\xc2\x80") == 1);      // C1: U+0080
-  CHECK(first_unprintable("x\xc2\x9f") == 1);      // C1: U+009F
-  CHECK(first_unprintable("x\x80") == 1);          // stray continuation byte
-  CHECK(first_unprintable("x\xc0\xaf") == 1);      // overlong '/'
-  CHECK(first_unprintable("x\xe0\x80\xaf") == 1);  // overlong, 3 bytes
-  CHECK(first_unprintable("x\xed\xa0\x80") == 1);  // surrogate U+D800
+  CHECK(first_unprintable("x\x7f") == 1);              // DEL
+  CHECK(first_unprintable("x\xc2\x80") == 1);          // C1: U+0080
+  CHECK(first_unprintable("x\xc2\x9f") == 1);          // C1: U+009F
+  CHECK(first_unprintable("x\x80") == 1);              // stray continuation byte
+  CHECK(first_unprintable("x\xc0\xaf") == 1);          // overlong '/'
+  CHECK(first_unprintable("x\xe0\x80\xaf") == 1);      // overlong, 3 bytes
+  CHECK(first_unprintable("x\xed\xa0\x80") == 1);      // surrogate U+D800
   CHECK(first_unprintable("x\xf4\x90\x80\x80") == 1);  // above U+10FFFF
-  CHECK(first_unprintable("x\xe6\x97") == 1);      // truncated
+  CHECK(first_unprintable("x\xe6\x97") == 1);          // truncated
   CHECK(first_unprintable("x\xff") == 1);
   CHECK(first_unprintable("a\0b"s) == 1);
   Status st = validate_tensor_name("a\tb");

@@ -64,10 +64,10 @@ namespace tier::bench {
 
 namespace {
 
-constexpr uint64_t kTensorBytes = 64;      // metadata-sized; the allocator rounds it to 4 KiB
-constexpr uint64_t kExtentBytes = 4096;    // ExtentAllocator::kGranule: what each one occupies
-constexpr uint64_t kSmallTensors = 1000;   // the lookup baseline pool
-constexpr uint64_t kBaseTensors = 10000;   // the create baseline pool (capped at N)
+constexpr uint64_t kTensorBytes = 64;     // metadata-sized; the allocator rounds it to 4 KiB
+constexpr uint64_t kExtentBytes = 4096;   // ExtentAllocator::kGranule: what each one occupies
+constexpr uint64_t kSmallTensors = 1000;  // the lookup baseline pool
+constexpr uint64_t kBaseTensors = 10000;  // the create baseline pool (capped at N)
 
 // quantile() of a copy (callers keep their sample order).
 double pct_copy(std::vector<double> v, double q) { return quantile(v, q); }
@@ -104,8 +104,8 @@ struct PoolRun {
 
 // Creates pool `name` (quota for `count` extents) and `count` tensors t0..t<count-1> in it, the
 // indices handed out to the clients from one shared counter so all of them stay busy to the end.
-PoolRun create_pool_of(std::vector<std::unique_ptr<Client>>& clients, const std::string& name,
-                       uint64_t count, uint64_t tail_from, bool progress, Errors& err) {
+PoolRun create_pool_of(std::vector<std::unique_ptr<Client>>& clients, const std::string& name, uint64_t count,
+                       uint64_t tail_from, bool progress, Errors& err) {
   PoolRun run{name, std::vector<uint64_t>(count, 0), 0, 0};
   uint64_t quota = (count * kExtentBytes + (4ull << 20) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
   if (auto p = clients[0]->create_pool(name, {.ram_quota = quota}); !p) {
@@ -124,8 +124,8 @@ PoolRun create_pool_of(std::vector<std::unique_ptr<Client>>& clients, const std:
         if (progress && i > 0 && i % 100000 == 0)
           std::fprintf(stderr, "tier-bench catalog: %s: %llu of %llu created\n", name.c_str(),
                        static_cast<unsigned long long>(i), static_cast<unsigned long long>(count));
-        auto t = cl->create_tensor(name, {.name = tensor_name(i), .size = kTensorBytes, .shape = {},
-                                          .placement = {}});
+        auto t = cl->create_tensor(
+            name, {.name = tensor_name(i), .size = kTensorBytes, .shape = {}, .placement = {}});
         if (!t) err.note("create_tensor " + name + "/" + tensor_name(i), t.error());
         else run.ids[i] = t->id;
       }
@@ -162,7 +162,8 @@ int run_catalog(const BenchOptions& o) {
   const int rounds = o.quick ? 2000 : 20000;
   const bool progress = !o.json;
   if (o.keep && o.socket.empty()) {
-    std::fprintf(stderr, "tier-bench catalog: --keep needs --socket (a private tierd is removed at the end)\n");
+    std::fprintf(stderr,
+                 "tier-bench catalog: --keep needs --socket (a private tierd is removed at the end)\n");
     return 1;
   }
   // Private daemon: room for every extent of the three pools, plus slack for arena rounding.
@@ -192,14 +193,16 @@ int run_catalog(const BenchOptions& o) {
   // The other four base rounds, after the memory reading: their freed memory is reused by big.
   std::vector<double> create_base_s = {base.seconds}, drop_base_s;
   for (int r = 1; r <= 4; ++r) {
-    PoolRun extra = create_pool_of(clients, prefix + ".base-r" + std::to_string(r), base_n, base_n, false, err);
+    PoolRun extra =
+        create_pool_of(clients, prefix + ".base-r" + std::to_string(r), base_n, base_n, false, err);
     create_base_s.push_back(extra.seconds);
     uint64_t d0 = now_ns();
     if (Status st = one.drop_pool(extra.name); !st) err.note("drop_pool " + extra.name, st);
     drop_base_s.push_back(static_cast<double>(now_ns() - d0) * 1e-9);
   }
-  if (progress) std::fprintf(stderr, "tier-bench catalog: creating %llu tensors with %d clients\n",
-                             static_cast<unsigned long long>(n), nclients);
+  if (progress)
+    std::fprintf(stderr, "tier-bench catalog: creating %llu tensors with %d clients\n",
+                 static_cast<unsigned long long>(n), nclients);
   // A daemon that already refuses creates would refuse N more: report what failed instead.
   PoolRun big{prefix + ".big", {}, 0, 0};
   if (err.count() == 0) big = create_pool_of(clients, big.name, n, n - base_n, progress, err);
@@ -221,35 +224,41 @@ int run_catalog(const BenchOptions& o) {
   std::mt19937_64 rng(42);
   const PoolRun* side_pool[2] = {&big, &small};
   std::vector<double> lease_big, lease_small, open_big, open_small;
-  alternate(rounds, [&](int side, int) {
-    const auto& ids = side_pool[side]->ids;
-    uint64_t id = ids[rng() % ids.size()];
-    auto l = one.lease(id, LeaseMode::kRead);
-    if (!l) {
-      err.note("lease " + std::to_string(id), l.error());
-      return false;
-    }
-    if (Status st = l->release(); !st) {
-      err.note("release " + std::to_string(id), st);
-      return false;
-    }
-    return true;
-  }, lease_big, lease_small);
-  alternate(rounds, [&](int side, int) {
-    const PoolRun& p = *side_pool[side];
-    uint64_t i = rng() % p.ids.size();
-    auto t = one.open_tensor(p.name, tensor_name(i));
-    if (!t) {
-      err.note("open_tensor " + p.name + "/" + tensor_name(i), t.error());
-      return false;
-    }
-    if (t->id != p.ids[i]) {
-      err.note("open_tensor " + p.name + "/" + tensor_name(i) + " returned id " +
-               std::to_string(t->id) + ", created as " + std::to_string(p.ids[i]));
-      return false;
-    }
-    return true;
-  }, open_big, open_small);
+  alternate(
+      rounds,
+      [&](int side, int) {
+        const auto& ids = side_pool[side]->ids;
+        uint64_t id = ids[rng() % ids.size()];
+        auto l = one.lease(id, LeaseMode::kRead);
+        if (!l) {
+          err.note("lease " + std::to_string(id), l.error());
+          return false;
+        }
+        if (Status st = l->release(); !st) {
+          err.note("release " + std::to_string(id), st);
+          return false;
+        }
+        return true;
+      },
+      lease_big, lease_small);
+  alternate(
+      rounds,
+      [&](int side, int) {
+        const PoolRun& p = *side_pool[side];
+        uint64_t i = rng() % p.ids.size();
+        auto t = one.open_tensor(p.name, tensor_name(i));
+        if (!t) {
+          err.note("open_tensor " + p.name + "/" + tensor_name(i), t.error());
+          return false;
+        }
+        if (t->id != p.ids[i]) {
+          err.note("open_tensor " + p.name + "/" + tensor_name(i) + " returned id " + std::to_string(t->id) +
+                   ", created as " + std::to_string(p.ids[i]));
+          return false;
+        }
+        return true;
+      },
+      open_big, open_small);
 
   // List: all of big once; small repeatedly for about as long as big took (at least 3 times).
   // Only the list calls are timed; checking the answer against the created ids is not.
@@ -314,10 +323,11 @@ int run_catalog(const BenchOptions& o) {
   double bpt_base = (anon1 - anon0) * 1024 / static_cast<double>(kSmallTensors + base_n);
   emit(o, {"catalog.bytes_per_tensor", std::nullopt, bpt, "B", bpt_base, ratio(bpt, bpt_base)});
   if (!o.keep)
-    emit(o, {"catalog.drop", std::nullopt, drop_big_ms, "ms", drop_base_ms, ratio(drop_big_ms, drop_base_ms)});
+    emit(o,
+         {"catalog.drop", std::nullopt, drop_big_ms, "ms", drop_base_ms, ratio(drop_big_ms, drop_base_ms)});
   uint64_t errors = err.count();
-  emit(o, {"catalog.errors", std::nullopt, static_cast<double>(errors), "errors",
-           static_cast<double>(errors), 1});
+  emit(o, {"catalog.errors", std::nullopt, static_cast<double>(errors), "errors", static_cast<double>(errors),
+           1});
   if (errors > 0) {
     std::fprintf(stderr, "tier-bench catalog: %llu errors\n", static_cast<unsigned long long>(errors));
     return 1;

@@ -34,8 +34,8 @@ void emit(const BenchOptions& o, const Figure& f) {
   std::fflush(stdout);
   if (!o.json) {
     std::string size = f.bytes ? tier::format_size(*f.bytes) : std::string("-");
-    std::fprintf(stderr, "%-28s %10s %14.3f %-9s baseline %14.3f  ratio %.3f\n", f.name.c_str(),
-                 size.c_str(), f.value, f.unit.c_str(), f.baseline, f.ratio);
+    std::fprintf(stderr, "%-28s %10s %14.3f %-9s baseline %14.3f  ratio %.3f\n", f.name.c_str(), size.c_str(),
+                 f.value, f.unit.c_str(), f.baseline, f.ratio);
   }
 }
 
@@ -123,9 +123,7 @@ std::string slurp(const std::string& path) {
 
 }  // namespace
 
-bool BenchDaemon::start(const BenchOptions& o, const std::string& ram) {
-  return start(o, ram, {});
-}
+bool BenchDaemon::start(const BenchOptions& o, const std::string& ram) { return start(o, ram, {}); }
 
 bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
                         const std::vector<std::string>& extra) {
@@ -149,8 +147,9 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
   std::string state = dir_ + "/state", log = dir_ + "/tierd.log";
   std::filesystem::create_directories(state);
   // Its state dir is removed at the end, so its arenas could never be attached again.
-  std::vector<std::string> args = {tierd, "--socket", socket_, "--state-dir", state,
-                                   "--ram", ram, "--foreground", "--remove-arenas-on-exit"};
+  std::vector<std::string> args = {tierd,         "--socket",     socket_,
+                                   "--state-dir", state,          "--ram",
+                                   ram,           "--foreground", "--remove-arenas-on-exit"};
   args.insert(args.end(), extra.begin(), extra.end());
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -159,7 +158,10 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
   }
   if (pid == 0) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) { ::dup2(fd, 1); ::dup2(fd, 2); }
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -171,8 +173,7 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
     int st;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
-      std::fprintf(stderr, "tier-bench: the private tierd exited at start; its log:\n%s",
-                   slurp(log).c_str());
+      std::fprintf(stderr, "tier-bench: the private tierd exited at start; its log:\n%s", slurp(log).c_str());
       return false;
     }
     if (can_connect(socket_)) return true;

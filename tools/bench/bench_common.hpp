@@ -37,7 +37,9 @@ inline void clobber() { asm volatile("" ::: "memory"); }
 // machine, background load only ever slows a sample down, so the best sample of each side is the
 // least disturbed estimate, and both sides get the same treatment. A function that returns
 // false aborts the measurement (the result is then {-1, -1}).
-struct PairResult { double measured_s = -1, baseline_s = -1; };
+struct PairResult {
+  double measured_s = -1, baseline_s = -1;
+};
 PairResult measure_pair(const std::function<bool()>& measured, const std::function<bool()>& baseline,
                         int iters, int samples);
 

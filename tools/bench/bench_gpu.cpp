@@ -49,7 +49,9 @@ int info() {
     if (!cuda_ok(cudaGetDeviceProperties(&p, d), "cudaGetDeviceProperties") ||
         !cuda_ok(cudaDeviceGetPCIBusId(bus, sizeof bus, d), "cudaDeviceGetPCIBusId"))
       return 1;
-    j["devices"].push_back({{"index", d}, {"name", p.name}, {"pci_bus_id", bus},
+    j["devices"].push_back({{"index", d},
+                            {"name", p.name},
+                            {"pci_bus_id", bus},
                             {"compute_capability", std::to_string(p.major) + "." + std::to_string(p.minor)},
                             {"memory_bytes", p.totalGlobalMem},
                             {"numa_node", tier::gpu::device_numa_node(d).value_or(-1)}});
@@ -64,16 +66,15 @@ int run(const BenchOptions& o, int device) {
     std::fprintf(stderr, "tier-bench-gpu: %s\n", count.error().to_string().c_str());
     return 1;
   }
-  const std::vector<uint64_t> sizes =
-      o.quick ? std::vector<uint64_t>{64ull << 20}
-              : std::vector<uint64_t>{1ull << 20,   4ull << 20,   16ull << 20,
-                                      64ull << 20, 256ull << 20, 1ull << 30};
+  const std::vector<uint64_t> sizes = o.quick ? std::vector<uint64_t>{64ull << 20}
+                                              : std::vector<uint64_t>{1ull << 20,  4ull << 20,   16ull << 20,
+                                                                      64ull << 20, 256ull << 20, 1ull << 30};
   const uint64_t max_size = sizes.back();
 
   tier::bench::BenchDaemon daemon;
   if (!daemon.start(o, std::to_string((2 * max_size >> 20) + 512) + "M")) return 1;
-  auto client = tier::Client::connect(daemon.socket(), {.client_name = "tier-bench-gpu",
-                                                        .connect_timeout = std::chrono::seconds(10)});
+  auto client = tier::Client::connect(
+      daemon.socket(), {.client_name = "tier-bench-gpu", .connect_timeout = std::chrono::seconds(10)});
   if (!client) {
     std::fprintf(stderr, "tier-bench-gpu: connect: %s\n", client.error().to_string().c_str());
     return 1;
@@ -173,15 +174,14 @@ int run(const BenchOptions& o, int device) {
       break;
     }
     const double gb = static_cast<double>(n) / 1e9;
-    tier::bench::emit(o, Figure{"gpu_h2d_arena", n, gb / h2d.measured_s, "GB/s",
-                                gb / h2d.baseline_s, h2d.baseline_s / h2d.measured_s});
-    tier::bench::emit(o, Figure{"gpu_d2h_arena", n, gb / d2h.measured_s, "GB/s",
-                                gb / d2h.baseline_s, d2h.baseline_s / d2h.measured_s});
+    tier::bench::emit(o, Figure{"gpu_h2d_arena", n, gb / h2d.measured_s, "GB/s", gb / h2d.baseline_s,
+                                h2d.baseline_s / h2d.measured_s});
+    tier::bench::emit(o, Figure{"gpu_d2h_arena", n, gb / d2h.measured_s, "GB/s", gb / d2h.baseline_s,
+                                d2h.baseline_s / d2h.measured_s});
   }
   if (st.stats().remote_node_bytes > 0)
     std::fprintf(stderr, "tier-bench-gpu: warning: %llu bytes crossed NUMA nodes (GPU on node %d)\n",
-                 static_cast<unsigned long long>(st.stats().remote_node_bytes),
-                 st.stats().gpu_numa_node);
+                 static_cast<unsigned long long>(st.stats().remote_node_bytes), st.stats().gpu_numa_node);
   // Every byte of the largest D2H landed in the arena.
   if (rc == 0 && std::memcmp(dst->bytes().data(), host, sizes.back()) != 0) {
     std::fprintf(stderr, "tier-bench-gpu: D2H into the arena did not match the device data\n");
@@ -211,8 +211,6 @@ int main(int argc, char** argv) {
   app.add_flag("--info", want_info, "print the driver, runtime and devices as JSON; measure nothing");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  } catch (const CLI::ParseError& e) { return app.exit(e) == 0 ? 0 : 2; }
   return want_info ? info() : run(o, device);
 }

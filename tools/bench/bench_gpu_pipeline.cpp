@@ -77,16 +77,16 @@ int run(const BenchOptions& o, int layers, int dim, int rows) {
       cudaMemcpy(wres, leases[0].bytes().data(), layer_bytes, cudaMemcpyHostToDevice) != cudaSuccess)
     return fail_msg("device layer setup failed");
   auto pl = tier::train::cuda::LayerPipeline::create(**stager, nullptr, compute,
-                                                      {.shard_floats = layer_floats, .depth = 2});
+                                                     {.shard_floats = layer_floats, .depth = 2});
   if (!pl) return fail_msg(pl.error().to_string());
   auto& p = **pl;
 
   // out[rows, dim] = act[rows, dim] @ W^T, W the fetched layer (bf16 tensor cores, fp32 acc).
   auto layer_gemm = [&](const float* w) {
     const float one = 1.0f, zero = 0.0f;
-    return cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, dim, rows, dim, &one, w, CUDA_R_32F, dim,
-                        act, CUDA_R_32F, dim, &zero, out, CUDA_R_32F, dim,
-                        CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+    return cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, dim, rows, dim, &one, w, CUDA_R_32F, dim, act,
+                        CUDA_R_32F, dim, &zero, out, CUDA_R_32F, dim, CUBLAS_COMPUTE_32F_FAST_16BF,
+                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
   };
   auto span_of = [&](int l) {
     return std::span<const float>(reinterpret_cast<const float*>(leases[l].bytes().data()), layer_floats);
@@ -128,8 +128,8 @@ int run(const BenchOptions& o, int layers, int dim, int rows) {
   }
   for (const auto* v : {&h2d, &comp, &ovl, &ser})
     if (std::ranges::any_of(*v, [](double x) { return x < 0; })) return fail_msg("a step failed");
-  const double th = tier::bench::median(h2d), tc = tier::bench::median(comp),
-               to = tier::bench::median(ovl), ts = tier::bench::median(ser);
+  const double th = tier::bench::median(h2d), tc = tier::bench::median(comp), to = tier::bench::median(ovl),
+               ts = tier::bench::median(ser);
   const double ideal = std::max(th, tc);
   const uint64_t step_bytes = layer_bytes * layers;
   tier::bench::emit(o, Figure{"gpu_pipeline_overlap", step_bytes, to, "ms", ideal, to / ideal});
@@ -165,9 +165,7 @@ int main(int argc, char** argv) {
   app.add_option("--rows", rows, "activation rows per GEMM (sets compute per layer)")->capture_default_str();
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  } catch (const CLI::ParseError& e) { return app.exit(e) == 0 ? 0 : 2; }
   if (layers < 1 || dim < 1 || rows < 1) return 2;
   return run(o, layers, dim, rows);
 }

@@ -67,7 +67,10 @@ void client_loop(const std::string& socket, int idx, uint64_t deadline_ns, std::
   ready++;
   if (!p) return note(r, "create_pool", p.error());
   std::mt19937_64 rng(static_cast<uint64_t>(idx) * 7919 + 1);
-  struct T { std::string name; uint64_t id; };
+  struct T {
+    std::string name;
+    uint64_t id;
+  };
   std::vector<T> tensors;
   uint64_t next = 0;
   r.lease_us.reserve(1 << 16);
@@ -154,7 +157,11 @@ void client_loop(const std::string& socket, int idx, uint64_t deadline_ns, std::
   _exit(0);
 }
 
-struct RawResult { uint64_t trips = 0; std::vector<double> us; bool ok = true; };
+struct RawResult {
+  uint64_t trips = 0;
+  std::vector<double> us;
+  bool ok = true;
+};
 
 // N threads, each a ping-pong with the echo server over its own socketpair, until the deadline.
 bool raw_baseline(int n, double seconds, size_t req, size_t rep, std::vector<RawResult>& res) {
@@ -184,7 +191,8 @@ bool raw_baseline(int n, double seconds, size_t req, size_t rep, std::vector<Raw
       r.us.reserve(1 << 16);
       while (now_ns() < deadline) {
         uint64_t t0 = now_ns();
-        if (::send(mine[static_cast<size_t>(i)], out.data(), req, MSG_NOSIGNAL) != static_cast<ssize_t>(req) ||
+        if (::send(mine[static_cast<size_t>(i)], out.data(), req, MSG_NOSIGNAL) !=
+                static_cast<ssize_t>(req) ||
             ::recv(mine[static_cast<size_t>(i)], in.data(), in.size(), 0) != static_cast<ssize_t>(rep)) {
           r.ok = false;
           return;
@@ -256,12 +264,13 @@ int run_load(const BenchOptions& o) {
   auto ratio = [](double v, double b) { return b > 0 ? v / b : 0; };
   double ops_s = static_cast<double>(ops) / elapsed, raw_s = static_cast<double>(trips) / raw_seconds;
   emit(o, {"load.ops", std::nullopt, ops_s, "ops/s", raw_s, ratio(ops_s, raw_s)});
-  for (auto [name, q] : {std::pair{"load.lease.p50", 0.5}, {"load.lease.p99", 0.99}, {"load.lease.p999", 0.999}}) {
+  for (auto [name, q] :
+       {std::pair{"load.lease.p50", 0.5}, {"load.lease.p99", 0.99}, {"load.lease.p999", 0.999}}) {
     double v = quantile(lat, q), b = quantile(raw_lat, q);
     emit(o, {name, std::nullopt, v, "us", b, ratio(v, b)});
   }
-  emit(o, {"load.errors", std::nullopt, static_cast<double>(errors), "errors",
-           static_cast<double>(errors), 1});
+  emit(o,
+       {"load.errors", std::nullopt, static_cast<double>(errors), "errors", static_cast<double>(errors), 1});
   emit(o, {"load.daemon_rss", std::nullopt, rss_after, "KiB", rss_before, ratio(rss_after, rss_before)});
   if (errors > 0) {
     std::fprintf(stderr, "tier-bench load: %llu errors in %llu operations\n",

@@ -142,8 +142,7 @@ class RawFile {
 
 // Spills `n` bytes as tensors of `size` bytes, all submitted at once (the engine queues them
 // behind its queue depth). Returns seconds, or a negative value on error.
-double engine_spill(Engine& e, std::byte* src, uint64_t n, uint64_t size,
-                    std::vector<NvmeLocation>& locs) {
+double engine_spill(Engine& e, std::byte* src, uint64_t n, uint64_t size, std::vector<NvmeLocation>& locs) {
   locs.assign(n / size, {});
   size_t done = 0;
   bool ok = true;
@@ -201,9 +200,9 @@ struct Raw {
 
 // Spill and fetch bandwidth per size, each against the raw baseline, interleaved.
 bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, Raw& raw) {
-  std::vector<uint64_t> sizes = o.quick ? std::vector<uint64_t>{1 * kMiB, 16 * kMiB}
-                                        : std::vector<uint64_t>{1 * kMiB, 4 * kMiB, 16 * kMiB,
-                                                                64 * kMiB, 256 * kMiB};
+  std::vector<uint64_t> sizes =
+      o.quick ? std::vector<uint64_t>{1 * kMiB, 16 * kMiB}
+              : std::vector<uint64_t>{1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB};
   const uint64_t total = o.quick ? 64 * kMiB : 512 * kMiB;
   const int samples = o.quick ? 1 : 3;
   AlignedBuf src = alloc_filled(total, 1), dst = alloc_filled(total, 2);
@@ -290,8 +289,8 @@ struct DaemonRun {
   double wait_s = 0, elapsed_s = 0;
 };
 
-bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t>& ids, int warm,
-                  int steps, double compute, DaemonRun& out) {
+bool daemon_cycle(Client& c, const std::string& pool, const std::vector<uint64_t>& ids, int warm, int steps,
+                  double compute, DaemonRun& out) {
   auto spin = [](double s) {
     uint64_t end = now_ns() + static_cast<uint64_t>(s * 1e9);
     while (now_ns() < end) clobber();
@@ -405,9 +404,12 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
   emit(o, {name("stall"), set, plan.wait_s / n * 1e3, "ms/step", lru.wait_s / n * 1e3,
            lru.wait_s > 0 ? plan.wait_s / lru.wait_s : 0});
   emit(o, {name("moved"), set, static_cast<double>(plan.bytes_read) / n / kMiB, "MiB/step",
-           static_cast<double>(must) / kMiB, static_cast<double>(plan.bytes_read) / n / static_cast<double>(must)});
-  emit(o, {name("step"), set, plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3, plan.elapsed_s / n / ideal_step});
-  emit(o, {name("lru_step"), set, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3, lru.elapsed_s / n / ideal_step});
+           static_cast<double>(must) / kMiB,
+           static_cast<double>(plan.bytes_read) / n / static_cast<double>(must)});
+  emit(o, {name("step"), set, plan.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
+           plan.elapsed_s / n / ideal_step});
+  emit(o, {name("lru_step"), set, lru.elapsed_s / n * 1e3, "ms", ideal_step * 1e3,
+           lru.elapsed_s / n / ideal_step});
   return true;
 }
 

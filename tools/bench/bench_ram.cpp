@@ -50,9 +50,8 @@ int fail_msg(const std::string& what, const Status& st) {
 
 int run_ram(const BenchOptions& o) {
   std::vector<uint64_t> sizes = o.quick ? std::vector<uint64_t>{1ull << 20, 64ull << 20}
-                                        : std::vector<uint64_t>{1ull << 20,   4ull << 20,
-                                                                16ull << 20,  64ull << 20,
-                                                                256ull << 20, 1ull << 30};
+                                        : std::vector<uint64_t>{1ull << 20,  4ull << 20,   16ull << 20,
+                                                                64ull << 20, 256ull << 20, 1ull << 30};
   const uint64_t max_size = sizes.back();
   // Per sample, copy at least this many bytes; sample count per figure.
   // Many short samples rather than a few long ones: with best-of, a short sample has a better
@@ -91,17 +90,26 @@ int run_ram(const BenchOptions& o) {
   for (uint64_t n : sizes) {
     std::string name = "t" + std::to_string(n);
     auto t = c.create_tensor(pool, {.name = name, .size = n, .shape = {}, .placement = {}});
-    if (!t) { rc = fail_msg("create tensor of " + format_size(n), t.error()); break; }
+    if (!t) {
+      rc = fail_msg("create tensor of " + format_size(n), t.error());
+      break;
+    }
     uint64_t id = t->id;
     {  // Fault the tensor's pages in, and give it known content.
       auto w = c.lease(id, LeaseMode::kWrite);
-      if (!w) { rc = fail_msg("write lease", w.error()); break; }
+      if (!w) {
+        rc = fail_msg("write lease", w.error());
+        break;
+      }
       std::memcpy(w->bytes().data(), src.get(), n);
     }
     const int iters = static_cast<int>(std::max<uint64_t>(1, sample_bytes / n));
     std::byte* s = src.get();
     std::byte* d = dst.get();
-    auto baseline = [&] { std::memcpy(d, s, n); return true; };
+    auto baseline = [&] {
+      std::memcpy(d, s, n);
+      return true;
+    };
     auto gbps = [&](double seconds) { return seconds > 0 ? n / seconds / 1e9 : 0.0; };
     auto report = [&](const char* fig, const PairResult& r) {
       if (r.measured_s < 0) return false;
@@ -112,27 +120,47 @@ int run_ram(const BenchOptions& o) {
     Status err;
     {
       auto rl = c.lease(id, LeaseMode::kRead);
-      if (!rl) { rc = fail_msg("read lease", rl.error()); break; }
+      if (!rl) {
+        rc = fail_msg("read lease", rl.error());
+        break;
+      }
       std::byte* a = rl->bytes().data();
-      report("ram.read.held",
-             measure_pair([&] { std::memcpy(d, a, n); return true; }, baseline, iters, samples));
+      report("ram.read.held", measure_pair(
+                                  [&] {
+                                    std::memcpy(d, a, n);
+                                    return true;
+                                  },
+                                  baseline, iters, samples));
     }
     {
       auto wl = c.lease(id, LeaseMode::kWrite);
-      if (!wl) { rc = fail_msg("write lease", wl.error()); break; }
+      if (!wl) {
+        rc = fail_msg("write lease", wl.error());
+        break;
+      }
       std::byte* a = wl->bytes().data();
-      report("ram.write.held",
-             measure_pair([&] { std::memcpy(a, s, n); return true; }, baseline, iters, samples));
+      report("ram.write.held", measure_pair(
+                                   [&] {
+                                     std::memcpy(a, s, n);
+                                     return true;
+                                   },
+                                   baseline, iters, samples));
     }
     auto cycle = [&](LeaseMode mode) {
       return [&, mode] {
         auto l = c.lease(id, mode);
-        if (!l) { err = l.error(); return false; }
+        if (!l) {
+          err = l.error();
+          return false;
+        }
         if (mode == LeaseMode::kRead) std::memcpy(d, l->bytes().data(), n);
         else std::memcpy(l->bytes().data(), s, n);
         clobber();
         Status st = l->release();
-        if (!st.is_ok()) { err = st; return false; }
+        if (!st.is_ok()) {
+          err = st;
+          return false;
+        }
         return true;
       };
     };
@@ -141,7 +169,10 @@ int run_ram(const BenchOptions& o) {
       rc = fail_msg("lease cycle", err);
       break;
     }
-    if (Status st = c.delete_tensor(pool, name); !st.is_ok()) { rc = fail_msg("delete tensor", st); break; }
+    if (Status st = c.delete_tensor(pool, name); !st.is_ok()) {
+      rc = fail_msg("delete tensor", st);
+      break;
+    }
   }
   if (Status st = c.drop_pool(pool); !st.is_ok() && rc == 0) rc = fail_msg("drop pool", st);
   return rc;

@@ -43,7 +43,9 @@ namespace {
 constexpr size_t kBatch = 256;
 
 // Datagram sizes of the real protocol messages, taken from the codec itself.
-struct MsgSizes { size_t lease_req, lease_rep, release_req, release_rep; };
+struct MsgSizes {
+  size_t lease_req, lease_rep, release_req, release_rep;
+};
 
 MsgSizes sizes_for(size_t n) {
   std::vector<std::byte> buf;
@@ -143,7 +145,10 @@ int measure(const RpcContext& x, const std::string& suffix) {
   const MsgSizes one = sizes_for(1), many = sizes_for(kBatch);
   // --- single lease: per-op times, blocks alternating between daemon and raw peer ---
   std::vector<double> lease_us, cycle_us, raw_lease_us, raw_cycle_us;
-  lease_us.reserve(ops); cycle_us.reserve(ops); raw_lease_us.reserve(ops); raw_cycle_us.reserve(ops);
+  lease_us.reserve(ops);
+  cycle_us.reserve(ops);
+  raw_lease_us.reserve(ops);
+  raw_cycle_us.reserve(ops);
   auto tierd_block = [&](int n, bool record) -> Status {
     for (int i = 0; i < n; ++i) {
       uint64_t t0 = now_ns();
@@ -152,7 +157,10 @@ int measure(const RpcContext& x, const std::string& suffix) {
       if (!l) return l.error();
       TIER_RETURN_IF_ERROR(l->release());
       uint64_t t2 = now_ns();
-      if (record) { lease_us.push_back((t1 - t0) / 1e3); cycle_us.push_back((t2 - t0) / 1e3); }
+      if (record) {
+        lease_us.push_back((t1 - t0) / 1e3);
+        cycle_us.push_back((t2 - t0) / 1e3);
+      }
     }
     return Status::ok();
   };
@@ -164,7 +172,10 @@ int measure(const RpcContext& x, const std::string& suffix) {
       ok = ok && peer->round_trip(one.release_req, one.release_rep);
       uint64_t t2 = now_ns();
       if (!ok) return false;
-      if (record) { raw_lease_us.push_back((t1 - t0) / 1e3); raw_cycle_us.push_back((t2 - t0) / 1e3); }
+      if (record) {
+        raw_lease_us.push_back((t1 - t0) / 1e3);
+        raw_cycle_us.push_back((t2 - t0) / 1e3);
+      }
     }
     return true;
   };
@@ -173,9 +184,11 @@ int measure(const RpcContext& x, const std::string& suffix) {
   for (int done = 0, k = 0; done < ops; done += block, ++k) {
     int n = std::min(block, ops - done);
     bool raw_first = k % 2 == 1;
-    if (raw_first && !raw_block(n, true)) return fail_msg("raw round trip", Status::from_errno(errno, "round trip"));
+    if (raw_first && !raw_block(n, true))
+      return fail_msg("raw round trip", Status::from_errno(errno, "round trip"));
     if (Status st = tierd_block(n, true); !st.is_ok()) return fail_msg("lease", st);
-    if (!raw_first && !raw_block(n, true)) return fail_msg("raw round trip", Status::from_errno(errno, "round trip"));
+    if (!raw_first && !raw_block(n, true))
+      return fail_msg("raw round trip", Status::from_errno(errno, "round trip"));
   }
   double v = median(lease_us), b = median(raw_lease_us);
   emit(o, {"rpc.lease" + suffix, std::nullopt, v, "us", b, b > 0 ? v / b : 0});
@@ -188,8 +201,14 @@ int measure(const RpcContext& x, const std::string& suffix) {
   auto batch_once = [&] {
     uint64_t t0 = now_ns();
     auto ls = c.lease_batch(ids, LeaseMode::kRead);
-    if (!ls) { err = ls.error(); return false; }
-    if (Status st = c.release_batch(*ls); !st.is_ok()) { err = st; return false; }
+    if (!ls) {
+      err = ls.error();
+      return false;
+    }
+    if (Status st = c.release_batch(*ls); !st.is_ok()) {
+      err = st;
+      return false;
+    }
     batch_s.push_back((now_ns() - t0) / 1e9);
     return true;
   };
@@ -218,9 +237,9 @@ int measure(const RpcContext& x, const std::string& suffix) {
 }  // namespace
 
 int run_rpc(const BenchOptions& o) {
-  const int ops = o.quick ? 2000 : 20000;       // single-lease operations per side
+  const int ops = o.quick ? 2000 : 20000;  // single-lease operations per side
   const int batch_cycles = o.quick ? 100 : 2000;
-  const int block = o.quick ? 250 : 1000;        // interleaving granularity
+  const int block = o.quick ? 250 : 1000;  // interleaving granularity
 
   auto peer = std::make_unique<RawPeer>();  // large buffers: keep them off the stack
   if (!peer->start()) {
@@ -238,7 +257,8 @@ int run_rpc(const BenchOptions& o) {
   if (!p) return fail_msg("create pool " + pool, p.error());
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < kBatch; ++i) {
-    auto t = c.create_tensor(pool, {.name = "t" + std::to_string(i), .size = 4096, .shape = {}, .placement = {}});
+    auto t =
+        c.create_tensor(pool, {.name = "t" + std::to_string(i), .size = 4096, .shape = {}, .placement = {}});
     if (!t) return fail_msg("create tensor", t.error());
     ids.push_back(t->id);
   }
@@ -253,9 +273,8 @@ int run_rpc(const BenchOptions& o) {
   }
   int rc = 0;
   for (const Placement& pl : placements) {
-    if (pl.client_cpu >= 0 &&
-        !(pin(0, pl.client_cpu) && pin_process(peer->pid(), pl.server_cpu) &&
-          pin_process(daemon.pid(), pl.server_cpu))) {
+    if (pl.client_cpu >= 0 && !(pin(0, pl.client_cpu) && pin_process(peer->pid(), pl.server_cpu) &&
+                                pin_process(daemon.pid(), pl.server_cpu))) {
       std::fprintf(stderr, "tier-bench rpc: sched_setaffinity: %s\n", std::strerror(errno));
       rc = 1;
       break;

@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "JSON lines only (no table on stderr)");
   app.add_option("--socket", o.socket, "use this running tierd instead of starting a private one");
   app.add_option("--dir", o.dir, "directory on the NVMe device under test (nvme suite)");
-  app.add_option("--clients", o.clients, "concurrent clients (load and catalog suites, default 64)")->check(CLI::PositiveNumber);
+  app.add_option("--clients", o.clients, "concurrent clients (load and catalog suites, default 64)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seconds", o.seconds, "duration (load suite, default 10)")->check(CLI::PositiveNumber);
   app.add_option("--tensors", o.tensors, "tensors in the big pool (catalog suite, default 1000000)")
       ->check(CLI::PositiveNumber);

@@ -11,14 +11,14 @@
 namespace tier::bench {
 
 struct BenchOptions {
-  bool json = false;          // --json: JSON lines only; otherwise also a human table on stderr
-  std::string socket;         // --socket: a running tierd; empty = start a private one
-  std::string dir;            // --dir: a directory on the NVMe under test (nvme suite)
-  int clients = 64;           // --clients (load suite)
-  double seconds = 10;        // --seconds (load suite)
-  bool quick = false;         // --quick: fewer sizes and repetitions (used by tests)
-  uint64_t tensors = 1000000; // --tensors: tensors in the big pool (catalog suite)
-  bool keep = false;          // --keep: leave the catalog suite's pools in place (needs --socket)
+  bool json = false;           // --json: JSON lines only; otherwise also a human table on stderr
+  std::string socket;          // --socket: a running tierd; empty = start a private one
+  std::string dir;             // --dir: a directory on the NVMe under test (nvme suite)
+  int clients = 64;            // --clients (load suite)
+  double seconds = 10;         // --seconds (load suite)
+  bool quick = false;          // --quick: fewer sizes and repetitions (used by tests)
+  uint64_t tensors = 1000000;  // --tensors: tensors in the big pool (catalog suite)
+  bool keep = false;           // --keep: leave the catalog suite's pools in place (needs --socket)
 };
 
 // One result line. `bytes` is omitted when unset.

@@ -28,9 +28,12 @@ void print_json(const json& j) { std::printf("%s\n", j.dump(2).c_str()); }
 std::string uptime(uint64_t ms) {
   uint64_t s = ms / 1000, d = s / 86400, h = s % 86400 / 3600, m = s % 3600 / 60;
   char buf[64];
-  if (d) std::snprintf(buf, sizeof buf, "%llud %lluh %llum", (unsigned long long)d, (unsigned long long)h, (unsigned long long)m);
+  if (d)
+    std::snprintf(buf, sizeof buf, "%llud %lluh %llum", (unsigned long long)d, (unsigned long long)h,
+                  (unsigned long long)m);
   else if (h) std::snprintf(buf, sizeof buf, "%lluh %llum", (unsigned long long)h, (unsigned long long)m);
-  else if (m) std::snprintf(buf, sizeof buf, "%llum %llus", (unsigned long long)m, (unsigned long long)(s % 60));
+  else if (m)
+    std::snprintf(buf, sizeof buf, "%llum %llus", (unsigned long long)m, (unsigned long long)(s % 60));
   else std::snprintf(buf, sizeof buf, "%.1fs", ms / 1000.0);
   return buf;
 }
@@ -103,7 +106,9 @@ struct Fd {
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
-  ~Fd() { if (fd >= 0) ::close(fd); }
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
 };
 
 Result<TensorInfo> find_tensor(Client& c, const std::string& pool, const std::string& name) {
@@ -125,21 +130,33 @@ std::string owner_name(uint32_t uid) {
 }
 
 json pool_json(const PoolInfo& p) {
-  return {{"id", p.id},           {"name", p.name},           {"owner_uid", p.owner_uid},
+  return {{"id", p.id},
+          {"name", p.name},
+          {"owner_uid", p.owner_uid},
           {"owner", owner_name(p.owner_uid)},
-          {"ram_quota", p.ram_quota}, {"ram_used", p.ram_used}, {"nvme_quota", p.nvme_quota},
-          {"nvme_used", p.nvme_used}, {"tensors", p.tensor_count},
-          {"group", p.group_read ? json(p.group) : json(nullptr)}, {"group_read", p.group_read}};
+          {"ram_quota", p.ram_quota},
+          {"ram_used", p.ram_used},
+          {"nvme_quota", p.nvme_quota},
+          {"nvme_used", p.nvme_used},
+          {"tensors", p.tensor_count},
+          {"group", p.group_read ? json(p.group) : json(nullptr)},
+          {"group_read", p.group_read}};
 }
 
 json status_json(const NodeStatus& s, const std::string& socket) {
   json ram = json::array(), nvme = json::array();
   for (const auto& r : s.ram)
-    ram.push_back({{"node", r.node}, {"capacity", r.capacity}, {"used", r.used},
-                   {"dirty", r.dirty}, {"tensors", r.tensors}});
+    ram.push_back({{"node", r.node},
+                   {"capacity", r.capacity},
+                   {"used", r.used},
+                   {"dirty", r.dirty},
+                   {"tensors", r.tensors}});
   for (const auto& n : s.nvme)
-    nvme.push_back({{"path", n.path}, {"numa_node", n.numa_node}, {"backend", n.backend},
-                    {"capacity", n.capacity}, {"used", n.used}});
+    nvme.push_back({{"path", n.path},
+                    {"numa_node", n.numa_node},
+                    {"backend", n.backend},
+                    {"capacity", n.capacity},
+                    {"used", n.used}});
   return {{"socket", socket},
           {"daemon_version", s.daemon_version},
           {"uptime_ms", s.uptime_ms},
@@ -149,10 +166,15 @@ json status_json(const NodeStatus& s, const std::string& socket) {
           {"ram", ram},
           {"nvme", nvme},
           {"counters",
-           {{"nvme_bytes_read", s.bytes_read}, {"nvme_bytes_written", s.bytes_written},
-            {"hits", s.hits}, {"misses", s.misses}, {"stalls", s.stalls},
-            {"evictions", s.evictions}, {"prefetches", s.prefetches},
-            {"requests", s.requests}, {"errors", s.errors}}}};
+           {{"nvme_bytes_read", s.bytes_read},
+            {"nvme_bytes_written", s.bytes_written},
+            {"hits", s.hits},
+            {"misses", s.misses},
+            {"stalls", s.stalls},
+            {"evictions", s.evictions},
+            {"prefetches", s.prefetches},
+            {"requests", s.requests},
+            {"errors", s.errors}}}};
 }
 
 Status cmd_status(Client& c, const Output& o) {
@@ -169,8 +191,8 @@ Status cmd_status(Client& c, const Output& o) {
   std::printf("RAM tier\n");
   Table ram({"NODE", "CAPACITY", "USED", "DIRTY", "TENSORS"}, {true, true, true, true, true});
   for (const auto& r : s->ram)
-    ram.add({std::to_string(r.node), format_size(r.capacity), format_size(r.used),
-             format_size(r.dirty), std::to_string(r.tensors)});
+    ram.add({std::to_string(r.node), format_size(r.capacity), format_size(r.used), format_size(r.dirty),
+             std::to_string(r.tensors)});
   ram.print(stdout, "  ");
   std::printf("\nNVMe tier\n");
   if (s->nvme.empty()) {
@@ -208,7 +230,9 @@ Status cmd_topo(Client& c, const Output& o) {
   if (o.json) {
     json nodes = json::array();
     for (const auto& n : t->nodes) nodes.push_back({{"id", n.id}, {"memory", n.memory}, {"cpus", n.cpus}});
-    print_json({{"source", t->source}, {"nodes", nodes}, {"gpus", devs_json(t->gpus)},
+    print_json({{"source", t->source},
+                {"nodes", nodes},
+                {"gpus", devs_json(t->gpus)},
                 {"nvme", devs_json(t->nvme)}});
     return Status::ok();
   }
@@ -218,7 +242,10 @@ Status cmd_topo(Client& c, const Output& o) {
   nodes.print(stdout, "  ");
   auto devs = [](const char* title, const std::vector<TopoDevice>& v) {
     std::printf("\n%s\n", title);
-    if (v.empty()) { std::printf("  (none)\n"); return; }
+    if (v.empty()) {
+      std::printf("  (none)\n");
+      return;
+    }
     Table tb({"INDEX", "NAME", "PCI", "NODE"}, {true, false, false, true});
     for (const auto& d : v) tb.add({std::to_string(d.index), d.name, d.pci, node_str(d.numa_node)});
     tb.print(stdout, "  ");
@@ -237,7 +264,10 @@ Status cmd_pools(Client& c, const Output& o) {
     print_json({{"pools", a}});
     return Status::ok();
   }
-  if (pools->empty()) { std::printf("no pools\n"); return Status::ok(); }
+  if (pools->empty()) {
+    std::printf("no pools\n");
+    return Status::ok();
+  }
   Table tb({"NAME", "ID", "OWNER", "GROUP", "TENSORS", "RAM USED", "RAM QUOTA", "NVME USED", "NVME QUOTA"},
            {false, true, true, true, true, true, true, true, true});
   for (const auto& p : *pools)
@@ -258,14 +288,16 @@ Status cmd_tensors(Client& c, const Output& o, const std::string& pool) {
     print_json({{"pool", pool}, {"tensors", a}});
     return Status::ok();
   }
-  if (ts->empty()) { std::printf("no tensors in pool '%s'\n", pool.c_str()); return Status::ok(); }
+  if (ts->empty()) {
+    std::printf("no tensors in pool '%s'\n", pool.c_str());
+    return Status::ok();
+  }
   Table tb({"NAME", "ID", "SIZE", "DTYPE", "SHAPE", "NODE", "TIERS", "DIRTY", "LEASES"},
            {false, true, true, false, false, true, false, false, false});
   for (const auto& t : *ts) {
     std::string leases = t.writer ? "write" : t.readers ? std::to_string(t.readers) + " read" : "-";
     tb.add({t.name, std::to_string(t.id), format_size(t.size), std::string(dtype_name(t.dtype)),
-            shape_str(t.shape), node_str(t.numa_node), tiers_str(t.tiers), t.dirty ? "yes" : "no",
-            leases});
+            shape_str(t.shape), node_str(t.numa_node), tiers_str(t.tiers), t.dirty ? "yes" : "no", leases});
   }
   tb.print();
   return Status::ok();
@@ -276,7 +308,7 @@ Status cmd_tensors(Client& c, const Output& o, const std::string& pool) {
 // first, since a tensor's size is fixed at its creation.
 struct PutSource {
   Fd fd;
-  std::string label;                // for messages: the file's name, or "stdin"
+  std::string label;  // for messages: the file's name, or "stdin"
   uint64_t size = 0;
   std::vector<std::byte> buffered;  // the bytes of a source that is not a regular file
   bool regular = false;
@@ -298,7 +330,8 @@ Result<PutSource> open_put_source(const std::string& file) {
   if (src.fd.fd < 0) return std::unexpected(Status::from_errno(errno, "open " + src.label));
   struct stat st{};
   if (::fstat(src.fd.fd, &st) != 0) return std::unexpected(Status::from_errno(errno, "stat " + src.label));
-  if (S_ISDIR(st.st_mode)) return std::unexpected(Status(Code::kInvalidArgument, src.label + " is a directory"));
+  if (S_ISDIR(st.st_mode))
+    return std::unexpected(Status(Code::kInvalidArgument, src.label + " is a directory"));
   src.regular = S_ISREG(st.st_mode);
   if (src.regular) {
     src.size = static_cast<uint64_t>(st.st_size);
@@ -314,7 +347,8 @@ Result<PutSource> open_put_source(const std::string& file) {
     src.size = src.buffered.size();
   }
   if (src.size == 0)
-    return std::unexpected(Status(Code::kInvalidArgument, src.label + " is empty; a tensor holds at least one byte"));
+    return std::unexpected(
+        Status(Code::kInvalidArgument, src.label + " is empty; a tensor holds at least one byte"));
   return src;
 }
 
@@ -334,7 +368,8 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   bool pool_created = false, created = false;
   auto pools = c.list_pools();
   if (!pools) return pools.error();
-  const bool listed = std::any_of(pools->begin(), pools->end(), [&](const PoolInfo& x) { return x.name == pool; });
+  const bool listed =
+      std::any_of(pools->begin(), pools->end(), [&](const PoolInfo& x) { return x.name == pool; });
   Result<PoolInfo> pi = fail(Code::kAlreadyExists, "");
   if (!listed) {
     pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/false);
@@ -352,7 +387,8 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   // answer in the daemon's status).
   auto t = pi->tensor_count == 0 ? Result<TensorInfo>(fail(Code::kNotFound, "")) : c.open_tensor(pool, name);
   if (!t && t.error().code() == Code::kNotFound) {
-    t = c.create_tensor(pool, TensorDesc{.name = name, .size = size, .shape = {}, .placement = {}}, /*exist_ok=*/false);
+    t = c.create_tensor(pool, TensorDesc{.name = name, .size = size, .shape = {}, .placement = {}},
+                        /*exist_ok=*/false);
     created = t.has_value();
   }
   if (!t) return undo(t.error());
@@ -372,8 +408,12 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   };
   if (Status st = write(); !st) return undo(std::move(st));
   if (o.json) {
-    print_json({{"pool", pool}, {"tensor", name}, {"id", t->id}, {"bytes", size},
-                {"created", created}, {"file", file}});
+    print_json({{"pool", pool},
+                {"tensor", name},
+                {"id", t->id},
+                {"bytes", size},
+                {"created", created},
+                {"file", file}});
   } else {
     std::printf("put %s -> %s/%s (%s%s)\n", in.label.c_str(), pool.c_str(), name.c_str(),
                 format_size(size).c_str(), created ? ", new tensor" : "");
@@ -423,7 +463,8 @@ Status cmd_evict(Client& c, const Output& o, const std::string& pool, const std:
   }
   TIER_RETURN_IF_ERROR(c.evict(pool, ids));
   std::string what = name.empty() ? "every unleased tensor of " + pool : pool + "/" + name;
-  if (o.json) print_json({{"pool", pool}, {"tensor", name.empty() ? json(nullptr) : json(name)}, {"evicted", true}});
+  if (o.json)
+    print_json({{"pool", pool}, {"tensor", name.empty() ? json(nullptr) : json(name)}, {"evicted", true}});
   else std::printf("evicted %s\n", what.c_str());
   return Status::ok();
 }
@@ -442,12 +483,11 @@ Status cmd_snapshot(Client& c, const Output& o, const std::string& pool, const S
   auto s = (opts.tag == 0 && opts.keep == 1) ? c.snapshot(pool) : c.snapshot(pool, opts);
   if (!s) return s.error();
   if (o.json) {
-    print_json({{"pool", pool}, {"snapshot_id", s->snapshot_id}, {"bytes", s->bytes},
-                {"stall_us", s->stall_us}});
+    print_json(
+        {{"pool", pool}, {"snapshot_id", s->snapshot_id}, {"bytes", s->bytes}, {"stall_us", s->stall_us}});
   } else {
-    std::printf("snapshot %llu of %s: %s durable (pool frozen %.3f ms)\n",
-                (unsigned long long)s->snapshot_id, pool.c_str(), format_size(s->bytes).c_str(),
-                s->stall_us / 1000.0);
+    std::printf("snapshot %llu of %s: %s durable (pool frozen %.3f ms)\n", (unsigned long long)s->snapshot_id,
+                pool.c_str(), format_size(s->bytes).c_str(), s->stall_us / 1000.0);
   }
   return Status::ok();
 }
@@ -457,15 +497,20 @@ Status cmd_snapshots(Client& c, const Output& o, const std::string& pool) {
   if (!l) return l.error();
   if (o.json) {
     json a = json::array();
-    for (const auto& e : l->snapshots) a.push_back({{"snapshot_id", e.snapshot_id}, {"tag", e.tag}, {"bytes", e.bytes}});
-    print_json({{"pool", pool}, {"recovered", l->recovered}, {"recovered_from", l->recovered_from},
-                {"lost", l->lost}, {"snapshots", a}});
+    for (const auto& e : l->snapshots)
+      a.push_back({{"snapshot_id", e.snapshot_id}, {"tag", e.tag}, {"bytes", e.bytes}});
+    print_json({{"pool", pool},
+                {"recovered", l->recovered},
+                {"recovered_from", l->recovered_from},
+                {"lost", l->lost},
+                {"snapshots", a}});
     return Status::ok();
   }
   if (l->recovered)
-    std::printf("pool %s was rebuilt after its RAM was lost: snapshot %llu plus newer NVMe copies, %llu tensor(s) "
-                "lost; restore a snapshot for one point in time\n",
-                pool.c_str(), (unsigned long long)l->recovered_from, (unsigned long long)l->lost);
+    std::printf(
+        "pool %s was rebuilt after its RAM was lost: snapshot %llu plus newer NVMe copies, %llu tensor(s) "
+        "lost; restore a snapshot for one point in time\n",
+        pool.c_str(), (unsigned long long)l->recovered_from, (unsigned long long)l->lost);
   if (l->snapshots.empty()) {
     std::printf("pool %s has no durable snapshot\n", pool.c_str());
     return Status::ok();
@@ -481,13 +526,19 @@ Status cmd_restore(Client& c, const Output& o, const std::string& pool, uint64_t
   auto r = c.restore_snapshot(pool, snapshot_id);
   if (!r) return r.error();
   if (o.json) {
-    print_json({{"pool", pool}, {"snapshot_id", snapshot_id}, {"tensors", r->tensors}, {"bytes", r->bytes},
-                {"deleted", r->deleted}, {"dropped_snapshots", r->dropped_snapshots}});
+    print_json({{"pool", pool},
+                {"snapshot_id", snapshot_id},
+                {"tensors", r->tensors},
+                {"bytes", r->bytes},
+                {"deleted", r->deleted},
+                {"dropped_snapshots", r->dropped_snapshots}});
   } else {
-    std::printf("pool %s restored to snapshot %llu: %llu tensor(s), %s; %llu deleted, %llu newer snapshot(s) dropped\n",
-                pool.c_str(), (unsigned long long)snapshot_id, (unsigned long long)r->tensors,
-                format_size(r->bytes).c_str(), (unsigned long long)r->deleted,
-                (unsigned long long)r->dropped_snapshots);
+    std::printf(
+        "pool %s restored to snapshot %llu: %llu tensor(s), %s; %llu deleted, %llu newer snapshot(s) "
+        "dropped\n",
+        pool.c_str(), (unsigned long long)snapshot_id, (unsigned long long)r->tensors,
+        format_size(r->bytes).c_str(), (unsigned long long)r->deleted,
+        (unsigned long long)r->dropped_snapshots);
   }
   return Status::ok();
 }
@@ -505,7 +556,8 @@ Status cmd_drop(Client& c, const Output& o, const std::string& pool, bool yes) {
     std::fflush(stderr);
     char answer[16] = {};
     if (std::fgets(answer, sizeof answer, stdin) == nullptr || (answer[0] != 'y' && answer[0] != 'Y'))
-      return Status(Code::kInvalidArgument, "not confirmed: pool '" + pool + "' not dropped (answer y, or pass --yes)");
+      return Status(Code::kInvalidArgument,
+                    "not confirmed: pool '" + pool + "' not dropped (answer y, or pass --yes)");
   }
   TIER_RETURN_IF_ERROR(c.drop_pool(pool));
   if (o.json) print_json({{"pool", pool}, {"dropped", true}});

@@ -15,18 +15,18 @@ struct Output {
 };
 
 struct PutOptions {
-  uint64_t ram_quota = 0;   // for a pool put creates; 0 = the daemon's default
-  int32_t wait_ms = 5000;   // how long to wait for a conflicting lease
+  uint64_t ram_quota = 0;  // for a pool put creates; 0 = the daemon's default
+  int32_t wait_ms = 5000;  // how long to wait for a conflicting lease
 };
 
 [[nodiscard]] Status cmd_status(Client& c, const Output& o);
 [[nodiscard]] Status cmd_topo(Client& c, const Output& o);
 [[nodiscard]] Status cmd_pools(Client& c, const Output& o);
 [[nodiscard]] Status cmd_tensors(Client& c, const Output& o, const std::string& pool);
-[[nodiscard]] Status cmd_put(Client& c, const Output& o, const std::string& pool,
-                             const std::string& name, const std::string& file, const PutOptions& p);
-[[nodiscard]] Status cmd_get(Client& c, const Output& o, const std::string& pool,
-                             const std::string& name, const std::string& file, int32_t wait_ms);
+[[nodiscard]] Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::string& name,
+                             const std::string& file, const PutOptions& p);
+[[nodiscard]] Status cmd_get(Client& c, const Output& o, const std::string& pool, const std::string& name,
+                             const std::string& file, int32_t wait_ms);
 [[nodiscard]] Status cmd_rm(Client& c, const Output& o, const std::string& pool, const std::string& name);
 [[nodiscard]] Status cmd_evict(Client& c, const Output& o, const std::string& pool, const std::string& name);
 [[nodiscard]] Status cmd_prefetch(Client& c, const Output& o, const std::string& pool,

@@ -37,7 +37,10 @@ Examples:
 std::string typed_command(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--socket" || a == "--connect-timeout") { ++i; continue; }
+    if (a == "--socket" || a == "--connect-timeout") {
+      ++i;
+      continue;
+    }
     if (!a.empty() && a[0] == '-') continue;
     return a;
   }
@@ -63,7 +66,8 @@ int main(int argc, char** argv) {
 
   std::string socket;
   bool json = false;
-  app.add_option("--socket", socket, "tierd control socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
+  app.add_option("--socket", socket,
+                 "tierd control socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
   app.add_flag("--json", json, "print one JSON document instead of tables");
   int timeout_ms = 0;
   app.add_option("--connect-timeout", timeout_ms, "keep retrying to connect for this many ms (default 0)")
@@ -73,20 +77,27 @@ int main(int argc, char** argv) {
   tier::ctl::PutOptions put_opts;
   std::string quota_text;
 
-  auto* status = app.add_subcommand("status", "node summary: daemon, clients, pools, leases, RAM and NVMe tiers, counters");
-  auto* topo = app.add_subcommand("topo", "NUMA nodes with memory and CPUs, and the nearest node of each GPU and NVMe device");
-  auto* pools = app.add_subcommand("pools", "list pools with owner, tensor count, RAM and NVMe use and quota");
+  auto* status = app.add_subcommand(
+      "status", "node summary: daemon, clients, pools, leases, RAM and NVMe tiers, counters");
+  auto* topo = app.add_subcommand(
+      "topo", "NUMA nodes with memory and CPUs, and the nearest node of each GPU and NVMe device");
+  auto* pools =
+      app.add_subcommand("pools", "list pools with owner, tensor count, RAM and NVMe use and quota");
 
-  auto* tensors = app.add_subcommand("tensors", "list the tensors of POOL with size, dtype, shape, NUMA node, tiers and leases");
+  auto* tensors = app.add_subcommand(
+      "tensors", "list the tensors of POOL with size, dtype, shape, NUMA node, tiers and leases");
   tensors->add_option("POOL", pool, "pool name")->required();
 
-  auto* put = app.add_subcommand(
-      "put", "store FILE as tensor NAME of POOL; creates the pool (default quota) and the tensor "
-             "when missing; an existing tensor must have the file's size");
+  auto* put =
+      app.add_subcommand("put",
+                         "store FILE as tensor NAME of POOL; creates the pool (default quota) and the tensor "
+                         "when missing; an existing tensor must have the file's size");
   put->add_option("POOL", pool, "pool name ([A-Za-z0-9._-], created when missing)")->required();
   put->add_option("NAME", name, "tensor name (created when missing, size = file size)")->required();
-  put->add_option("FILE", file, "file to copy into the tensor; - (or a pipe) reads stdin to its end first")->required();
-  put->add_option("--ram-quota", quota_text, "RAM quota of the pool when put creates it, e.g. 4G (default: the daemon's)");
+  put->add_option("FILE", file, "file to copy into the tensor; - (or a pipe) reads stdin to its end first")
+      ->required();
+  put->add_option("--ram-quota", quota_text,
+                  "RAM quota of the pool when put creates it, e.g. 4G (default: the daemon's)");
   put->add_option("--wait-ms", put_opts.wait_ms, "wait this long for a conflicting lease (default 5000)")
       ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
 
@@ -94,7 +105,9 @@ int main(int argc, char** argv) {
   auto* get = app.add_subcommand("get", "write tensor NAME of POOL to FILE (created or truncated)");
   get->add_option("POOL", pool, "pool name")->required();
   get->add_option("NAME", name, "tensor name")->required();
-  get->add_option("FILE", file, "output file (created or truncated); - writes to stdout, the summary to stderr")->required();
+  get->add_option("FILE", file,
+                  "output file (created or truncated); - writes to stdout, the summary to stderr")
+      ->required();
   get->add_option("--wait-ms", get_wait, "wait this long for a conflicting write lease (default 5000)")
       ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
 
@@ -102,7 +115,8 @@ int main(int argc, char** argv) {
   rm->add_option("POOL", pool, "pool name")->required();
   rm->add_option("NAME", name, "tensor name")->required();
 
-  auto* evict = app.add_subcommand("evict", "write back to NVMe and drop from RAM tensor NAME, or every unleased tensor of POOL");
+  auto* evict = app.add_subcommand(
+      "evict", "write back to NVMe and drop from RAM tensor NAME, or every unleased tensor of POOL");
   evict->add_option("POOL", pool, "pool name")->required();
   evict->add_option("NAME", name, "tensor name (default: the whole pool)");
 
@@ -110,57 +124,63 @@ int main(int argc, char** argv) {
   prefetch->add_option("POOL", pool, "pool name")->required();
   prefetch->add_option("NAME", name, "tensor name")->required();
 
-  auto* snapshot = app.add_subcommand("snapshot", "make a consistent, durable copy of POOL on NVMe; returns once durable");
+  auto* snapshot =
+      app.add_subcommand("snapshot", "make a consistent, durable copy of POOL on NVMe; returns once durable");
   snapshot->add_option("POOL", pool, "pool name")->required();
   tier::SnapshotOptions snap_opts;
-  snapshot->add_option("--tag", snap_opts.tag, "a label of yours, e.g. a training step (listed by 'snapshots')");
-  snapshot->add_option("--keep", snap_opts.keep, "durable snapshots of POOL kept once this one is durable (default 1)")
+  snapshot->add_option("--tag", snap_opts.tag,
+                       "a label of yours, e.g. a training step (listed by 'snapshots')");
+  snapshot
+      ->add_option("--keep", snap_opts.keep,
+                   "durable snapshots of POOL kept once this one is durable (default 1)")
       ->check(CLI::Range(1, 16).description("1 to 16"));
 
-  auto* snapshots = app.add_subcommand("snapshots", "list POOL's durable snapshots, and whether a reboot left it a mix of points in time");
+  auto* snapshots = app.add_subcommand(
+      "snapshots", "list POOL's durable snapshots, and whether a reboot left it a mix of points in time");
   snapshots->add_option("POOL", pool, "pool name")->required();
 
   uint64_t restore_id = 0;
-  auto* restore = app.add_subcommand("restore", "roll POOL back to snapshot ID: its tensors as of then, newer tensors "
-                                                "and snapshots deleted (fails while leased)");
+  auto* restore = app.add_subcommand("restore",
+                                     "roll POOL back to snapshot ID: its tensors as of then, newer tensors "
+                                     "and snapshots deleted (fails while leased)");
   restore->add_option("POOL", pool, "pool name")->required();
   restore->add_option("ID", restore_id, "snapshot id (see 'tierctl snapshots POOL')")->required();
 
   bool drop_yes = false;
-  auto* drop = app.add_subcommand("drop", "delete POOL with all its tensors, RAM and NVMe (fails while leased); "
-                                          "asks first when run on a terminal");
+  auto* drop = app.add_subcommand("drop",
+                                  "delete POOL with all its tensors, RAM and NVMe (fails while leased); "
+                                  "asks first when run on a terminal");
   drop->add_option("POOL", pool, "pool name")->required();
   drop->add_flag("--yes,-y", drop_yes, "do not ask for confirmation");
 
   auto* metrics = app.add_subcommand("metrics", "print every counter and gauge as Prometheus text");
 
   tier::ctl::TopOptions top_opts;
-  auto* top = app.add_subcommand("top", "live view: RAM/NVMe use per node, NVMe bandwidth, top pools by RAM (q quits)");
+  auto* top = app.add_subcommand(
+      "top", "live view: RAM/NVMe use per node, NVMe bandwidth, top pools by RAM (q quits)");
   top->add_option("--interval", top_opts.interval_s, "seconds between refreshes, at least 0.1 (default 2)")
       ->check(CLI::Range(0.1, 86400.0).description("0.1 to 86400 s"));
-  top->add_flag("--once", top_opts.once, "print one frame and exit (no screen clearing); with --json one JSON object");
+  top->add_flag("--once", top_opts.once,
+                "print one frame and exit (no screen clearing); with --json one JSON object");
   top->add_option("--pools", top_opts.pools, "how many pools to show (default 10)")
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
 
-  for (auto* sc : app.get_subcommands({})) sc->footer("Run 'tierctl --help' for the socket, --json and exit codes.");
+  for (auto* sc : app.get_subcommands({}))
+    sc->footer("Run 'tierctl --help' for the socket, --json and exit codes.");
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::CallForHelp& e) { return app.exit(e); } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForVersion& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string typed = typed_command(argc, argv);
     bool known = false;
     for (auto* sc : app.get_subcommands({})) known = known || sc->get_name() == typed;
     if (!typed.empty() && !known)
-      std::fprintf(stderr, "tierctl: unknown command '%s'\nRun 'tierctl --help' for the commands.\n", typed.c_str());
-    else
-      std::fprintf(stderr, "tierctl: %s\nRun 'tierctl --help' for usage.\n", e.what());
+      std::fprintf(stderr, "tierctl: unknown command '%s'\nRun 'tierctl --help' for the commands.\n",
+                   typed.c_str());
+    else std::fprintf(stderr, "tierctl: %s\nRun 'tierctl --help' for usage.\n", e.what());
     return 2;
   }
   if (!quota_text.empty()) {
@@ -172,8 +192,8 @@ int main(int argc, char** argv) {
     put_opts.ram_quota = *q;
   }
 
-  auto client = tier::Client::connect(socket, {.client_name = "tierctl",
-                                               .connect_timeout = std::chrono::milliseconds(timeout_ms)});
+  auto client = tier::Client::connect(
+      socket, {.client_name = "tierctl", .connect_timeout = std::chrono::milliseconds(timeout_ms)});
   if (!client) return fail_with(client.error());
   tier::Client& c = **client;
   tier::ctl::Output out{json};

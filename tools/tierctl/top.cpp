@@ -39,9 +39,13 @@ std::string pct(uint64_t used, uint64_t cap) {
 }
 
 std::string bar(uint64_t used, uint64_t cap, int width = 20) {
-  int n = cap == 0 ? 0 : static_cast<int>(static_cast<double>(width) * static_cast<double>(used) / static_cast<double>(cap) + 0.5);
+  int n = cap == 0
+              ? 0
+              : static_cast<int>(
+                    static_cast<double>(width) * static_cast<double>(used) / static_cast<double>(cap) + 0.5);
   n = std::clamp(n, 0, width);
-  return "[" + std::string(static_cast<size_t>(n), '#') + std::string(static_cast<size_t>(width - n), '.') + "]";
+  return "[" + std::string(static_cast<size_t>(n), '#') + std::string(static_cast<size_t>(width - n), '.') +
+         "]";
 }
 
 std::string rate(double bytes_per_s) {
@@ -78,8 +82,8 @@ Result<Sample> sample(Client& c) {
 nlohmann::json frame_json(const Sample& smp, const std::string& socket, size_t top_n) {
   nlohmann::json pools = nlohmann::json::array();
   for (size_t i = 0; i < smp.pools.size() && i < top_n; ++i) pools.push_back(pool_json(smp.pools[i]));
-  return {{"status", status_json(smp.status, socket)}, {"top_pools", pools},
-          {"pools_total", smp.pools.size()}};
+  return {
+      {"status", status_json(smp.status, socket)}, {"top_pools", pools}, {"pools_total", smp.pools.size()}};
 }
 
 void frame(std::FILE* out, const std::string& socket, const Sample& smp, Prev& prev, size_t top_n) {
@@ -90,9 +94,10 @@ void frame(std::FILE* out, const std::string& socket, const Sample& smp, Prev& p
     return prev.valid && dt > 0 ? static_cast<double>(cur - std::min(cur, old)) / dt : -1.0;
   };
   std::fprintf(out, "tierd %s at %s — %u client(s), %u pool(s), %llu lease(s)\n\n", s->daemon_version.c_str(),
-              socket.c_str(), s->clients, s->pools, static_cast<unsigned long long>(s->leases));
+               socket.c_str(), s->clients, s->pools, static_cast<unsigned long long>(s->leases));
   std::fprintf(out, "RAM tier\n");
-  Table ram({"NODE", "USED", "CAPACITY", "USE", "", "DIRTY", "TENSORS"}, {true, true, true, true, false, true, true});
+  Table ram({"NODE", "USED", "CAPACITY", "USE", "", "DIRTY", "TENSORS"},
+            {true, true, true, true, false, true, true});
   uint64_t used = 0, cap = 0;
   for (const auto& r : s->ram) {
     used += r.used;
@@ -114,12 +119,14 @@ void frame(std::FILE* out, const std::string& socket, const Sample& smp, Prev& p
   }
   double rps = per_s(s->requests, prev.requests);
   std::fprintf(out, "\nBandwidth  NVMe read %s  NVMe write %s  requests %s\n",
-              rate(per_s(s->bytes_read, prev.read)).c_str(), rate(per_s(s->bytes_written, prev.written)).c_str(),
-              rps < 0 ? "-" : (std::to_string(static_cast<uint64_t>(rps)) + "/s").c_str());
-  std::fprintf(out, "Counters   hits %llu  misses %llu  stalls %llu  evictions %llu  prefetches %llu  errors %llu\n",
-              static_cast<unsigned long long>(s->hits), static_cast<unsigned long long>(s->misses),
-              static_cast<unsigned long long>(s->stalls), static_cast<unsigned long long>(s->evictions),
-              static_cast<unsigned long long>(s->prefetches), static_cast<unsigned long long>(s->errors));
+               rate(per_s(s->bytes_read, prev.read)).c_str(),
+               rate(per_s(s->bytes_written, prev.written)).c_str(),
+               rps < 0 ? "-" : (std::to_string(static_cast<uint64_t>(rps)) + "/s").c_str());
+  std::fprintf(
+      out, "Counters   hits %llu  misses %llu  stalls %llu  evictions %llu  prefetches %llu  errors %llu\n",
+      static_cast<unsigned long long>(s->hits), static_cast<unsigned long long>(s->misses),
+      static_cast<unsigned long long>(s->stalls), static_cast<unsigned long long>(s->evictions),
+      static_cast<unsigned long long>(s->prefetches), static_cast<unsigned long long>(s->errors));
   const std::vector<PoolInfo>& ps = smp.pools;
   std::fprintf(out, "\nTop pools by RAM (%zu of %zu)\n", std::min(top_n, ps.size()), ps.size());
   Table tp({"POOL", "OWNER", "TENSORS", "RAM USED", "RAM QUOTA", "USE", "NVME USED"},
@@ -133,7 +140,9 @@ void frame(std::FILE* out, const std::string& socket, const Sample& smp, Prev& p
 }
 
 // The terminal's size, or 0x0 when stdout is not one.
-struct WinSize { size_t cols = 0, rows = 0; };
+struct WinSize {
+  size_t cols = 0, rows = 0;
+};
 WinSize window() {
   winsize w{};
   if (::ioctl(1, TIOCGWINSZ, &w) != 0 || w.ws_col == 0) return {};
@@ -181,12 +190,17 @@ bool emit(const std::string& text) {
 // that hangs up or reaches EOF stops being polled; the sleep itself always lasts the interval.
 void wait_until(std::chrono::steady_clock::time_point until, bool& keyboard) {
   while (!stopping()) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now())
+            .count();
     if (left <= 0) return;
     pollfd p{keyboard ? 0 : -1, POLLIN, 0};  // fd -1: poll only sleeps
     int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-    if (n <= 0 || !keyboard) continue;        // timeout, EINTR (a signal sets g_stop), or no keyboard
-    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) { keyboard = false; continue; }
+    if (n <= 0 || !keyboard) continue;  // timeout, EINTR (a signal sets g_stop), or no keyboard
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) {
+      keyboard = false;
+      continue;
+    }
     char ch = 0;
     ssize_t r = ::read(0, &ch, 1);
     if (r == 0) keyboard = false;
@@ -203,12 +217,13 @@ Status cmd_top(Client& c, const Output& o, const TopOptions& t) {
   auto once = [&]() -> Status {
     auto smp = sample(c);
     if (!smp) return smp.error();
-    std::string text = o.json ? frame_json(*smp, socket, top_n).dump() + "\n" : render(socket, *smp, prev, top_n);
+    std::string text =
+        o.json ? frame_json(*smp, socket, top_n).dump() + "\n" : render(socket, *smp, prev, top_n);
     return emit(text) ? Status::ok() : Status::from_errno(errno, "write to stdout");
   };
   if (t.once) return once();
 
-  struct sigaction sa {};
+  struct sigaction sa{};
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -227,10 +242,14 @@ Status cmd_top(Client& c, const Output& o, const TopOptions& t) {
   Status st;
   bool first = true;
   while (!stopping()) {
-    auto until = std::chrono::steady_clock::now() +
-                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(t.interval_s));
+    auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(t.interval_s));
     auto smp = sample(c);
-    if (!smp) { st = smp.error(); break; }
+    if (!smp) {
+      st = smp.error();
+      break;
+    }
     std::string text;
     if (o.json) {
       text = frame_json(*smp, socket, top_n).dump() + "\n";

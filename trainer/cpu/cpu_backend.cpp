@@ -22,7 +22,7 @@ CpuProfile g_prof;
 // Adds the wall time of its scope to *acc when profiling is on.
 class Timed {
  public:
-  explicit Timed(double CpuProfile::*field)
+  explicit Timed(double CpuProfile::* field)
       : field_(g_profile ? field : nullptr),
         t0_(g_profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
   ~Timed() {
@@ -33,7 +33,7 @@ class Timed {
   Timed& operator=(const Timed&) = delete;
 
  private:
-  double CpuProfile::*field_;
+  double CpuProfile::* field_;
   std::chrono::steady_clock::time_point t0_;
 };
 
@@ -52,8 +52,8 @@ constexpr float kLnEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 // out[N,C] = LayerNorm(inp[N,C]) * w[C] + b[C]; saves mean[N], rstd[N].
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                       const float* b, long N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       long N, int C) {
   Timed timed(&CpuProfile::layernorm_s);
 #pragma omp parallel for
   for (long i = 0; i < N; ++i) {
@@ -112,8 +112,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 }
 
 // out[N,OC] = inp[N,IC] @ W[OC,IC]^T + b[OC] (b may be null).
-void matmul_forward(float* out, const float* inp, const float* W, const float* b, long N, int IC,
-                    int OC) {
+void matmul_forward(float* out, const float* inp, const float* W, const float* b, long N, int IC, int OC) {
   sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC);
   if (b == nullptr) return;
   Timed timed(&CpuProfile::other_s);
@@ -126,8 +125,8 @@ void matmul_forward(float* out, const float* inp, const float* W, const float* b
 
 // dinp[N,IC] = (or += when beta 1) dout[N,OC] @ W[OC,IC]; dW[OC,IC] += dout^T @ inp;
 // db[OC] += column sums of dout (db may be null).
-void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp,
-                     const float* W, long N, int IC, int OC, float beta) {
+void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const float* inp, const float* W,
+                     long N, int IC, int OC, float beta) {
   sgemm(CblasNoTrans, CblasNoTrans, static_cast<int>(N), IC, OC, dout, OC, W, IC, beta, dinp, IC);
   sgemm(CblasTrans, CblasNoTrans, OC, IC, static_cast<int>(N), dout, OC, inp, IC, 1.0f, dW, IC);
   if (db == nullptr) return;
@@ -182,8 +181,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 }
 
 // dqkv[B,T,3C] (overwritten) from dout[B,T,C]; datt[B,NH,T,T] is scratch.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH) {
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att,
+                        int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int C3 = 3 * C;
@@ -280,8 +279,7 @@ class CpuBackend final : public Backend {
   }
   void synchronize() override {}
 
-  void embed_forward(const Dims& d, const float* params, const int32_t* tokens,
-                     float* out) override {
+  void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) override {
     const EmbedLayout l = embed_layout(d);
     const float* wte = params + l.wte;
     const float* wpe = params + l.wpe;
@@ -298,8 +296,7 @@ class CpuBackend final : public Backend {
       }
   }
 
-  void embed_backward(const Dims& d, float* grads, const int32_t* tokens,
-                      const float* dout) override {
+  void embed_backward(const Dims& d, float* grads, const int32_t* tokens, const float* dout) override {
     const EmbedLayout l = embed_layout(d);
     float* dwte = grads + l.wte;
     float* dwpe = grads + l.wpe;
@@ -318,8 +315,7 @@ class CpuBackend final : public Backend {
         }
   }
 
-  void block_forward(const Dims& d, const float* params, const float* x, BlockActs a,
-                     float* y) override {
+  void block_forward(const Dims& d, const float* params, const float* x, BlockActs a, float* y) override {
     const BlockLayout l = block_layout(d);
     const long N = static_cast<long>(d.B) * d.T;
     const int C = d.C;
@@ -336,39 +332,37 @@ class CpuBackend final : public Backend {
     add_inplace(y, a.r, N * C);
   }
 
-  void block_backward(const Dims& d, const float* params, float* grads, const float* x,
-                      BlockActs a, const float* dy, float* dx, float* scratch) override {
+  void block_backward(const Dims& d, const float* params, float* grads, const float* x, BlockActs a,
+                      const float* dy, float* dx, float* scratch) override {
     const BlockLayout l = block_layout(d);
     const long N = static_cast<long>(d.B) * d.T;
     const int C = d.C;
     const float* p = params;
     float* g = grads;
-    float* dln = scratch;                                              // [N,C]
-    float* dqkv = dln + N * C;                                         // [N,3C]
-    float* datt = dqkv + N * 3 * C;                                    // [B,NH,T,T]
+    float* dln = scratch;                                             // [N,C]
+    float* dqkv = dln + N * C;                                        // [N,3C]
+    float* datt = dqkv + N * 3 * C;                                   // [B,NH,T,T]
     float* datty = datt + static_cast<long>(d.B) * d.NH * d.T * d.T;  // [N,C]
-    float* dfch = datty + N * C;                                       // [N,4C]
-    float* dr = dfch + N * 4 * C;                                      // [N,C]
+    float* dfch = datty + N * C;                                      // [N,4C]
+    float* dr = dfch + N * 4 * C;                                     // [N,C]
 
     // MLP: y = r + fcproj(gelu(fc(ln2(r)))). dy is fully consumed here (dx may alias it).
     std::memcpy(dr, dy, sizeof(float) * N * C);
-    matmul_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N,
-                    4 * C, C, 0.0f);
+    matmul_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N, 4 * C, C, 0.0f);
     gelu_backward(dfch, a.fch, dfch, N * 4 * C);
     matmul_backward(dln, g + l.fc_w, g + l.fc_b, dfch, a.ln2, p + l.fc_w, N, C, 4 * C, 0.0f);
-    layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean,
-                       a.ln2_rstd, N, C, true);
+    layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean, a.ln2_rstd, N, C,
+                       true);
     // Attention: r = x + proj(attention(qkv(ln1(x)))).
     matmul_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C, 0.0f);
     attention_backward(dqkv, datt, datty, a.qkv, a.att, d.B, d.T, C, d.NH);
     matmul_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C, 0.0f);
     std::memcpy(dx, dr, sizeof(float) * N * C);
-    layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean,
-                       a.ln1_rstd, N, C, true);
+    layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, true);
   }
 
-  double head_forward(const Dims& d, const float* params, const float* x, const int32_t* targets,
-                      HeadActs a, float* dx, float* grads, float loss_scale) override {
+  double head_forward(const Dims& d, const float* params, const float* x, const int32_t* targets, HeadActs a,
+                      float* dx, float* grads, float loss_scale) override {
     const EmbedLayout l = embed_layout(d);
     const long N = static_cast<long>(d.B) * d.T;
     const int C = d.C, V = d.V;
@@ -397,8 +391,8 @@ class CpuBackend final : public Backend {
     if (!grad) return loss;
     // dlogits[N,V] in a.logits; logits = lnf @ wte^T.
     matmul_backward(dx, grads + l.wte, nullptr, a.logits, a.lnf, wte, N, C, V, 0.0f);
-    layernorm_backward(dx, grads + l.lnf_w, grads + l.lnf_b, dx, x, params + l.lnf_w, a.lnf_mean,
-                       a.lnf_rstd, N, C, false);
+    layernorm_backward(dx, grads + l.lnf_w, grads + l.lnf_b, dx, x, params + l.lnf_w, a.lnf_mean, a.lnf_rstd,
+                       N, C, false);
     return loss;
   }
 
@@ -430,8 +424,8 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   double best = 1e30;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K,
-                0.0f, c.data(), N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f,
+                c.data(), N);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::min(best, s);  // the first call is untimed (warms caches and threads)
   }

@@ -32,8 +32,8 @@ const char* cublas_name(cublasStatus_t s) {
 }
 
 bool no_device(cudaError_t e) {
-  return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
-         e == cudaErrorStubLibrary || e == cudaErrorDevicesUnavailable;
+  return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
+         e == cudaErrorDevicesUnavailable;
 }
 
 class CudaBackend final : public Backend {
@@ -47,7 +47,8 @@ class CudaBackend final : public Backend {
       (void)cudaGetLastError();
       *error = std::string("no CUDA device: cudaGetDeviceCount: ") +
                (e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
-      if (e != cudaSuccess && !no_device(e)) *error = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+      if (e != cudaSuccess && !no_device(e))
+        *error = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
       return false;
     }
     if (opts_.device < 0 || opts_.device >= n) {
@@ -61,7 +62,8 @@ class CudaBackend final : public Backend {
         !cu(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreate") ||
         !cu(cudaMalloc(reinterpret_cast<void**>(&dloss_), sizeof(double)), "cudaMalloc") ||
         !cu(cudaMallocHost(reinterpret_cast<void**>(&hloss_), sizeof(double)), "cudaMallocHost") ||
-        !bl(cublasCreate(&blas_), "cublasCreate") || !bl(cublasSetStream(blas_, stream_), "cublasSetStream")) {
+        !bl(cublasCreate(&blas_), "cublasCreate") ||
+        !bl(cublasSetStream(blas_, stream_), "cublasSetStream")) {
       *error = error_;
       return false;
     }
@@ -132,9 +134,7 @@ class CudaBackend final : public Backend {
   }
   // The trainer's host staging (gather slots, gradient buffers): pinned so upload/download
   // are DMA. A refusal is not an error (the copies then go through CUDA's pageable path).
-  bool pin_host(void* p, size_t bytes) override {
-    return ::tier::train::cuda_pin_host(p, bytes, nullptr);
-  }
+  bool pin_host(void* p, size_t bytes) override { return ::tier::train::cuda_pin_host(p, bytes, nullptr); }
   void unpin_host(void* p) override { ::tier::train::cuda_unpin_host(p); }
 
   // ---- layers ----
@@ -165,8 +165,8 @@ class CudaBackend final : public Backend {
     linear_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C, 0.0f);
     cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
     // att = softmax(q k^T / sqrt(HS)) per (b, h), causal.
-    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, k, HS, size_t(d.T) * HS, q, HS,
-                 size_t(d.T) * HS, a.att, d.T, size_t(d.T) * d.T, BH, 0.0f);
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, k, HS, size_t(d.T) * HS, q, HS, size_t(d.T) * HS,
+                 a.att, d.T, size_t(d.T) * d.T, BH, 0.0f);
     const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
     cu(causal_softmax_forward(a.att, a.att, sc, BH * d.T, d.T, stream_), "softmax");
     gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, v, HS, size_t(d.T) * HS, a.att, d.T,
@@ -184,8 +184,8 @@ class CudaBackend final : public Backend {
     note_use(p);
   }
 
-  void block_backward(const Dims& d, const float* p, float* g, const float* x, BlockActs a,
-                      const float* dy, float* dx, float* scratch) override {
+  void block_backward(const Dims& d, const float* p, float* g, const float* x, BlockActs a, const float* dy,
+                      float* dx, float* scratch) override {
     if (!ok()) return;
     const BlockLayout l = block_layout(d);
     const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
@@ -200,22 +200,24 @@ class CudaBackend final : public Backend {
     // Internal: q | k | v | dyh | dq | dk | dv.
     float* s = ensure_scratch(7 * BTC);
     if (!s) return;
-    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *dyh = s + 3 * BTC, *dq = s + 4 * BTC,
-          *dk = s + 5 * BTC, *dv = s + 6 * BTC;
+    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *dyh = s + 3 * BTC, *dq = s + 4 * BTC, *dk = s + 5 * BTC,
+          *dv = s + 6 * BTC;
 
     copy_d2d(dr, dy, BTC);  // residual branch; dy is not read after the fc projection
     linear_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N, 4 * C, C);
     cu(gelu_backward(dfch, a.fch, dfch, 4 * BTC, stream_), "gelu_backward");
     linear_backward(dln, g + l.fc_w, g + l.fc_b, dfch, a.ln2, p + l.fc_w, N, C, 4 * C);
-    cu(layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean,
-                          a.ln2_rstd, N, C, stream_), "ln2_backward");
+    cu(layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean, a.ln2_rstd, N, C,
+                          stream_),
+       "ln2_backward");
     linear_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C);
     // attention
     cu(attention_split_out(dyh, datty, d.B, d.T, C, NH, stream_), "split_out");
     cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
     const size_t sTH = size_t(d.T) * HS, sTT = size_t(d.T) * d.T;
     gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, v, HS, sTH, dyh, HS, sTH, datt, d.T, sTT, BH, 0.0f);
-    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, dyh, HS, sTH, a.att, d.T, sTT, dv, HS, sTH, BH, 0.0f);
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, dyh, HS, sTH, a.att, d.T, sTT, dv, HS, sTH, BH,
+                 0.0f);
     const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
     cu(causal_softmax_backward(datt, a.att, datt, sc, BH * d.T, d.T, stream_), "softmax_backward");
     gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, k, HS, sTH, datt, d.T, sTT, dq, HS, sTH, BH, 0.0f);
@@ -223,13 +225,14 @@ class CudaBackend final : public Backend {
     cu(attention_merge_heads_qkv(dqkv, dq, dk, dv, d.B, d.T, C, NH, stream_), "merge_qkv");
     linear_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C);
     copy_d2d(dx, dr, BTC);
-    cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean,
-                          a.ln1_rstd, N, C, stream_), "ln1_backward");
+    cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean, a.ln1_rstd, N, C,
+                          stream_),
+       "ln1_backward");
     note_use(p);
   }
 
-  double head_forward(const Dims& d, const float* p, const float* x, const int32_t* targets,
-                      HeadActs a, float* dx, float* g, float loss_scale) override {
+  double head_forward(const Dims& d, const float* p, const float* x, const int32_t* targets, HeadActs a,
+                      float* dx, float* g, float loss_scale) override {
     constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
     if (!ok()) return kNaN;
     const EmbedLayout l = embed_layout(d);
@@ -241,7 +244,8 @@ class CudaBackend final : public Backend {
     cu(layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, p + l.lnf_w, p + l.lnf_b, N, C, stream_), "lnf");
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, N, C, p + l.wte, C, a.lnf, C, a.logits, V, 0.0f);
     const bool backward = dx != nullptr && loss_scale != 0.0f;
-    cu(cross_entropy(losses, a.logits, targets, N, V, backward ? loss_scale : 0.0f, stream_), "cross_entropy");
+    cu(cross_entropy(losses, a.logits, targets, N, V, backward ? loss_scale : 0.0f, stream_),
+       "cross_entropy");
     cu(sum_to_double(dloss_, losses, size_t(N), stream_), "sum_loss");
     if (dx != nullptr) {
       if (backward) {
@@ -249,8 +253,9 @@ class CudaBackend final : public Backend {
         gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, V, p + l.wte, C, a.logits, V, dlnf, C, 0.0f);
         gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, V, N, a.lnf, C, a.logits, V, g + l.wte, C, 1.0f);
         zero(dx, BTC);
-        cu(layernorm_backward(dx, g + l.lnf_w, g + l.lnf_b, dlnf, x, p + l.lnf_w, a.lnf_mean,
-                              a.lnf_rstd, N, C, stream_), "lnf_backward");
+        cu(layernorm_backward(dx, g + l.lnf_w, g + l.lnf_b, dlnf, x, p + l.lnf_w, a.lnf_mean, a.lnf_rstd, N,
+                              C, stream_),
+           "lnf_backward");
       } else {
         zero(dx, BTC);  // loss_scale 0: the gradient is zero
       }
@@ -266,7 +271,8 @@ class CudaBackend final : public Backend {
   bool cu(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return true;
     (void)cudaGetLastError();
-    if (error_.empty()) error_ = std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    if (error_.empty())
+      error_ = std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
     return false;
   }
   bool bl(cublasStatus_t st, const char* what) {
@@ -313,7 +319,8 @@ class CudaBackend final : public Backend {
   }
 
   void copy_d2d(float* dst, const float* src, size_t floats) {
-    if (dst != src) cu(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "copy D2D");
+    if (dst != src)
+      cu(cudaMemcpyAsync(dst, src, floats * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "copy D2D");
   }
 
   // Internal scratch, grown on demand; its contents do not survive calls.
@@ -339,23 +346,24 @@ class CudaBackend final : public Backend {
             const float* B, int ldb, float* Cm, int ldc, float beta) {
     if (!ok()) return;
     const float alpha = 1.0f;
-    bl(cublasGemmEx(blas_, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta,
-                    Cm, CUDA_R_32F, ldc, compute_, CUBLAS_GEMM_DEFAULT), "cublasGemmEx");
+    bl(cublasGemmEx(blas_, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, Cm,
+                    CUDA_R_32F, ldc, compute_, CUBLAS_GEMM_DEFAULT),
+       "cublasGemmEx");
   }
-  void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A,
-                    int lda, size_t sA, const float* B, int ldb, size_t sB, float* Cm, int ldc,
-                    size_t sC, int batch, float beta) {
+  void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* A, int lda,
+                    size_t sA, const float* B, int ldb, size_t sB, float* Cm, int ldc, size_t sC, int batch,
+                    float beta) {
     if (!ok()) return;
     const float alpha = 1.0f;
     bl(cublasGemmStridedBatchedEx(blas_, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda,
-                                  static_cast<long long>(sA), B, CUDA_R_32F, ldb,
-                                  static_cast<long long>(sB), &beta, Cm, CUDA_R_32F, ldc,
-                                  static_cast<long long>(sC), batch, compute_, CUBLAS_GEMM_DEFAULT),
+                                  static_cast<long long>(sA), B, CUDA_R_32F, ldb, static_cast<long long>(sB),
+                                  &beta, Cm, CUDA_R_32F, ldc, static_cast<long long>(sC), batch, compute_,
+                                  CUBLAS_GEMM_DEFAULT),
        "cublasGemmStridedBatchedEx");
   }
   // out[N,OC] = beta*out + inp[N,IC] @ W[OC,IC]^T + bias
-  void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC,
-                      int OC, float beta) {
+  void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC,
+                      float beta) {
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, W, IC, inp, IC, out, OC, beta);
     if (bias && ok()) cu(add_bias(out, bias, N, OC, stream_), "add_bias");
   }

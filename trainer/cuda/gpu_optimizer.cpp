@@ -17,9 +17,8 @@ class GpuOptimizer final : public OffloadOptimizer {
       : stager_(std::move(st)), compute_(compute) {}
   const char* name() const override { return "gpu"; }
 
-  Status update(const float* p, const float* m, const float* v, const float* g, float* p_out,
-                float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay,
-                int64_t step) override {
+  Status update(const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
+                float* v_out, size_t n, const AdamWStep& s, bool decay, int64_t step) override {
     if (n == 0) return Status::ok();
     // The pipeline's device buffer holds the largest range seen so far; grow it on demand.
     if (!pipeline_ || n > capacity_) {

@@ -61,8 +61,8 @@ __device__ float block_max(float v, float* sh) {
 
 // ---- embedding ----
 
-__global__ void encoder_forward_k(float* out, const int32_t* tokens, const float* wte,
-                                  const float* wpe, int B, int T, int C) {
+__global__ void encoder_forward_k(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                  int B, int T, int C) {
   const size_t n = size_t(B) * T * C;
   GRID_STRIDE(i, n) {
     const size_t bt = i / C;
@@ -72,8 +72,8 @@ __global__ void encoder_forward_k(float* out, const int32_t* tokens, const float
   }
 }
 
-__global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int32_t* tokens,
-                                       int B, int T, int C) {
+__global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int32_t* tokens, int B, int T,
+                                       int C) {
   const size_t n = size_t(B) * T * C;
   GRID_STRIDE(i, n) {
     const size_t bt = i / C;
@@ -93,8 +93,8 @@ __global__ void encoder_backward_wpe_k(float* dwpe, const float* dout, int B, in
 
 // ---- LayerNorm ----
 
-__global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* inp,
-                                   const float* w, const float* b, int N, int C) {
+__global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                    const float* b, int N, int C) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= N) return;
@@ -116,9 +116,8 @@ __global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const 
   }
 }
 
-__global__ void layernorm_backward_inp_k(float* dinp, const float* dout, const float* inp,
-                                         const float* w, const float* mean, const float* rstd,
-                                         int N, int C) {
+__global__ void layernorm_backward_inp_k(float* dinp, const float* dout, const float* inp, const float* w,
+                                         const float* mean, const float* rstd, int N, int C) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= N) return;
@@ -141,9 +140,8 @@ __global__ void layernorm_backward_inp_k(float* dinp, const float* dout, const f
 }
 
 // grid: (ceil(C / kThreads), ceil(N / kRowsPerChunk)); one column per thread, one chunk per y.
-__global__ void layernorm_backward_params_k(float* dw, float* db, const float* dout,
-                                            const float* inp, const float* mean,
-                                            const float* rstd, int N, int C) {
+__global__ void layernorm_backward_params_k(float* dw, float* db, const float* dout, const float* inp,
+                                            const float* mean, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int r0 = blockIdx.y * kRowsPerChunk, r1 = min(N, r0 + kRowsPerChunk);
@@ -182,8 +180,7 @@ __global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout
     const float x = inp[i];
     const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
     const float sech2 = 1.0f - th * th;
-    const float g = 0.5f * (1.0f + th) +
-                    0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    const float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] = g * dout[i];
   }
 }
@@ -197,14 +194,11 @@ __global__ void add_bias_k(float* out, const float* bias, int N, int OC) {
   GRID_STRIDE(i, n) out[i] += bias[i % OC];
 }
 
-__global__ void scale_k(float* p, float s, size_t n) {
-  GRID_STRIDE(i, n) p[i] *= s;
-}
+__global__ void scale_k(float* p, float s, size_t n) { GRID_STRIDE(i, n) p[i] *= s; }
 
 // ---- attention helpers ----
 
-__global__ void split_heads_k(float* q, float* k, float* v, const float* qkv, int B, int T,
-                              int C, int NH) {
+__global__ void split_heads_k(float* q, float* k, float* v, const float* qkv, int B, int T, int C, int NH) {
   const int HS = C / NH;
   const size_t n = size_t(B) * NH * T * HS;
   GRID_STRIDE(i, n) {
@@ -219,8 +213,8 @@ __global__ void split_heads_k(float* q, float* k, float* v, const float* qkv, in
   }
 }
 
-__global__ void merge_heads_qkv_k(float* dqkv, const float* dq, const float* dk, const float* dv,
-                                  int B, int T, int C, int NH) {
+__global__ void merge_heads_qkv_k(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
+                                  int T, int C, int NH) {
   const int HS = C / NH;
   const size_t n = size_t(B) * NH * T * HS;
   GRID_STRIDE(i, n) {
@@ -236,8 +230,7 @@ __global__ void merge_heads_qkv_k(float* dqkv, const float* dq, const float* dk,
 }
 
 // to_btc: y[b,h,t,hs] → out[b,t,h*HS+hs]; otherwise the reverse.
-__global__ void permute_heads_k(float* out, const float* in, int B, int T, int C, int NH,
-                                bool to_btc) {
+__global__ void permute_heads_k(float* out, const float* in, int B, int T, int C, int NH, bool to_btc) {
   const int HS = C / NH;
   const size_t n = size_t(B) * NH * T * HS;
   GRID_STRIDE(i, n) {
@@ -246,15 +239,12 @@ __global__ void permute_heads_k(float* out, const float* in, int B, int T, int C
     const int h = static_cast<int>((i / (size_t(HS) * T)) % NH);
     const size_t b = i / (size_t(HS) * T * NH);
     const size_t btc = (b * T + t) * size_t(C) + size_t(h) * HS + hs;
-    if (to_btc)
-      out[btc] = in[i];
-    else
-      out[i] = in[btc];
+    if (to_btc) out[btc] = in[i];
+    else out[i] = in[btc];
   }
 }
 
-__global__ void causal_softmax_forward_k(float* att, const float* preatt, float scale, int rows,
-                                         int T) {
+__global__ void causal_softmax_forward_k(float* att, const float* preatt, float scale, int rows, int T) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
@@ -270,8 +260,8 @@ __global__ void causal_softmax_forward_k(float* att, const float* preatt, float 
   for (int j = lane; j < T; j += 32) y[j] = j <= t ? expf(scale * x[j] - mx) * inv : 0.0f;
 }
 
-__global__ void causal_softmax_backward_k(float* dpreatt, const float* att, const float* datt,
-                                          float scale, int rows, int T) {
+__global__ void causal_softmax_backward_k(float* dpreatt, const float* att, const float* datt, float scale,
+                                          int rows, int T) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
@@ -287,8 +277,7 @@ __global__ void causal_softmax_backward_k(float* dpreatt, const float* att, cons
 // ---- loss ----
 
 // One block per row.
-__global__ void cross_entropy_k(float* losses, float* logits, const int32_t* targets, int V,
-                                float dscale) {
+__global__ void cross_entropy_k(float* losses, float* logits, const int32_t* targets, int V, float dscale) {
   __shared__ float sh[kWarpsPerBlock];
   const size_t row = blockIdx.x;
   float* x = logits + row * V;
@@ -324,9 +313,8 @@ __global__ void sum_to_double_k(double* out, const float* in, size_t n) {
 
 // ---- optimizer, precision ----
 
-__global__ void adamw_k(float* p, const float* g, float* m, float* v, __nv_bfloat16* out,
-                        size_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
-                        float bc2, float gscale) {
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, __nv_bfloat16* out, size_t n, float lr,
+                        float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale) {
   GRID_STRIDE(i, n) {
     const float gi = g[i] * gscale;
     const float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -357,34 +345,30 @@ dim3 column_grid(int N, int OC) {
 
 // ---- launchers ----
 
-cudaError_t encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                            int B, int T, int C, cudaStream_t s) {
-  encoder_forward_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B, T,
-                                                                      C);
+cudaError_t encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                            int T, int C, cudaStream_t s) {
+  encoder_forward_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B, T, C);
   return cudaGetLastError();
 }
 
-cudaError_t encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                             int B, int T, int C, cudaStream_t s) {
-  encoder_backward_wte_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(dwte, dout, tokens, B,
-                                                                           T, C);
+cudaError_t encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                             int C, cudaStream_t s) {
+  encoder_backward_wte_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(dwte, dout, tokens, B, T, C);
   encoder_backward_wpe_k<<<grid_for(size_t(T) * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
   return cudaGetLastError();
 }
 
-cudaError_t layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                              const float* w, const float* b, int N, int C, cudaStream_t s) {
+cudaError_t layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                              const float* b, int N, int C, cudaStream_t s) {
   layernorm_forward_k<<<grid_for_rows(N), kThreads, 0, s>>>(out, mean, rstd, inp, w, b, N, C);
   return cudaGetLastError();
 }
 
-cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                               const float* inp, const float* w, const float* mean,
-                               const float* rstd, int N, int C, cudaStream_t s) {
-  layernorm_backward_inp_k<<<grid_for_rows(N), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd,
-                                                                  N, C);
-  layernorm_backward_params_k<<<column_grid(N, C), kThreads, 0, s>>>(dw, db, dout, inp, mean,
-                                                                     rstd, N, C);
+cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                               const float* w, const float* mean, const float* rstd, int N, int C,
+                               cudaStream_t s) {
+  layernorm_backward_inp_k<<<grid_for_rows(N), kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+  layernorm_backward_params_k<<<column_grid(N, C), kThreads, 0, s>>>(dw, db, dout, inp, mean, rstd, N, C);
   return cudaGetLastError();
 }
 
@@ -393,8 +377,7 @@ cudaError_t gelu_forward(float* out, const float* inp, size_t n, cudaStream_t s)
   return cudaGetLastError();
 }
 
-cudaError_t gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
-                          cudaStream_t s) {
+cudaError_t gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t s) {
   gelu_backward_k<<<grid_for(n), kThreads, 0, s>>>(dinp, inp, dout, n);
   return cudaGetLastError();
 }
@@ -419,28 +402,24 @@ cudaError_t scale(float* p, float f, size_t n, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-cudaError_t attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T,
-                                  int C, int NH, cudaStream_t s) {
+cudaError_t attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int C, int NH,
+                                  cudaStream_t s) {
   split_heads_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(q, k, v, qkv, B, T, C, NH);
   return cudaGetLastError();
 }
 
-cudaError_t attention_merge_heads_qkv(float* dqkv, const float* dq, const float* dk,
-                                      const float* dv, int B, int T, int C, int NH,
-                                      cudaStream_t s) {
-  merge_heads_qkv_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(dqkv, dq, dk, dv, B, T, C,
-                                                                      NH);
+cudaError_t attention_merge_heads_qkv(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
+                                      int T, int C, int NH, cudaStream_t s) {
+  merge_heads_qkv_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(dqkv, dq, dk, dv, B, T, C, NH);
   return cudaGetLastError();
 }
 
-cudaError_t attention_merge_heads(float* out, const float* y, int B, int T, int C, int NH,
-                                  cudaStream_t s) {
+cudaError_t attention_merge_heads(float* out, const float* y, int B, int T, int C, int NH, cudaStream_t s) {
   permute_heads_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(out, y, B, T, C, NH, true);
   return cudaGetLastError();
 }
 
-cudaError_t attention_split_out(float* y, const float* inp, int B, int T, int C, int NH,
-                                cudaStream_t s) {
+cudaError_t attention_split_out(float* y, const float* inp, int B, int T, int C, int NH, cudaStream_t s) {
   permute_heads_k<<<grid_for(size_t(B) * T * C), kThreads, 0, s>>>(y, inp, B, T, C, NH, false);
   return cudaGetLastError();
 }
@@ -451,18 +430,16 @@ cudaError_t causal_softmax_forward(float* att, const float* preatt, float f, int
   return cudaGetLastError();
 }
 
-cudaError_t causal_softmax_backward(float* dpreatt, const float* att, const float* datt, float f,
-                                    int rows, int T, cudaStream_t s) {
-  causal_softmax_backward_k<<<grid_for_rows(rows), kThreads, 0, s>>>(dpreatt, att, datt, f, rows,
-                                                                     T);
+cudaError_t causal_softmax_backward(float* dpreatt, const float* att, const float* datt, float f, int rows,
+                                    int T, cudaStream_t s) {
+  causal_softmax_backward_k<<<grid_for_rows(rows), kThreads, 0, s>>>(dpreatt, att, datt, f, rows, T);
   return cudaGetLastError();
 }
 
-cudaError_t cross_entropy(float* losses, float* logits, const int32_t* targets, int N, int V,
-                          float dscale, cudaStream_t s) {
+cudaError_t cross_entropy(float* losses, float* logits, const int32_t* targets, int N, int V, float dscale,
+                          cudaStream_t s) {
   if (N <= 0) return cudaSuccess;
-  cross_entropy_k<<<static_cast<unsigned>(N), kThreads, 0, s>>>(losses, logits, targets, V,
-                                                               dscale);
+  cross_entropy_k<<<static_cast<unsigned>(N), kThreads, 0, s>>>(losses, logits, targets, V, dscale);
   return cudaGetLastError();
 }
 
@@ -471,15 +448,13 @@ cudaError_t sum_to_double(double* out, const float* in, size_t n, cudaStream_t s
   return cudaGetLastError();
 }
 
-cudaError_t adamw(float* p, const float* g, float* m, float* v, uint16_t* bf16_out, size_t n,
-                  const AdamW& h, cudaStream_t s) {
+cudaError_t adamw(float* p, const float* g, float* m, float* v, uint16_t* bf16_out, size_t n, const AdamW& h,
+                  cudaStream_t s) {
   // Bias corrections in double, as the CPU optimizer (trainer/optimizer.cpp) computes them.
   const float bc1 = static_cast<float>(1.0 - std::pow(double(h.beta1), double(h.step)));
   const float bc2 = static_cast<float>(1.0 - std::pow(double(h.beta2), double(h.step)));
-  adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v,
-                                            reinterpret_cast<__nv_bfloat16*>(bf16_out), n, h.lr,
-                                            h.beta1, h.beta2, h.eps, h.weight_decay, bc1, bc2,
-                                            h.grad_scale);
+  adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, reinterpret_cast<__nv_bfloat16*>(bf16_out), n, h.lr,
+                                           h.beta1, h.beta2, h.eps, h.weight_decay, bc1, bc2, h.grad_scale);
   return cudaGetLastError();
 }
 
@@ -489,8 +464,7 @@ cudaError_t f32_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t s
 }
 
 cudaError_t bf16_to_f32(float* out, const uint16_t* in, size_t n, cudaStream_t s) {
-  bf16_to_f32_k<<<grid_for(n), kThreads, 0, s>>>(out, reinterpret_cast<const __nv_bfloat16*>(in),
-                                                  n);
+  bf16_to_f32_k<<<grid_for(n), kThreads, 0, s>>>(out, reinterpret_cast<const __nv_bfloat16*>(in), n);
   return cudaGetLastError();
 }
 

@@ -16,27 +16,26 @@ namespace tier::train::cuda {
 
 // ---- embedding ----
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-cudaError_t encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                            int B, int T, int C, cudaStream_t stream);
+cudaError_t encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                            int T, int C, cudaStream_t stream);
 // dwte[tokens[b,t],:] += dout[b,t,:] (atomic); dwpe[t,:] += sum_b dout[b,t,:]
-cudaError_t encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                             int B, int T, int C, cudaStream_t stream);
+cudaError_t encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                             int C, cudaStream_t stream);
 
 // ---- LayerNorm over the last dim (eps 1e-5) ----
-cudaError_t layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                              const float* w, const float* b, int N, int C, cudaStream_t stream);
+cudaError_t layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                              const float* b, int N, int C, cudaStream_t stream);
 // dinp += d/dinp (accumulates, so the residual gradient can be pre-loaded);
 // dw += sum_n dout*xhat; db += sum_n dout.
-cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                               const float* inp, const float* w, const float* mean,
-                               const float* rstd, int N, int C, cudaStream_t stream);
+cudaError_t layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                               const float* w, const float* mean, const float* rstd, int N, int C,
+                               cudaStream_t stream);
 
 // ---- elementwise ----
 // GELU, tanh approximation.
 cudaError_t gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
 // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).
-cudaError_t gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
-                          cudaStream_t stream);
+cudaError_t gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, cudaStream_t stream);
 // out[i] = a[i] + b[i] (out may alias a or b).
 cudaError_t add(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 // out[n, oc] += bias[oc] for N rows of OC.
@@ -48,26 +47,24 @@ cudaError_t scale(float* p, float s, size_t n, cudaStream_t stream);
 
 // ---- attention (unfused: cuBLAS batched GEMMs do QK^T and AV, these do the rest) ----
 // qkv[B,T,3C] → q,k,v each [B,NH,T,HS] (HS = C/NH).
-cudaError_t attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T,
-                                  int C, int NH, cudaStream_t stream);
+cudaError_t attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int C, int NH,
+                                  cudaStream_t stream);
 // Inverse of split: dq,dk,dv [B,NH,T,HS] → dqkv[B,T,3C] (overwrites).
-cudaError_t attention_merge_heads_qkv(float* dqkv, const float* dq, const float* dk,
-                                      const float* dv, int B, int T, int C, int NH,
-                                      cudaStream_t stream);
+cudaError_t attention_merge_heads_qkv(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
+                                      int T, int C, int NH, cudaStream_t stream);
 // y[B,NH,T,HS] → out[B,T,C]
 cudaError_t attention_merge_heads(float* out, const float* y, int B, int T, int C, int NH,
                                   cudaStream_t stream);
 // inp[B,T,C] → y[B,NH,T,HS] (backward of merge).
-cudaError_t attention_split_out(float* y, const float* inp, int B, int T, int C, int NH,
-                                cudaStream_t stream);
+cudaError_t attention_split_out(float* y, const float* inp, int B, int T, int C, int NH, cudaStream_t stream);
 // att[r, :] = softmax(scale * preatt[r, 0..t]) over the causal prefix of row r (t = r % T);
 // entries past t are written 0. rows = B*NH*T, each of length T. att may alias preatt.
 cudaError_t causal_softmax_forward(float* att, const float* preatt, float scale, int rows, int T,
                                    cudaStream_t stream);
 // dpreatt = scale * att * (datt - sum_j att*datt) over the causal prefix, 0 elsewhere
 // (overwrites; may alias datt).
-cudaError_t causal_softmax_backward(float* dpreatt, const float* att, const float* datt,
-                                    float scale, int rows, int T, cudaStream_t stream);
+cudaError_t causal_softmax_backward(float* dpreatt, const float* att, const float* datt, float scale,
+                                    int rows, int T, cudaStream_t stream);
 
 // ---- loss ----
 // For each of N rows of V logits: losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
@@ -80,13 +77,13 @@ cudaError_t sum_to_double(double* out, const float* in, size_t n, cudaStream_t s
 // ---- optimizer and precision ----
 struct AdamW {
   float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
-  int step = 1;  // 1-based, for bias correction
+  int step = 1;             // 1-based, for bias correction
   float grad_scale = 1.0f;  // grads are multiplied by this first (e.g. 1/ranks)
 };
 // Fused AdamW on fp32 master weights p with moments m, v: one pass reads g, p, m, v and writes
 // p, m, v and, when `bf16_out` is not null, the updated weight rounded to bf16 (working copy).
-cudaError_t adamw(float* p, const float* g, float* m, float* v, uint16_t* bf16_out, size_t n,
-                  const AdamW& h, cudaStream_t stream);
+cudaError_t adamw(float* p, const float* g, float* m, float* v, uint16_t* bf16_out, size_t n, const AdamW& h,
+                  cudaStream_t stream);
 // Round to nearest even.
 cudaError_t f32_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t stream);
 cudaError_t bf16_to_f32(float* out, const uint16_t* in, size_t n, cudaStream_t stream);

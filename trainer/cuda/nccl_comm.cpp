@@ -31,11 +31,10 @@ Status mpi_bcast(void* data, size_t bytes) {
 
 }  // namespace
 
-Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, int device,
-                                                   Broadcast bcast) {
+Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, int device, Broadcast bcast) {
   if (size < 1 || rank < 0 || rank >= size)
-    return fail(Code::kInvalidArgument, "bad NCCL rank " + std::to_string(rank) + " of " +
-                                            std::to_string(size));
+    return fail(Code::kInvalidArgument,
+                "bad NCCL rank " + std::to_string(rank) + " of " + std::to_string(size));
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
@@ -72,13 +71,11 @@ Status NcclComm::all_gather(const float* send, float* recv, size_t count, cudaSt
 }
 
 Status NcclComm::reduce_scatter(const float* send, float* recv, size_t count, cudaStream_t s) {
-  return from_nccl(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, s),
-                   "ncclReduceScatter");
+  return from_nccl(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, s), "ncclReduceScatter");
 }
 
 Status NcclComm::all_reduce(float* buf, size_t count, cudaStream_t s) {
-  return from_nccl(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, s),
-                   "ncclAllReduce");
+  return from_nccl(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, s), "ncclAllReduce");
 }
 
 }  // namespace tier::train::cuda

@@ -40,8 +40,7 @@ class NcclComm {
   // recv[r * count + i] = rank r's send[i] (ZeRO-3 layout: a layer is `size` equal shards).
   [[nodiscard]] Status all_gather(const float* send, float* recv, size_t count, cudaStream_t s);
   // recv[i] = sum over ranks of their send[rank * count + i].
-  [[nodiscard]] Status reduce_scatter(const float* send, float* recv, size_t count,
-                                      cudaStream_t s);
+  [[nodiscard]] Status reduce_scatter(const float* send, float* recv, size_t count, cudaStream_t s);
   // In-place sum across ranks (small buffers: losses, norms).
   [[nodiscard]] Status all_reduce(float* buf, size_t count, cudaStream_t s);
 

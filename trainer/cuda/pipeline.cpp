@@ -14,9 +14,9 @@ namespace {
 Status cu(cudaError_t e, const char* what) { return tier::gpu::check_cuda(e, what); }
 
 // TIER_RETURN_IF_ERROR for functions that return a Result.
-#define TRY_RESULT(expr)                                        \
-  do {                                                          \
-    ::tier::Status try_status_ = (expr);                        \
+#define TRY_RESULT(expr)                                                   \
+  do {                                                                     \
+    ::tier::Status try_status_ = (expr);                                   \
     if (!try_status_.is_ok()) return ::tier::fail(std::move(try_status_)); \
   } while (0)
 
@@ -27,8 +27,8 @@ std::span<const std::byte> bytes_of(std::span<const float> s) { return std::as_b
 // One ring slot: device buffers and the events that say when they may be reused.
 struct Slot {
   int layer = -1;
-  float* shard = nullptr;  // shard_floats
-  float* full = nullptr;   // ranks * shard_floats
+  float* shard = nullptr;          // shard_floats
+  float* full = nullptr;           // ranks * shard_floats
   cudaEvent_t gathered = nullptr;  // comm: full layer is in `full`
   cudaEvent_t consumed = nullptr;  // compute: last kernel reading `full` was enqueued before it
 };
@@ -60,10 +60,14 @@ struct LayerPipeline::Impl {
 
   Status make_slot(Slot& s) {
     const size_t n = opts.shard_floats;
-    TIER_RETURN_IF_ERROR(cu(cudaMalloc(reinterpret_cast<void**>(&s.shard), n * sizeof(float)), "cudaMalloc shard"));
-    TIER_RETURN_IF_ERROR(cu(cudaMalloc(reinterpret_cast<void**>(&s.full), n * ranks * sizeof(float)), "cudaMalloc layer"));
-    TIER_RETURN_IF_ERROR(cu(cudaEventCreateWithFlags(&s.gathered, cudaEventDisableTiming), "cudaEventCreate"));
-    TIER_RETURN_IF_ERROR(cu(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming), "cudaEventCreate"));
+    TIER_RETURN_IF_ERROR(
+        cu(cudaMalloc(reinterpret_cast<void**>(&s.shard), n * sizeof(float)), "cudaMalloc shard"));
+    TIER_RETURN_IF_ERROR(
+        cu(cudaMalloc(reinterpret_cast<void**>(&s.full), n * ranks * sizeof(float)), "cudaMalloc layer"));
+    TIER_RETURN_IF_ERROR(
+        cu(cudaEventCreateWithFlags(&s.gathered, cudaEventDisableTiming), "cudaEventCreate"));
+    TIER_RETURN_IF_ERROR(
+        cu(cudaEventCreateWithFlags(&s.consumed, cudaEventDisableTiming), "cudaEventCreate"));
     // Both events start "complete" so the first use of a slot waits for nothing.
     TIER_RETURN_IF_ERROR(cu(cudaEventRecord(s.gathered, compute), "cudaEventRecord"));
     return cu(cudaEventRecord(s.consumed, compute), "cudaEventRecord");
@@ -79,9 +83,8 @@ struct LayerPipeline::Impl {
 LayerPipeline::LayerPipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LayerPipeline::~LayerPipeline() = default;
 
-Result<std::unique_ptr<LayerPipeline>> LayerPipeline::create(tier::gpu::Stager& stager,
-                                                             NcclComm* comm, cudaStream_t compute,
-                                                             const PipelineOptions& o) {
+Result<std::unique_ptr<LayerPipeline>> LayerPipeline::create(tier::gpu::Stager& stager, NcclComm* comm,
+                                                             cudaStream_t compute, const PipelineOptions& o) {
   if (o.shard_floats == 0 || o.depth < 1)
     return fail(Code::kInvalidArgument, "pipeline needs shard_floats > 0 and depth >= 1");
   auto impl = std::make_unique<Impl>();
@@ -149,8 +152,7 @@ Result<float*> LayerPipeline::grad_buffer(int layer, size_t shard_floats) {
   // `consumed` of a grad slot: the reduce-scatter that last read `full` and the D2H that last
   // read `shard` are complete.
   TRY_RESULT(cu(cudaStreamWaitEvent(m.compute, s.consumed, 0), "wait grad slot"));
-  TRY_RESULT(cu(cudaMemsetAsync(s.full, 0, shard_floats * m.ranks * sizeof(float),
-                                          m.compute), "zero grads"));
+  TRY_RESULT(cu(cudaMemsetAsync(s.full, 0, shard_floats * m.ranks * sizeof(float), m.compute), "zero grads"));
   return s.full;
 }
 
@@ -182,12 +184,15 @@ Status LayerPipeline::adamw(std::span<float> p, std::span<float> mo, std::span<f
   if (n > m.opts.shard_floats)
     return Status(Code::kInvalidArgument, "adamw: shard larger than the pipeline's shard_floats");
   if (!m.opt_buf)
-    TIER_RETURN_IF_ERROR(cu(cudaMalloc(reinterpret_cast<void**>(&m.opt_buf),
-                                       4 * m.opts.shard_floats * sizeof(float)), "cudaMalloc"));
+    TIER_RETURN_IF_ERROR(
+        cu(cudaMalloc(reinterpret_cast<void**>(&m.opt_buf), 4 * m.opts.shard_floats * sizeof(float)),
+           "cudaMalloc"));
   float *dp = m.opt_buf, *dm = dp + n, *dv = dm + n, *dg = dv + n;
   std::vector<tier::gpu::Transfer> in;
-  for (auto [src, dst] : {std::pair{std::span<const float>(p), dp}, {std::span<const float>(mo), dm},
-                          {std::span<const float>(v), dv}, {g, dg}}) {
+  for (auto [src, dst] : {std::pair{std::span<const float>(p), dp},
+                          {std::span<const float>(mo), dm},
+                          {std::span<const float>(v), dv},
+                          {g, dg}}) {
     auto t = m.stager->copy_to_device(bytes_of(src), dst, m.copy);
     if (!t) return t.error();
     in.push_back(std::move(*t));

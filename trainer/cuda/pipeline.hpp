@@ -38,8 +38,9 @@ struct PipelineOptions {
 class LayerPipeline {
  public:
   // `compute` is the backend's stream (backend_stream()); `comm` may be null for one rank.
-  [[nodiscard]] static Result<std::unique_ptr<LayerPipeline>> create(
-      tier::gpu::Stager& stager, NcclComm* comm, cudaStream_t compute, const PipelineOptions& o);
+  [[nodiscard]] static Result<std::unique_ptr<LayerPipeline>> create(tier::gpu::Stager& stager,
+                                                                     NcclComm* comm, cudaStream_t compute,
+                                                                     const PipelineOptions& o);
   ~LayerPipeline();
   LayerPipeline(const LayerPipeline&) = delete;
   LayerPipeline& operator=(const LayerPipeline&) = delete;
@@ -65,8 +66,7 @@ class LayerPipeline {
   // until the shards are back on the host. `working_bf16` (device, may be null) receives the
   // bf16 working copy of the updated parameters.
   [[nodiscard]] Status adamw(std::span<float> p, std::span<float> m, std::span<float> v,
-                             std::span<const float> g, const AdamW& h,
-                             uint16_t* working_bf16 = nullptr);
+                             std::span<const float> g, const AdamW& h, uint16_t* working_bf16 = nullptr);
 
   cudaStream_t copy_stream() const;
   cudaStream_t comm_stream() const;

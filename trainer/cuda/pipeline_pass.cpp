@@ -72,9 +72,11 @@ class PipelineStream final : public LayerStream {
     pipeline_ = std::move(*pl);
     fetches_.resize(static_cast<size_t>(depth));
     for (Fetch& f : fetches_)
-      TIER_RETURN_IF_ERROR(cu(cudaEventCreateWithFlags(&f.copied, cudaEventDisableTiming), "cudaEventCreate"));
+      TIER_RETURN_IF_ERROR(
+          cu(cudaEventCreateWithFlags(&f.copied, cudaEventDisableTiming), "cudaEventCreate"));
     g0_floats_ = shard_[0] * static_cast<size_t>(ranks_);
-    return cu(cudaMalloc(reinterpret_cast<void**>(&g0_), g0_floats_ * sizeof(float)), "cudaMalloc layer 0 gradient");
+    return cu(cudaMalloc(reinterpret_cast<void**>(&g0_), g0_floats_ * sizeof(float)),
+              "cudaMalloc layer 0 gradient");
   }
 
   Result<float*> fetch(int layer, Pinned shard) override {
@@ -137,11 +139,12 @@ class PipelineStream final : public LayerStream {
       key = next_key_++;
       auto slot = pipeline_->grad_buffer(key, shard_[0]);
       if (!slot) return slot.error();
-      TIER_RETURN_IF_ERROR(cu(cudaMemcpyAsync(*slot, g0_, g0_floats_ * sizeof(float),
-                                              cudaMemcpyDeviceToDevice, compute_),
-                              "copy layer 0 gradient"));
+      TIER_RETURN_IF_ERROR(
+          cu(cudaMemcpyAsync(*slot, g0_, g0_floats_ * sizeof(float), cudaMemcpyDeviceToDevice, compute_),
+             "copy layer 0 gradient"));
     } else if (layer != open_grad_) {
-      return Status(Code::kInvalidArgument, "push_grad: layer " + std::to_string(layer) + " has no open gradient");
+      return Status(Code::kInvalidArgument,
+                    "push_grad: layer " + std::to_string(layer) + " has no open gradient");
     } else {
       open_grad_ = -1;
     }
@@ -205,15 +208,15 @@ class PipelineStream final : public LayerStream {
   int device_ = 0, ranks_ = 1;
   std::unique_ptr<tier::gpu::Stager> stager_;
   std::unique_ptr<LayerPipeline> pipeline_;
-  std::vector<size_t> shard_;    // floats per rank, per layer
-  std::vector<Fetch> fetches_;   // ring of depth positions, in fetch order
+  std::vector<size_t> shard_;   // floats per rank, per layer
+  std::vector<Fetch> fetches_;  // ring of depth positions, in fetch order
   size_t next_fetch_ = 0;
-  std::deque<int> open_;         // pipeline keys of the fetches not yet done_with, oldest first
+  std::deque<int> open_;  // pipeline keys of the fetches not yet done_with, oldest first
   // Every fetch and gradient slot gets its own pipeline key (the pipeline finds a slot by it),
   // so a layer used twice in flight (layer 0) never names the wrong slot.
   int next_key_ = 0;
   int open_grad_ = -1, open_grad_key_ = -1;  // the open block gradient, if any
-  float* g0_ = nullptr;          // layer 0's gradient (ranks x shard_[0] floats)
+  float* g0_ = nullptr;                      // layer 0's gradient (ranks x shard_[0] floats)
   size_t g0_floats_ = 0;
   std::deque<Grad> pending_;     // pushed gradients whose D2H may still run, in push order
   std::vector<Pinned> orphans_;  // pins of failed pushes, released after a device sync

@@ -53,8 +53,8 @@ using EventHandle = CUevent_st*;    // == cudaEvent_t
 [[nodiscard]] Result<int> device_numa_node(int device);
 
 struct StagerOptions {
-  int device = 0;                       // the GPU this stager copies to and from
-  uint64_t chunk_bytes = 64ull << 20;   // one cudaMemcpyAsync moves at most this much
+  int device = 0;                      // the GPU this stager copies to and from
+  uint64_t chunk_bytes = 64ull << 20;  // one cudaMemcpyAsync moves at most this much
   // cudaHostRegister is asked for at most this much at once; a larger arena is registered in
   // several pieces (some drivers and IOMMU setups refuse very large single registrations).
   // A refused piece is retried in halves down to 64 MiB before the stager gives up on it.
@@ -110,11 +110,9 @@ class Stager {
  public:
   // Checks for the device first (kUnsupported "no CUDA device" without one), then creates the
   // stager's streams and registers the arenas the client maps now (unless register_on_demand).
-  [[nodiscard]] static Result<std::unique_ptr<Stager>> create(Client& client,
-                                                              const StagerOptions& opts = {});
+  [[nodiscard]] static Result<std::unique_ptr<Stager>> create(Client& client, const StagerOptions& opts = {});
   // A stager without a client: only memory given to register_range() is copied directly.
-  [[nodiscard]] static Result<std::unique_ptr<Stager>> create_detached(
-      const StagerOptions& opts = {});
+  [[nodiscard]] static Result<std::unique_ptr<Stager>> create_detached(const StagerOptions& opts = {});
   ~Stager();
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
@@ -131,8 +129,7 @@ class Stager {
 
   // Host → device. `src` must lie in a held lease's bytes (or registered memory); `dst` is
   // device memory of at least src.size() bytes on this stager's device.
-  [[nodiscard]] Result<Transfer> copy_to_device(const Lease& src, void* dst,
-                                                StreamHandle stream = nullptr);
+  [[nodiscard]] Result<Transfer> copy_to_device(const Lease& src, void* dst, StreamHandle stream = nullptr);
   [[nodiscard]] Result<Transfer> copy_to_device(std::span<const std::byte> src, void* dst,
                                                 StreamHandle stream = nullptr);
   // Device → host. `dst` must be a write lease.
@@ -154,7 +151,7 @@ class Stager {
     // Copied from/to an arena on another NUMA node than the GPU's (crossing the socket link);
     // 0 when either node is unknown. Shards should be placed with Placement::near_gpu.
     uint64_t remote_node_bytes = 0;
-    int32_t gpu_numa_node = -1;     // device_numa_node(device), -1 when unknown
+    int32_t gpu_numa_node = -1;  // device_numa_node(device), -1 when unknown
     // The first registration that was refused, at create() or on demand later (by CUDA,
     // e.g. cudaHostRegisterReadOnly unsupported, or by tierd refusing the pin): its range is
     // copied through the pageable path (pageable_bytes). Empty when none was refused.
@@ -164,8 +161,7 @@ class Stager {
 
  private:
   struct Impl;
-  [[nodiscard]] static Result<std::unique_ptr<Impl>> make_impl(Client* client,
-                                                               const StagerOptions& opts);
+  [[nodiscard]] static Result<std::unique_ptr<Impl>> make_impl(Client* client, const StagerOptions& opts);
   explicit Stager(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
