@@ -17,6 +17,10 @@ namespace {
 // Room left for the reply status and vector counts when filling a list reply.
 constexpr size_t kListBudget = kMaxMessageBytes - 1024;
 
+Status no_tensor(const TensorRefReq& req) {
+  return Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'");
+}
+
 }  // namespace
 
 void RequestHandler::on_pool_create(Session& s, const Header& h, std::span<const std::byte> payload,
@@ -106,9 +110,7 @@ void RequestHandler::on_tensor_open(Session& s, const Header& h, std::span<const
                                     Reply& out) {
   TIER_DECODE_IN_POOL(TensorRefReq, req, p, kInspect);
   Tensor* t = state_.catalog.find_tensor(p, req.name);
-  if (!t)
-    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"),
-                     out);
+  if (!t) return reply_err(h, no_tensor(req), out);
   reply_ok(h, to_wire(tensor_info(*t)), out);
 }
 
@@ -135,9 +137,7 @@ void RequestHandler::on_tensor_delete(Session& s, const Header& h, std::span<con
                                       Reply& out) {
   TIER_DECODE_IN_POOL(TensorRefReq, req, p, kUse);
   Tensor* t = state_.catalog.find_tensor(p, req.name);
-  if (!t)
-    return reply_err(h, Status(Code::kNotFound, "no tensor '" + req.name + "' in pool '" + req.pool + "'"),
-                     out);
+  if (!t) return reply_err(h, no_tensor(req), out);
   if (t->readers > 0 || t->writer)
     return reply_err(h, Status(Code::kBusy, "tensor '" + req.name + "' is leased"), out);
   erase_tensor(p, *t);

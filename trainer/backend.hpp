@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <cstdint>
 
 namespace tier::train {
@@ -56,15 +57,12 @@ struct EmbedLayout {
 inline EmbedLayout embed_layout(const Dims& d) {
   EmbedLayout l;
   size_t o = 0;
+  auto take = [&o](size_t n) { return std::exchange(o, o + n); };  // the next n floats
   const size_t C = static_cast<size_t>(d.C);
-  l.wte = o;
-  o += static_cast<size_t>(d.V) * C;
-  l.wpe = o;
-  o += static_cast<size_t>(d.max_T) * C;
-  l.lnf_w = o;
-  o += C;
-  l.lnf_b = o;
-  o += C;
+  l.wte = take(static_cast<size_t>(d.V) * C);
+  l.wpe = take(static_cast<size_t>(d.max_T) * C);
+  l.lnf_w = take(C);
+  l.lnf_b = take(C);
   l.total = o;
   return l;
 }
@@ -82,31 +80,20 @@ struct BlockLayout {
 inline BlockLayout block_layout(const Dims& d) {
   BlockLayout l;
   size_t o = 0;
+  auto take = [&o](size_t n) { return std::exchange(o, o + n); };  // the next n floats
   const size_t C = static_cast<size_t>(d.C);
-  l.ln1_w = o;
-  o += C;
-  l.ln1_b = o;
-  o += C;
-  l.qkv_w = o;
-  o += 3 * C * C;
-  l.qkv_b = o;
-  o += 3 * C;
-  l.proj_w = o;
-  o += C * C;
-  l.proj_b = o;
-  o += C;
-  l.ln2_w = o;
-  o += C;
-  l.ln2_b = o;
-  o += C;
-  l.fc_w = o;
-  o += 4 * C * C;
-  l.fc_b = o;
-  o += 4 * C;
-  l.fcproj_w = o;
-  o += 4 * C * C;
-  l.fcproj_b = o;
-  o += C;
+  l.ln1_w = take(C);
+  l.ln1_b = take(C);
+  l.qkv_w = take(3 * C * C);
+  l.qkv_b = take(3 * C);
+  l.proj_w = take(C * C);
+  l.proj_b = take(C);
+  l.ln2_w = take(C);
+  l.ln2_b = take(C);
+  l.fc_w = take(4 * C * C);
+  l.fc_b = take(4 * C);
+  l.fcproj_w = take(4 * C * C);
+  l.fcproj_b = take(C);
   l.total = o;
   return l;
 }

@@ -27,32 +27,34 @@ PoolInfoW to_wire(const PoolInfo& p) {
   return PoolInfoW{p.id,       p.name,      p.owner_uid,    p.ram_quota, p.nvme_quota,
                    p.ram_used, p.nvme_used, p.tensor_count, p.group,     p.group_read};
 }
+namespace {
+
+// The fields TensorInfo and TensorInfoW share by name and type (all but the dtype).
+template <class To, class From>
+void copy_tensor_fields(To& to, const From& from) {
+  to.id = from.id;
+  to.name = from.name;
+  to.size = from.size;
+  to.shape = from.shape;
+  to.numa_node = from.numa_node;
+  to.tiers = from.tiers;
+  to.dirty = from.dirty;
+  to.readers = from.readers;
+  to.writer = from.writer;
+}
+
+}  // namespace
+
 TensorInfo to_public(const TensorInfoW& w) {
   TensorInfo t;
-  t.id = w.id;
-  t.name = w.name;
-  t.size = w.size;
+  copy_tensor_fields(t, w);
   t.dtype = w.dtype <= kMaxDType ? static_cast<DType>(w.dtype) : DType::kBytes;
-  t.shape = w.shape;
-  t.numa_node = w.numa_node;
-  t.tiers = w.tiers;
-  t.dirty = w.dirty;
-  t.readers = w.readers;
-  t.writer = w.writer;
   return t;
 }
 TensorInfoW to_wire(const TensorInfo& t) {
   TensorInfoW w;
-  w.id = t.id;
-  w.name = t.name;
-  w.size = t.size;
+  copy_tensor_fields(w, t);
   w.dtype = static_cast<uint8_t>(t.dtype);
-  w.shape = t.shape;
-  w.numa_node = t.numa_node;
-  w.tiers = t.tiers;
-  w.dirty = t.dirty;
-  w.readers = t.readers;
-  w.writer = t.writer;
   return w;
 }
 

@@ -43,6 +43,20 @@ std::vector<size_t> write_journal(const TempDir& dir, const std::vector<Record>&
   return offsets;
 }
 
+// sample_records() written to a fresh journal in `dir`: the records, their offsets (as
+// write_journal returns them), and the file's bytes.
+struct SampleJournal {
+  std::vector<Record> recs;
+  std::vector<size_t> offsets;
+  std::vector<std::byte> full;
+};
+SampleJournal write_sample(const TempDir& dir) {
+  SampleJournal j{sample_records(), {}, {}};
+  j.offsets = write_journal(dir, j.recs);
+  j.full = read_file(dir.journal());
+  return j;
+}
+
 std::vector<Record> churn_records(int n) {
   std::vector<Record> v;
   for (int i = 0; i < n; ++i) {
@@ -125,9 +139,7 @@ TEST_CASE("a torn file header (creation cut short) is rewritten", "[journal]") {
 TEST_CASE("a torn tail at every byte of the last record is truncated, nothing before it lost",
           "[journal][torn]") {
   TempDir dir;
-  auto recs = sample_records();
-  auto offsets = write_journal(dir, recs);
-  const auto full = read_file(dir.journal());
+  const auto [recs, offsets, full] = write_sample(dir);
   const size_t last = offsets[recs.size() - 1];
   REQUIRE(full.size() == offsets.back());
   std::vector<Record> expect(recs.begin(), recs.end() - 1);
@@ -170,9 +182,7 @@ TEST_CASE("a torn tail at every byte of the last record is truncated, nothing be
 
 TEST_CASE("a truncated journal keeps every record that is whole", "[journal][torn]") {
   TempDir dir;
-  auto recs = sample_records();
-  auto offsets = write_journal(dir, recs);
-  const auto full = read_file(dir.journal());
+  const auto [recs, offsets, full] = write_sample(dir);
   for (size_t i = 1; i + 1 < offsets.size(); ++i) {
     // Cut in the middle of record i: records before it survive, later ones were never written.
     size_t cut = (offsets[i] + offsets[i + 1]) / 2;
@@ -188,9 +198,7 @@ TEST_CASE("a truncated journal keeps every record that is whole", "[journal][tor
 TEST_CASE("a flipped byte before the last record is corruption: refused, file untouched",
           "[journal][corruption]") {
   TempDir dir;
-  auto recs = sample_records();
-  auto offsets = write_journal(dir, recs);
-  const auto full = read_file(dir.journal());
+  const auto [recs, offsets, full] = write_sample(dir);
   // Every byte of the second and of the second-to-last record, and of the file header.
   std::vector<std::pair<size_t, size_t>> ranges = {
       {0, kFileHeaderBytes}, {offsets[1], offsets[2]}, {offsets[recs.size() - 2], offsets[recs.size() - 1]}};

@@ -25,6 +25,16 @@ using tier::test::TrainRun;
 namespace {
 
 // Every loss `r` printed is exactly the uninterrupted run's at that step.
+// The uninterrupted run's loss at each step; it must have run `steps` steps.
+std::map<long, double> losses_by_step(const TrainRun& ref, size_t steps) {
+  INFO(ref.stderr_text);
+  REQUIRE(ref.exit_code == 0);
+  REQUIRE(ref.losses.size() == steps);
+  std::map<long, double> want;
+  for (size_t i = 0; i < ref.steps.size(); ++i) want[ref.steps[i]] = ref.losses[i];
+  return want;
+}
+
 void check_losses(const std::map<long, double>& want, const TrainRun& r) {
   for (size_t i = 0; i < r.steps.size(); ++i) {
     INFO("step " << r.steps[i]);
@@ -59,11 +69,7 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
                            "--overlap-optimizer --state tier --socket " +
                            daemon.socket();
   const TrainRun ref = run_trainer(2, base + " --job ref");
-  INFO(ref.stderr_text);
-  REQUIRE(ref.exit_code == 0);
-  REQUIRE(ref.losses.size() == 9);
-  std::map<long, double> want;
-  for (size_t i = 0; i < ref.steps.size(); ++i) want[ref.steps[i]] = ref.losses[i];
+  const std::map<long, double> want = losses_by_step(ref, 9);
 
   struct Fault {
     int step;
@@ -106,11 +112,7 @@ TEST_CASE("two daemons on one host: kill -9 and --resume read every daemon's mar
   const std::vector<std::string> sockets{da.socket(), db.socket()};
   const std::string base = "--model tiny --steps 6 --batch 4 --lr 3e-3 --seed 11 --val-every -1 --state tier";
   const TrainRun ref = run_trainer_on(sockets, 2, base + " --job ref");
-  INFO(ref.stderr_text);
-  REQUIRE(ref.exit_code == 0);
-  REQUIRE(ref.losses.size() == 6);
-  std::map<long, double> want;
-  for (size_t i = 0; i < ref.steps.size(); ++i) want[ref.steps[i]] = ref.losses[i];
+  const std::map<long, double> want = losses_by_step(ref, 6);
   // A rank of the second daemon in its update, and the second daemon's marker writer just
   // after its marker (the first daemon's may or may not be written then).
   for (const char* where : {"3:optimizer:3", "4:postcommit:2"}) {
@@ -194,11 +196,7 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
       "--state tier --socket " +
       daemon.socket();
   const TrainRun ref = run_trainer(2, base + " --job rref");
-  INFO(ref.stderr_text);
-  REQUIRE(ref.exit_code == 0);
-  REQUIRE(ref.losses.size() == 40);
-  std::map<long, double> want;
-  for (size_t i = 0; i < ref.steps.size(); ++i) want[ref.steps[i]] = ref.losses[i];
+  const std::map<long, double> want = losses_by_step(ref, 40);
 
   std::mt19937 rng(std::random_device{}());
   for (int round = 0; round < 3; ++round) {
