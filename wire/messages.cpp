@@ -30,8 +30,7 @@ PoolInfoW to_wire(const PoolInfo& p) {
 namespace {
 
 // The fields TensorInfo and TensorInfoW share by name and type (all but the dtype).
-template <class To, class From>
-void copy_tensor_fields(To& to, const From& from) {
+template <class To, class From> void copy_tensor_fields(To& to, const From& from) {
   to.id = from.id;
   to.name = from.name;
   to.size = from.size;
