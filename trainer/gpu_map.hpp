@@ -43,8 +43,13 @@ inline int cuda_device_for_rank(int local_rank, std::span<const std::string> cud
   if (visible_devices_set) return slot;
   std::vector<int> by_pci(static_cast<size_t>(n));
   std::iota(by_pci.begin(), by_pci.end(), 0);
-  std::ranges::stable_sort(by_pci, {},
-                           [&](int i) { return normalize_pci(cuda_pci[static_cast<size_t>(i)]); });
+  // Equal addresses keep CUDA's order: ties compare the ordinals (a plain sort, so no
+  // temporary buffer).
+  std::ranges::sort(by_pci, [&](int a, int b) {
+    const std::string pa = normalize_pci(cuda_pci[static_cast<size_t>(a)]);
+    const std::string pb = normalize_pci(cuda_pci[static_cast<size_t>(b)]);
+    return pa != pb ? pa < pb : a < b;
+  });
   return by_pci[static_cast<size_t>(slot)];
 }
 

@@ -189,8 +189,10 @@ int main(int argc, char** argv) {
   }
 
   if (do_plan) {
+    // The plan describes the run these same options start.
     po.model = m;
     po.prefetch = o.prefetch;
+    po.buffers = buffers > 0 ? buffers : state == "tier" ? 2 : 1;
     auto p = make_plan(po);
     if (!p) die(nullptr, p.error().message(), 2);
     std::fputs((json ? plan_json(*p) : plan_text(*p)).c_str(), stdout);

@@ -42,38 +42,47 @@ Result<Plan> make_plan(const PlanOptions& in) {
   if (!hr) return fail(hr.error());
   if (!nc) return fail(nc.error());
   const ModelConfig& m = o.model;
-  const double T = o.seq > 0 ? o.seq : m.seq;
-  const double C = m.dim, L = m.layers, NH = m.heads, b = o.micro_batch;
+  MemoryConfig mc;
+  mc.model = m;
+  mc.ranks = o.nodes * o.gpus_per_node;
+  mc.ranks_per_node = o.gpus_per_node;
+  mc.micro_batch = o.micro_batch;
+  mc.seq = o.seq;
+  mc.buffers = o.buffers;
+  mc.prefetch = o.prefetch;
+  mc.checkpoint_activations = o.checkpointing;
+  mc.offload_checkpoints = o.offload_checkpoints;
+  mc.flash_attention = o.flash_attention;
+  auto mm = memory_model(mc);
+  if (!mm) return fail(mm.error());
+  p.mem = *mm;
+  const double T = p.mem.config.seq;
+  const double b = o.micro_batch;
   const double P = static_cast<double>(m.num_params());
-  const double Pl = static_cast<double>(m.layer_floats(1));
   const double N = static_cast<double>(o.nodes) * o.gpus_per_node;
   p.params = m.num_params();
   p.ranks = o.nodes * o.gpus_per_node;
 
-  // State: bf16 params + bf16 grads + fp32 master params + fp32 Adam m and v = 16 B/param.
-  p.state_total = 16.0 * P;
-  p.state_rank = p.state_total / N;
-  p.state_node = p.state_total / o.nodes;
+  // State: the tensors a run creates in each node's pool (fp32 params, grads and AdamW
+  // moments, `buffers` copies; offloaded checkpoints), as tierd charges them.
+  p.state_node = static_cast<double>(p.mem.node.total());
+  p.state_total = p.state_node * o.nodes;
+  p.state_rank = static_cast<double>(p.mem.rank.total());
 
-  // GPU working set: K+1 gathered bf16 layers and one bf16 layer gradient before its
-  // reduce-scatter; one layer's activations (Korthikanti et al.: s*b*h*(34 + 5*a*s/h) bytes in
-  // 16-bit); the checkpointed layer inputs (b*s*h*2 bytes per layer); fp32 logits of the head.
+  // GPU working set: the trainer's own buffers (K+1 gathered layers, the gradient buffers,
+  // the saved activations, the residual stream checkpoints, the head and scratch).
+  const DeviceBytes& dv = p.mem.device;
   p.gpu_mem = static_cast<double>(*gm);
-  p.gpu_params = 2.0 * std::max(Pl, static_cast<double>(m.layer_floats(0))) * (o.prefetch + 2);
-  p.gpu_acts = T * b * C * (34.0 + 5.0 * NH * T / C) + 4.0 * b * T * m.vocab * 2;
-  p.gpu_ckpt = o.checkpointing ? 2.0 * b * T * C * L : p.gpu_acts * (L - 1);
-  p.gpu_total = p.gpu_params + p.gpu_acts + p.gpu_ckpt;
-  if (p.gpu_total > p.gpu_mem && o.checkpointing) {
-    p.ckpt_on_host = true;  // ZeRO-Infinity style: activation checkpoints offloaded to host
-    p.gpu_total = p.gpu_params + p.gpu_acts;
-  }
+  p.gpu_params = static_cast<double>(dv.gathered + dv.grads);
+  p.gpu_acts = static_cast<double>(dv.activations + dv.head + dv.scratch);
+  p.gpu_ckpt = static_cast<double>(dv.checkpoints);
+  p.gpu_total = static_cast<double>(dv.total());
+  p.ckpt_on_host = o.offload_checkpoints;
 
-  // Host RAM takes the state up to ram_frac of RAM (plus offloaded checkpoints); the rest
-  // spills to NVMe.
+  // Host RAM takes the node's pool up to ram_frac of RAM; the rest spills to NVMe.
   p.ram_capacity = static_cast<double>(*hr) * o.ram_frac;
-  const double ckpt_node = p.ckpt_on_host ? p.gpu_ckpt * o.gpus_per_node : 0.0;
-  p.ram_node = std::min(p.state_node + ckpt_node, p.ram_capacity);
-  p.nvme_node = std::max(0.0, p.state_node + ckpt_node - p.ram_capacity);
+  p.ram_node = std::min(p.state_node, p.ram_capacity);
+  p.nvme_node = std::max(0.0, p.state_node - p.ram_capacity);
   p.ram_rank = p.ram_node / o.gpus_per_node;
   p.nvme_rank = p.nvme_node / o.gpus_per_node;
   p.nvme_capacity = static_cast<double>(*nc);
@@ -93,18 +102,20 @@ Result<Plan> make_plan(const PlanOptions& in) {
   // Checkpointing recomputes the forward once more: 8 instead of 6 FLOPs per param and token.
   p.hw_flops_gpu = p.model_flops_gpu * (o.checkpointing ? 8.0 / 6.0 : 1.0);
   p.compute_s = p.hw_flops_gpu / (o.gpu_tflops * 1e12);
-  // ZeRO-3 moves the bf16 params twice (all-gather in forward and in backward) and the bf16
-  // grads once (reduce-scatter): 3 * 2P * (N-1)/N bytes through each GPU's link; inter-node
+  // ZeRO-3 moves the fp32 params twice (all-gather in forward and in backward) and the fp32
+  // grads once (reduce-scatter): 3 * 4P * (N-1)/N bytes through each GPU's link; inter-node
   // links when nodes > 1, NVLink otherwise.
-  const double coll = 3.0 * 2.0 * P * (N - 1) / N;
+  constexpr double kWord = sizeof(float);
+  const double coll = 3.0 * kWord * P * (N - 1) / N;
   p.net_s = coll / ((o.nodes > 1 ? o.net_gbps : o.nvlink_gbps) * 1e9);
-  // PCIe per GPU: its bf16 param shard up twice, its bf16 grad shard down once, and the
-  // checkpoints down and up when they live on the host.
-  const double pcie_bytes = 3.0 * 2.0 * P / N + (p.ckpt_on_host ? 2.0 * p.gpu_ckpt : 0.0);
+  // PCIe per GPU: its param shard up twice, its grad shard down once, and the checkpoints
+  // down and up when they live in the tier.
+  const double pcie_bytes =
+      3.0 * kWord * P / N + (p.ckpt_on_host ? 2.0 * static_cast<double>(p.mem.rank.checkpoints) : 0.0);
   p.pcie_s = pcie_bytes / (o.pcie_gbps * 1e9);
-  // NVMe per node: the spilled part of the state is read and written once per step.
+  // NVMe per node: the spilled part of the pool is read and written once per step.
   p.nvme_s = 2.0 * p.nvme_node / (o.nvme_gbps * 1e9);
-  // CPU AdamW: reads fp32 p, m, v and bf16 g, writes fp32 p, m, v and bf16 p: 28 B/param.
+  // CPU AdamW: reads p, m, v, g and writes p, m, v, all fp32: 28 B/param.
   p.optimizer_s = 28.0 * P / o.nodes / (o.host_mem_gbps * 1e9);
   struct T2 {
     const char* n;
@@ -135,11 +146,18 @@ std::string plan_text(const Plan& p) {
   s += fmt::format("model {} on {} node(s) x {} GPU(s) = {} ranks; micro-batch {} x {} tokens per GPU\n",
                    o.model.describe(), o.nodes, o.gpus_per_node, p.ranks, o.micro_batch,
                    o.seq > 0 ? o.seq : o.model.seq);
-  s += fmt::format("state (16 B/param, ZeRO-3): total {}, per node {}, per rank {}\n", sz(p.state_total),
-                   sz(p.state_node), sz(p.state_rank));
-  s += fmt::format("GPU per rank: {} of {} (gathered layers {}, activations {}, checkpoints {}{})\n",
-                   sz(p.gpu_total), o.gpu_mem, sz(p.gpu_params), sz(p.gpu_acts), sz(p.gpu_ckpt),
-                   p.ckpt_on_host ? " on host" : "");
+  s += fmt::format("trainer: {} precision, activation checkpointing {}{}, {} attention, {} buffer(s)\n",
+                   p.mem.precision, o.checkpointing ? "on" : "off",
+                   o.offload_checkpoints ? " (checkpoints in the tier)" : "",
+                   o.flash_attention ? "flash" : "reference", o.buffers);
+  const TierBytes& n = p.mem.node;
+  s += fmt::format("state ({:.1f} B/param, ZeRO-3): total {}, per node {}, per rank {}\n",
+                   p.mem.state_bytes_per_param, sz(p.state_total), sz(p.state_node), sz(p.state_rank));
+  s += fmt::format("pool per node: params {}, grads {}, moments {}, checkpoints {}, marker {} ({} tensors)\n",
+                   sz(n.params), sz(n.grads), sz(n.moments), sz(n.checkpoints), sz(n.marker), n.tensors);
+  s += fmt::format(
+      "GPU per rank: {} of {} (gathered layers and gradients {}, activations {}, residual stream {})\n",
+      sz(p.gpu_total), o.gpu_mem, sz(p.gpu_params), sz(p.gpu_acts), sz(p.gpu_ckpt));
   s += fmt::format("RAM:  per node {} of {} usable, per rank {}\n", sz(p.ram_node), sz(p.ram_capacity),
                    sz(p.ram_rank));
   s += fmt::format("NVMe: per node {} of {}, per rank {}\n", sz(p.nvme_node), sz(p.nvme_capacity),
@@ -167,10 +185,25 @@ std::string plan_json(const Plan& p) {
   j["gpus_per_node"] = o.gpus_per_node;
   j["ranks"] = p.ranks;
   j["micro_batch"] = o.micro_batch;
-  j["state_bytes"] = {{"total", p.state_total}, {"per_node", p.state_node}, {"per_rank", p.state_rank}};
+  j["precision"] = p.mem.precision;
+  j["checkpoint_activations"] = o.checkpointing;
+  j["offload_checkpoints"] = o.offload_checkpoints;
+  j["attention"] = o.flash_attention ? "flash" : "reference";
+  j["buffers"] = o.buffers;
+  j["state_bytes"] = {{"total", p.state_total},
+                      {"per_node", p.state_node},
+                      {"per_rank", p.state_rank},
+                      {"per_param", p.mem.state_bytes_per_param}};
+  // Integers, byte for byte what tierd reports for the job's pool (tierctl --json pools).
+  auto tier_json = [](const TierBytes& t) {
+    return nlohmann::json{
+        {"params", t.params}, {"grads", t.grads},     {"moments", t.moments}, {"checkpoints", t.checkpoints},
+        {"marker", t.marker}, {"tensors", t.tensors}, {"total", t.total()}};
+  };
+  j["pool_bytes"] = {{"per_rank", tier_json(p.mem.rank)}, {"per_node", tier_json(p.mem.node)}};
   j["gpu_bytes_per_rank"] = {
-      {"total", p.gpu_total},      {"gathered_layers", p.gpu_params},       {"activations", p.gpu_acts},
-      {"checkpoints", p.gpu_ckpt}, {"checkpoints_on_host", p.ckpt_on_host}, {"capacity", p.gpu_mem}};
+      {"total", p.gpu_total},          {"gathered_layers", p.gpu_params},       {"activations", p.gpu_acts},
+      {"residual_stream", p.gpu_ckpt}, {"checkpoints_on_host", p.ckpt_on_host}, {"capacity", p.gpu_mem}};
   j["ram_bytes"] = {
       {"per_node", p.ram_node}, {"per_rank", p.ram_rank}, {"capacity_per_node", p.ram_capacity}};
   j["nvme_bytes"] = {

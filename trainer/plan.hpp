@@ -1,5 +1,7 @@
 // tier-train --plan: memory per tier and the bandwidth-bound step time of a ZeRO-3 run with
-// its state offloaded to host RAM (and NVMe when RAM is short), on paper. The model of the
+// its state offloaded to host RAM (and NVMe when RAM is short), on paper. The bytes are the
+// trainer's (memory_model.hpp): a run with the same options puts exactly the planned state in
+// its pool. The model of the
 // machine and its assumptions are documented in docs/scaling.md; defaults describe one Azure
 // NDm A100 v4 node.
 #pragma once
@@ -8,6 +10,7 @@
 
 #include "tier/status.hpp"
 #include "tier/types.hpp"
+#include "trainer/memory_model.hpp"
 #include "trainer/model.hpp"
 
 namespace CLI {
@@ -32,18 +35,23 @@ struct PlanOptions {
   double host_mem_gbps = 200;        // per node, what the CPU optimizer streams at, GB/s
   int micro_batch = 8;               // sequences per GPU per step
   int seq = 0;                       // 0: model.seq
+  // The run's own options (the same flags as a run's; see MemoryConfig).
   int prefetch = 1;
-  bool checkpointing = true;  // activation checkpointing (one input per layer kept)
+  int buffers = 2;
+  bool checkpointing = false;        // --checkpoint-activations
+  bool offload_checkpoints = false;  // --offload-checkpoints
+  bool flash_attention = false;      // --attention flash
 };
 
 struct Plan {
   PlanOptions o;
   uint64_t params = 0;
   int ranks = 0;
-  // Bytes.
-  double state_total = 0, state_rank = 0, state_node = 0;  // 16 B/param, ZeRO-3 sharded
+  // Bytes. The state and the device working set are the trainer's own (memory_model()).
+  MemoryModel mem;
+  double state_total = 0, state_rank = 0, state_node = 0;  // ZeRO-3 sharded, checkpoints included
   double gpu_params = 0, gpu_acts = 0, gpu_ckpt = 0, gpu_total = 0, gpu_mem = 0;
-  bool ckpt_on_host = false;
+  bool ckpt_on_host = false;  // --offload-checkpoints: the checkpoints are in the node's tier
   double ram_node = 0, ram_rank = 0, ram_capacity = 0;
   double nvme_node = 0, nvme_rank = 0, nvme_capacity = 0;
   bool fits = true;

@@ -95,16 +95,13 @@ Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backe
       gather_pins(static_cast<size_t>(K) + 1),
       rs_pins(NL),
       grad_sumsq(NL, 0.0) {
-  // Shard geometry: padded so every shard is a whole number of 64-byte lines.
-  layer_n.resize(NL);
-  pad.resize(NL);
-  shard.resize(NL);
-  for (int l = 0; l < NL; ++l) {
-    layer_n[l] = m.layer_floats(l);
-    pad[l] = round_up(layer_n[l], 16 * static_cast<size_t>(R));
-    shard[l] = pad[l] / R;
-    max_pad = std::max(max_pad, pad[l]);
-  }
+  // Shard geometry: padded so every shard is a whole number of 64-byte lines (the memory
+  // model's, so --plan sizes the same shards).
+  const ShardGeometry g = shard_geometry(m, R);
+  layer_n = g.layer_floats;
+  pad = g.pad;
+  shard = g.shard;
+  max_pad = g.max_pad;
   buf.be = &be;
 }
 

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <vector>
 
+#include "trainer/memory_model.hpp"
 #include "trainer/trainer.hpp"
 
 namespace tier::train::detail {

@@ -12,6 +12,7 @@
 
 #include "tier/client.hpp"
 #include "trainer/gpu_map.hpp"
+#include "trainer/memory_model.hpp"
 #include "wire/errors.hpp"
 
 namespace tier::train {
@@ -73,17 +74,14 @@ class TierStore final : public ShardStore {
     ids_.assign(layout.shard_floats.size() * 8, 0);
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
-      for (int k = 0; k < 4; ++k) {
-        const int copies = k == static_cast<int>(ShardKind::kGrad) ? 1 : layout.buffers;
-        for (int b = 0; b < copies; ++b) {
-          const ShardRef ref{static_cast<int>(l), static_cast<ShardKind>(k), b};
-          const uint64_t size = layout.shard_floats[l] * sizeof(float);
-          auto id = create(shard_tensor_name(layout.rank, ref), size,
-                           {static_cast<int64_t>(layout.shard_floats[l])});
-          if (!id) return id.error();
-          ids_[index(ref)] = *id;
-          bytes_ += size;
-        }
+      // The memory model's list, so --plan adds up exactly these tensors.
+      for (const ShardRef& ref : layer_shards(static_cast<int>(l), layout.buffers)) {
+        const uint64_t size = layout.shard_floats[l] * sizeof(float);
+        auto id =
+            create(shard_tensor_name(layout.rank, ref), size, {static_cast<int64_t>(layout.shard_floats[l])});
+        if (!id) return id.error();
+        ids_[index(ref)] = *id;
+        bytes_ += size;
       }
     }
     auto m = create(kMarkerName, sizeof(CommitMarker), {static_cast<int64_t>(sizeof(CommitMarker))},

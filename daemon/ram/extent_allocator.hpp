@@ -14,11 +14,14 @@
 #include <set>
 #include <utility>
 
+#include "tier/types.hpp"
+
 namespace tier::daemon {
 
 class ExtentAllocator {
  public:
   static constexpr uint64_t kGranule = 4096;
+  static_assert(kGranule == kTensorGranule, "the public charge of a tensor (tier/types.hpp) is this granule");
 
   // `capacity` is rounded down to kGranule.
   explicit ExtentAllocator(uint64_t capacity);

@@ -53,6 +53,14 @@ struct Placement {
   static Placement near_gpu(int32_t g) { return {Kind::kNearGpu, g}; }
 };
 
+// What a tensor of `size` bytes takes of its pool's quota and of a tier: its size rounded up to
+// this granule (tierd's RAM arenas and NVMe extents are carved in 4 KiB granules). A planner
+// that adds up round_up(size, kTensorGranule) over a job's tensors gets the pool's usage exactly.
+inline constexpr uint64_t kTensorGranule = 4096;
+[[nodiscard]] constexpr uint64_t tensor_charge(uint64_t size) noexcept {
+  return (size + kTensorGranule - 1) / kTensorGranule * kTensorGranule;
+}
+
 struct TensorDesc {
   std::string name;             // 1..255 bytes, no '/' or NUL
   uint64_t size = 0;            // bytes, > 0

@@ -64,4 +64,15 @@ TrainRun run_trainer_on(const std::vector<std::string>& sockets, int ranks_per_d
   return run(cmd);
 }
 
+nlohmann::json plan_json(const std::string& args) {
+  const std::string cmd = bin_path("tier-train") + " --plan --json " + args;
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return nlohmann::json::value_t::discarded;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  if (pclose(p) != 0) return nlohmann::json::value_t::discarded;
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
 }  // namespace tier::test

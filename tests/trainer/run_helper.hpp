@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tier::test {
 
 struct TrainRun {
@@ -28,5 +30,9 @@ TrainRun run_trainer(int ranks, const std::string& args);
 // TIERD_SOCKET set to it (so `args` must not name --socket), as on nodes with one tierd each.
 TrainRun run_trainer_on(const std::vector<std::string>& sockets, int ranks_per_daemon,
                         const std::string& args);
+
+// `tier-train --plan --json ARGS`: the plan's object, or a discarded value when tier-train
+// failed or printed no JSON.
+nlohmann::json plan_json(const std::string& args);
 
 }  // namespace tier::test

@@ -113,16 +113,27 @@ TEST_CASE("plan arithmetic (--plan) matches a case computed by hand", "[trainer]
   REQUIRE(p.has_value());
   // Params: embed 256*64 + 32*64 + 2*64 = 18560; block 12*64^2 + 13*64 = 49984; total 118528.
   CHECK(p->params == 118528u);
-  CHECK(p->state_total == Approx(16.0 * 118528));
-  CHECK(p->state_rank == Approx(16.0 * 118528 / 8));
-  CHECK(p->state_node == Approx(16.0 * 118528 / 2));
+  // 8 ranks: layers padded to multiples of 128 floats. Embed 18560 (145 * 128): shards of 2320
+  // floats, 9280 B, charged 12288 (three 4 KiB granules). Block 50048: shards of 6256 floats,
+  // 25024 B, charged 28672. Per layer and rank: param, m, v twice (2 buffers) and one grad.
+  CHECK(p->mem.geometry.pad == std::vector<size_t>{18560, 50048, 50048});
+  CHECK(p->mem.rank.params == 2 * 12288u + 2 * 2 * 28672u);
+  CHECK(p->mem.rank.grads == 12288u + 2 * 28672u);
+  CHECK(p->mem.rank.moments == 2 * p->mem.rank.params);
+  CHECK(p->mem.rank.tensors == 21u);
+  CHECK(p->state_rank == Approx(7 * 12288 + 2 * 7 * 28672));
+  // A node: 4 ranks and the commit marker (32 bytes, one granule).
+  CHECK(p->mem.node.marker == 4096u);
+  CHECK(p->state_node == Approx(4 * 487424 + 4096));
+  CHECK(p->state_total == Approx(2 * (4 * 487424 + 4096)));
   CHECK(p->nvme_node == 0.0);
-  // FLOPs per token 6*(12*2*64^2 + 256*64) + 12*2*32*64 = 737280; 64 tokens per GPU.
+  // FLOPs per token 6*(12*2*64^2 + 256*64) + 12*2*32*64 = 737280; 64 tokens per GPU; no
+  // checkpointing, so no recompute.
   CHECK(p->model_flops_gpu == Approx(737280.0 * 64));
-  CHECK(p->compute_s == Approx(737280.0 * 64 * 8 / 6 / 100e12));
-  // Collectives: 3 * 2 bytes * 118528 * 7/8 over 10 GB/s.
-  CHECK(p->net_s == Approx(3.0 * 2 * 118528 * 7 / 8 / 10e9));
-  CHECK(p->pcie_s == Approx(3.0 * 2 * 118528 / 8 / 20e9));
+  CHECK(p->compute_s == Approx(737280.0 * 64 / 100e12));
+  // Collectives: 3 * 4 bytes (fp32) * 118528 * 7/8 over 10 GB/s.
+  CHECK(p->net_s == Approx(3.0 * 4 * 118528 * 7 / 8 / 10e9));
+  CHECK(p->pcie_s == Approx(3.0 * 4 * 118528 / 8 / 20e9));
   CHECK(p->optimizer_s == Approx(28.0 * 118528 / 2 / 100e9));
   CHECK(p->bound == "network");
   CHECK(p->step_s == Approx(p->net_s));
@@ -133,9 +144,25 @@ TEST_CASE("plan arithmetic (--plan) matches a case computed by hand", "[trainer]
     o.host_ram = "1M";
     auto q = make_plan(o);
     REQUIRE(q.has_value());
-    const double ram = 0.5 * (1 << 20);
+    const double ram = 0.5 * (1 << 20), node = 4 * 487424 + 4096;
     CHECK(q->ram_node == Approx(ram));
-    CHECK(q->nvme_node == Approx(16.0 * 118528 / 2 - ram));
-    CHECK(q->nvme_s == Approx(2 * (16.0 * 118528 / 2 - ram) / 5e9));
+    CHECK(q->nvme_node == Approx(node - ram));
+    CHECK(q->nvme_s == Approx(2 * (node - ram) / 5e9));
+  }
+  SECTION("checkpointing recomputes the forward; offloaded checkpoints are pool tensors") {
+    o.checkpointing = true;
+    o.offload_checkpoints = true;
+    auto q = make_plan(o);
+    REQUIRE(q.has_value());
+    CHECK(q->compute_s == Approx(737280.0 * 64 * 8 / 6 / 100e12));
+    // One [B=2, T=32, C=64] fp32 input per block: 16384 bytes, 4 granules, two blocks.
+    CHECK(q->mem.rank.checkpoints == 2 * 16384u);
+    CHECK(q->state_node == Approx(4 * (487424 + 32768) + 4096));
+    // A block's activations once instead of L times.
+    CHECK(q->mem.device.activations * 2 == p->mem.device.activations);
+  }
+  SECTION("offloaded checkpoints without checkpointing are refused") {
+    o.offload_checkpoints = true;
+    CHECK_FALSE(make_plan(o).has_value());
   }
 }

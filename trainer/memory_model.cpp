@@ -1,0 +1,107 @@
+#include "trainer/memory_model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tier/types.hpp"
+#include "wire/errors.hpp"
+
+namespace tier::train {
+
+namespace {
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+ShardGeometry shard_geometry(const ModelConfig& m, int ranks) {
+  ShardGeometry g;
+  const int NL = m.num_layers();
+  const size_t R = static_cast<size_t>(std::max(ranks, 1));
+  g.layer_floats.resize(NL);
+  g.pad.resize(NL);
+  g.shard.resize(NL);
+  for (int l = 0; l < NL; ++l) {
+    g.layer_floats[l] = m.layer_floats(l);
+    g.pad[l] = round_up(g.layer_floats[l], 16 * R);
+    g.shard[l] = g.pad[l] / R;
+    g.max_pad = std::max(g.max_pad, g.pad[l]);
+  }
+  return g;
+}
+
+std::vector<ShardRef> layer_shards(int layer, int buffers) {
+  std::vector<ShardRef> refs;
+  for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV, ShardKind::kGrad}) {
+    const int copies = k == ShardKind::kGrad ? 1 : buffers;
+    for (int b = 0; b < copies; ++b) refs.push_back({layer, k, b});
+  }
+  return refs;
+}
+
+std::string checkpoint_tensor_name(int rank, int layer) { return fmt::format("r{}.l{}.ckpt", rank, layer); }
+
+Result<MemoryModel> memory_model(const MemoryConfig& c) {
+  if (auto s = validate(c.model); !s) return fail(s);
+  const int T = c.seq > 0 ? c.seq : c.model.seq;
+  if (c.ranks < 1 || c.ranks_per_node < 1 || c.ranks_per_node > c.ranks)
+    return fail(
+        Code::kInvalidArgument,
+        fmt::format("{} rank(s) with {} per node: need 1 <= per node <= ranks", c.ranks, c.ranks_per_node));
+  if (c.micro_batch < 1 || T < 1 || T > c.model.seq)
+    return fail(Code::kInvalidArgument,
+                fmt::format("micro-batch {} and seq {} must be >= 1, seq at most the model's {}",
+                            c.micro_batch, T, c.model.seq));
+  if (c.buffers != 1 && c.buffers != 2) return fail(Code::kInvalidArgument, "buffers must be 1 or 2");
+  if (c.offload_checkpoints && !c.checkpoint_activations)
+    return fail(Code::kInvalidArgument, "offloaded checkpoints need activation checkpointing");
+
+  MemoryModel mm;
+  mm.config = c;
+  mm.config.seq = T;
+  mm.geometry = shard_geometry(c.model, c.ranks);
+  const ShardGeometry& g = mm.geometry;
+  const int L = c.model.layers, NL = c.model.num_layers();
+  const size_t B = static_cast<size_t>(c.micro_batch), C = static_cast<size_t>(c.model.dim);
+  const size_t BTC = B * static_cast<size_t>(T) * C;
+
+  // The store: every tensor rank_shards() names, charged as tierd charges it.
+  TierBytes& r = mm.rank;
+  for (int l = 0; l < NL; ++l) {
+    const uint64_t bytes = tensor_charge(g.shard[l] * sizeof(float));
+    for (const ShardRef& ref : layer_shards(l, c.buffers)) {
+      (ref.kind == ShardKind::kParam  ? r.params
+       : ref.kind == ShardKind::kGrad ? r.grads
+                                      : r.moments) += bytes;
+      ++r.tensors;
+    }
+  }
+  if (c.offload_checkpoints) {
+    r.checkpoints = static_cast<uint64_t>(L) * tensor_charge(BTC * sizeof(float));
+    r.tensors += static_cast<uint64_t>(L);
+  }
+  const auto per_node = static_cast<uint64_t>(c.ranks_per_node);
+  mm.node.params = r.params * per_node;
+  mm.node.grads = r.grads * per_node;
+  mm.node.moments = r.moments * per_node;
+  mm.node.checkpoints = r.checkpoints * per_node;
+  mm.node.marker = tensor_charge(sizeof(CommitMarker));
+  mm.node.tensors = r.tensors * per_node + 1;
+  const double node_params = static_cast<double>(c.model.num_params()) * c.ranks_per_node / c.ranks;
+  mm.state_bytes_per_param =
+      static_cast<double>(mm.node.params + mm.node.grads + mm.node.moments) / std::max(node_params, 1.0);
+
+  // The device: what Trainer::alloc_buffers allocates (host-accessible backends use the same
+  // buffers as host memory).
+  const Dims d = c.model.dims(c.micro_batch, T);
+  DeviceBytes& dv = mm.device;
+  constexpr uint64_t f = sizeof(float);
+  dv.gathered = static_cast<uint64_t>(c.prefetch + 1) * g.max_pad * f;
+  dv.grads = (g.pad[0] + 2 * (NL > 1 ? g.pad[1] : 1)) * f;
+  dv.activations = static_cast<uint64_t>(c.checkpoint_activations ? 1 : L) * block_acts_floats(d) * f;
+  dv.checkpoints = c.offload_checkpoints ? 2 * BTC * f : static_cast<uint64_t>(L + 1) * BTC * f;
+  dv.head = head_acts_floats(d) * f;
+  dv.scratch = (block_scratch_floats(d) + BTC) * f + 2 * B * static_cast<uint64_t>(T) * sizeof(int32_t);
+  return mm;
+}
+
+}  // namespace tier::train
