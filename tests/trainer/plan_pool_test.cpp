@@ -76,7 +76,7 @@ TEST_CASE("what --plan prints for a configuration is what its run puts in tierd'
   }
 }
 
-TEST_CASE("--plan names the trainer it plans and derives the state from it", "[trainer][plan]") {
+TEST_CASE("the plan names the trainer it plans and derives the state from it", "[trainer][plan]") {
   const nlohmann::json one =
       tier::test::plan_json("--model small --state tier --buffers 1 --gpus-per-node 1");
   const nlohmann::json two = tier::test::plan_json("--model small --state tier --gpus-per-node 1");
