@@ -105,6 +105,11 @@ int main(int argc, char** argv) {
                  "runs ahead of the GPU), "
                  "auto (nccl with --backend cuda in a build with NCCL, else host)")
       ->capture_default_str();
+  std::string attention = "flash";
+  app.add_option("--attention", attention,
+                 "flash (tiled, online softmax: activations linear in --seq) or reference (the "
+                 "materialized [B,NH,T,T] probabilities; docs/trainer.md, Attention)")
+      ->capture_default_str();
   app.add_option("--state", state, "resident (private memory) or tier (tierd)")->capture_default_str();
   app.add_option("--job", job, "tierd pool of this job")->capture_default_str();
   app.add_option("--socket", socket, "tierd socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
@@ -126,6 +131,10 @@ int main(int argc, char** argv) {
   app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
   app.add_flag("--json", json, "--plan: one JSON object");
   app.add_flag("--bench-optimizer", bench_opt, "benchmark the AdamW step against a scalar loop");
+  bool bench_att = false;
+  app.add_flag("--bench-attention", bench_att,
+               "benchmark the CPU flash attention against the reference (forward + backward, "
+               "T = 256 and 1024)");
   bool overlap_optimizer = false;
   app.add_flag("--overlap-optimizer", overlap_optimizer,
                "run the CPU AdamW of a step beside the next step's pass (faster with the state "
@@ -188,6 +197,10 @@ int main(int argc, char** argv) {
     die(nullptr, fmt::format("--collectives must be auto, nccl or host, not '{}'", collectives), 2);
   }
 
+  if (attention == "flash") o.attention = Attention::kFlash;
+  else if (attention == "reference") o.attention = Attention::kReference;
+  else die(nullptr, fmt::format("--attention must be flash or reference, not '{}'", attention), 2);
+
   if (do_plan) {
     po.model = m;
     po.prefetch = o.prefetch;
@@ -200,6 +213,12 @@ int main(int argc, char** argv) {
     const int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
     set_cpu_threads(n);
     std::fputs(bench_optimizer(n).c_str(), stdout);
+    return 0;
+  }
+  if (bench_att) {
+    const int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+    set_cpu_threads(n);
+    std::fputs(bench_attention(n).c_str(), stdout);
     return 0;
   }
 
@@ -291,10 +310,10 @@ int main(int argc, char** argv) {
   if (comm.rank() == 0)
     std::fprintf(stderr,
                  "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
-                 "state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
+                 "attention %s, state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
                  m.describe().c_str(), comm.size(), nthreads, backend_desc.c_str(),
-                 stream ? stream->name() : "host (MPI)", store->name(), o.batch, T, data->source().c_str(),
-                 data->train_bytes(), data->val_bytes());
+                 stream ? stream->name() : "host (MPI)", attention.c_str(), store->name(), o.batch, T,
+                 data->source().c_str(), data->train_bytes(), data->val_bytes());
   if (profile && backend != "cpu") die(&comm, "--profile needs --backend cpu", 2);
   if (profile) set_cpu_profile(true);
   auto r = train(o, *data, comm, *be, *store, stdout);
