@@ -17,7 +17,8 @@
 //
 // Threads: the forward splits (b, h, query tile), each owning its rows of out and lse; the
 // backward splits (b, h), each owning its head's slice of dqkv (no two threads write one
-// element, no atomics). Inner loops run over HS or over a tile's keys and vectorize.
+// element, no atomics). Inner loops run over HS and vectorize; dot products and updates take
+// four keys per pass (dot4, axpys), so each pass loads the row they share once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,10 +35,51 @@ inline float dot(const float* a, const float* b, int n) {
   return s;
 }
 
-// y[n] += a * x[n]
-inline void axpy(float* y, float a, const float* x, int n) {
+// out[0..4) = a . r[0..4): four independent sums in one pass over a (one load of a per four
+// products, four dependency chains instead of one).
+inline void dot4(const float* a, const float* const r[4], int n, float* out) {
+  const float *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3];
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int i = 0; i < n; ++i) {
+    s0 += a[i] * r0[i];
+    s1 += a[i] * r1[i];
+    s2 += a[i] * r2[i];
+    s3 += a[i] * r3[i];
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+// out[j] = a . row(j) for j in [0, n), row(j) = base + j * stride.
+inline void dots(const float* a, const float* base, long stride, int n, int len, float* out) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* r[4] = {base + j * stride, base + (j + 1) * stride, base + (j + 2) * stride,
+                         base + (j + 3) * stride};
+    dot4(a, r, len, out + j);
+  }
+  for (; j < n; ++j) out[j] = dot(a, base + j * stride, len);
+}
+
+// y[len] += sum_j w[j] * row(j) over j in [0, n), row(j) = base + j * stride: y is loaded and
+// stored once per four rows.
+inline void axpys(float* y, const float* w, const float* base, long stride, int n, int len) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float *r0 = base + j * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
+    const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
 #pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+    for (int i = 0; i < len; ++i) y[i] += w0 * r0[i] + w1 * r1[i] + w2 * r2[i] + w3 * r3[i];
+  }
+  for (; j < n; ++j) {
+    const float* r = base + j * stride;
+    const float wj = w[j];
+#pragma omp simd
+    for (int i = 0; i < len; ++i) y[i] += wj * r[i];
+  }
 }
 
 }  // namespace
@@ -66,9 +108,10 @@ void attention_forward_flash(float* out, float* lse, const float* qkv, int B, in
           for (int t = std::max(q0, k0); t < q1; ++t) {  // rows before k0 see no key of this tile
             const int kend = std::min(k1, t + 1), n = kend - k0;
             const float* q = qkv_b + static_cast<long>(t) * C3 + h * HS;
+            dots(q, qkv_b + static_cast<long>(k0) * C3 + C + h * HS, C3, n, HS, s);
             float smax = -INFINITY;
             for (int j = 0; j < n; ++j) {
-              s[j] = scale * dot(q, qkv_b + static_cast<long>(k0 + j) * C3 + C + h * HS, HS);
+              s[j] *= scale;
               smax = std::max(smax, s[j]);
             }
             const int r = t - q0;
@@ -84,8 +127,7 @@ void attention_forward_flash(float* out, float* lse, const float* qkv, int B, in
             float* o = out + (static_cast<long>(b) * T + t) * C + h * HS;
 #pragma omp simd
             for (int i = 0; i < HS; ++i) o[i] *= corr;
-            for (int j = 0; j < n; ++j)
-              axpy(o, s[j], qkv_b + static_cast<long>(k0 + j) * C3 + 2 * C + h * HS, HS);
+            axpys(o, s, qkv_b + static_cast<long>(k0) * C3 + 2 * C + h * HS, C3, n, HS);
           }
         }
         for (int t = q0; t < q1; ++t) {
@@ -127,23 +169,24 @@ void attention_backward_flash(float* dqkv, float* drow, const float* dout, const
           const float* q = qkv_b + static_cast<long>(t) * C3 + h * HS;
           const float* g = dout + (bT + t) * C + h * HS;  // dout_t
           float* dq = dqkv_b + static_cast<long>(t) * C3 + h * HS;
-          for (int j = 0; j < n; ++j) {
-            const float* kv = qkv_b + static_cast<long>(k0 + j) * C3 + h * HS;  // + C: k, + 2C: v
-            p[j] = scale * dot(q, kv + C, HS);
-            ds[j] = dot(g, kv + 2 * C, HS);  // dP
-          }
+          const float* kt = qkv_b + static_cast<long>(k0) * C3 + C + h * HS;  // k of key k0; + C: its v
+          dots(q, kt, C3, n, HS, p);       // q . k
+          dots(g, kt + C, C3, n, HS, ds);  // dP = dout . v
           const float l = lse_bh[t], Dt = D[t];
 #pragma omp simd
           for (int j = 0; j < n; ++j) {
-            p[j] = std::exp(p[j] - l);
+            p[j] = std::exp(scale * p[j] - l);
             ds[j] = scale * p[j] * (ds[j] - Dt);
           }
+          axpys(dq, ds, kt, C3, n, HS);  // dq += sum_j scale dS_j k_j
           for (int j = 0; j < n; ++j) {
-            const float* kv = qkv_b + static_cast<long>(k0 + j) * C3 + h * HS;
-            float* dkv = dqkv_b + static_cast<long>(k0 + j) * C3 + h * HS;
-            axpy(dkv + 2 * C, p[j], g, HS);  // dv
-            axpy(dkv + C, ds[j], q, HS);     // dk
-            axpy(dq, ds[j], kv + C, HS);     // dq
+            float* dk = dqkv_b + static_cast<long>(k0 + j) * C3 + C + h * HS;  // + C: dv
+            const float pj = p[j], dsj = ds[j];
+#pragma omp simd
+            for (int i = 0; i < HS; ++i) {
+              dk[C + i] += pj * g[i];  // dv
+              dk[i] += dsj * q[i];     // dk
+            }
           }
         }
       }
