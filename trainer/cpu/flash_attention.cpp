@@ -170,8 +170,8 @@ void attention_backward_flash(float* dqkv, float* drow, const float* dout, const
           const float* g = dout + (bT + t) * C + h * HS;  // dout_t
           float* dq = dqkv_b + static_cast<long>(t) * C3 + h * HS;
           const float* kt = qkv_b + static_cast<long>(k0) * C3 + C + h * HS;  // k of key k0; + C: its v
-          dots(q, kt, C3, n, HS, p);       // q . k
-          dots(g, kt + C, C3, n, HS, ds);  // dP = dout . v
+          dots(q, kt, C3, n, HS, p);                                          // q . k
+          dots(g, kt + C, C3, n, HS, ds);                                     // dP = dout . v
           const float l = lse_bh[t], Dt = D[t];
 #pragma omp simd
           for (int j = 0; j < n; ++j) {
