@@ -161,31 +161,44 @@ void attention_backward_flash(float* dqkv, float* drow, const float* dout, const
         std::memset(dq + C, 0, sizeof(float) * HS);      // dk
         std::memset(dq + 2 * C, 0, sizeof(float) * HS);  // dv
       }
-      float p[kFlashTileK], ds[kFlashTileK];  // one row's P and scale * dS over the tile
+      constexpr int kRows = 4;                              // query rows per pass over a key tile's dk and dv
+      float p[kRows][kFlashTileK], ds[kRows][kFlashTileK];  // P and scale * dS of the rows
       for (int k0 = 0; k0 < T; k0 += kFlashTileK) {
         const int k1 = std::min(T, k0 + kFlashTileK);
-        for (int t = k0; t < T; ++t) {  // queries before k0 see no key of this tile
-          const int n = std::min(k1, t + 1) - k0;
-          const float* q = qkv_b + static_cast<long>(t) * C3 + h * HS;
-          const float* g = dout + (bT + t) * C + h * HS;  // dout_t
-          float* dq = dqkv_b + static_cast<long>(t) * C3 + h * HS;
-          const float* kt = qkv_b + static_cast<long>(k0) * C3 + C + h * HS;  // k of key k0; + C: its v
-          dots(q, kt, C3, n, HS, p);                                          // q . k
-          dots(g, kt + C, C3, n, HS, ds);                                     // dP = dout . v
-          const float l = lse_bh[t], Dt = D[t];
+        const float* kt = qkv_b + static_cast<long>(k0) * C3 + C + h * HS;  // k of key k0; + C: its v
+        for (int t0 = k0; t0 < T; t0 += kRows) {  // queries before k0 see no key of this tile
+          const int rows = std::min(kRows, T - t0);
+          const int n_all = std::min(k1, t0 + rows) - k0;  // keys the group's last row sees
+          const float *q[kRows], *g[kRows];
+          for (int r = 0; r < kRows; ++r) {
+            // Rows past T repeat row t0 with zero weights, so the loops below need no branch.
+            const int t = t0 + (r < rows ? r : 0);
+            q[r] = qkv_b + static_cast<long>(t) * C3 + h * HS;
+            g[r] = dout + (bT + t) * C + h * HS;  // dout_t
+            const int n = r < rows ? std::min(k1, t + 1) - k0 : 0;
+            dots(q[r], kt, C3, n, HS, p[r]);       // q . k
+            dots(g[r], kt + C, C3, n, HS, ds[r]);  // dP = dout . v
+            const float l = lse_bh[t], Dt = D[t];
 #pragma omp simd
-          for (int j = 0; j < n; ++j) {
-            p[j] = std::exp(scale * p[j] - l);
-            ds[j] = scale * p[j] * (ds[j] - Dt);
+            for (int j = 0; j < n; ++j) {
+              p[r][j] = std::exp(scale * p[r][j] - l);
+              ds[r][j] = scale * p[r][j] * (ds[r][j] - Dt);
+            }
+            for (int j = n; j < n_all; ++j) p[r][j] = ds[r][j] = 0;  // masked: key after t
+            if (r < rows) axpys(dqkv_b + static_cast<long>(t) * C3 + h * HS, ds[r], kt, C3, n, HS);  // dq
           }
-          axpys(dq, ds, kt, C3, n, HS);  // dq += sum_j scale dS_j k_j
-          for (int j = 0; j < n; ++j) {
+          // dk_j += sum_r scale dS[r,j] q_r and dv_j += sum_r P[r,j] dout_r: one load and store of
+          // dk_j and dv_j per kRows rows.
+          for (int j = 0; j < n_all; ++j) {
             float* dk = dqkv_b + static_cast<long>(k0 + j) * C3 + C + h * HS;  // + C: dv
-            const float pj = p[j], dsj = ds[j];
+            const float p0 = p[0][j], p1 = p[1][j], p2 = p[2][j], p3 = p[3][j];
+            const float s0 = ds[0][j], s1 = ds[1][j], s2 = ds[2][j], s3 = ds[3][j];
+            const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+            const float *g0 = g[0], *g1 = g[1], *g2 = g[2], *g3 = g[3];
 #pragma omp simd
             for (int i = 0; i < HS; ++i) {
-              dk[C + i] += pj * g[i];  // dv
-              dk[i] += dsj * q[i];     // dk
+              dk[C + i] += p0 * g0[i] + p1 * g1[i] + p2 * g2[i] + p3 * g3[i];  // dv
+              dk[i] += s0 * q0[i] + s1 * q1[i] + s2 * q2[i] + s3 * q3[i];      // dk
             }
           }
         }
