@@ -270,8 +270,9 @@ cudaError_t launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t s, Args..
   return cudaGetLastError();
 }
 
+// The launch geometry's limits: head size (registers, shared memory) and grid.y = B * NH.
 bool shape_ok(int B, int T, int C, int NH) {
-  return B > 0 && T > 0 && NH > 0 && C % NH == 0 && C / NH <= kMaxHS;
+  return B > 0 && T > 0 && NH > 0 && C % NH == 0 && C / NH <= kMaxHS && size_t(B) * NH <= 65535;
 }
 
 }  // namespace

@@ -69,7 +69,8 @@ cudaError_t causal_softmax_backward(float* dpreatt, const float* att, const floa
 // ---- flash attention (flash_attention.cu): tiled, online softmax, memory linear in T ----
 // Causal attention of qkv[B,T,3C] (q | k | v, head h at columns h*HS of each, HS = C/NH <= 256,
 // scale 1/sqrt(HS)): out[B,T,C] (overwritten) and lse[B,NH,T] = log of each row's softmax
-// denominator of the scaled scores. No [T,T] buffer.
+// denominator of the scaled scores. No [T,T] buffer. cudaErrorInvalidValue, before any launch,
+// when HS > 256 or B * NH > 65535.
 cudaError_t flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                                     cudaStream_t stream);
 // dqkv[B,T,3C] (overwritten) from dout[B,T,C], given the forward's qkv, out and lse; drow[B,NH,T]
