@@ -92,7 +92,8 @@ TEST_CASE("tier-train refuses an unknown --attention value", "[trainer][cli][att
 // --attention flash (the default) and --attention reference compute the same model, so a few
 // training steps give the same losses up to fp32 rounding. T = 160 spans three flash tiles
 // (the last one partial); 4 steps at a high rate so the parameters move between steps.
-TEST_CASE("--attention flash trains to the losses of --attention reference", "[trainer][cli][attention]") {
+TEST_CASE("tier-train --attention flash trains to the losses of --attention reference",
+          "[trainer][cli][attention]") {
   const std::string run =
       "--layers 2 --dim 64 --heads 4 --seq 160 --batch 2 --steps 4 --lr 3e-3 --warmup 1 "
       "--val-every -1";
