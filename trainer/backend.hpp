@@ -34,6 +34,15 @@
 
 namespace tier::train {
 
+// How a block computes its causal attention (tier-train --attention).
+//   kFlash      tiled, online softmax (the FlashAttention recurrence): saves only the output
+//               and one logsumexp per row [B,NH,T]; the backward recomputes the probabilities
+//               tile by tile. Memory linear in T.
+//   kReference  materialized: saves the probabilities [B,NH,T,T] and its backward needs a
+//               [B,NH,T,T] scratch. Memory quadratic in T; kept as the reference kFlash is
+//               tested against.
+enum class Attention : int { kFlash = 0, kReference = 1 };
+
 // Shapes of one forward/backward on one rank.
 struct Dims {
   int B = 0;      // sequences in this call
@@ -42,7 +51,15 @@ struct Dims {
   int NH = 0;     // heads; C % NH == 0
   int V = 0;      // vocabulary
   int max_T = 0;  // rows of wpe
+  Attention attention = Attention::kFlash;
 };
+
+// Floats of the attention state a block saves (BlockActs::att or BlockActs::lse) and of the
+// per-row scratch its backward needs: B*NH*T*T for the reference, B*NH*T for flash.
+inline size_t attention_acts_floats(const Dims& d) {
+  const size_t rows = static_cast<size_t>(d.B) * d.NH * d.T;
+  return d.attention == Attention::kReference ? rows * d.T : rows;
+}
 
 // ---- parameter layouts (offsets in floats into a layer's flat buffer) ----
 
@@ -105,7 +122,10 @@ struct BlockActs {
   float* ln1_mean = nullptr;  // [B,T]
   float* ln1_rstd = nullptr;  // [B,T]
   float* qkv = nullptr;       // [B,T,3C]
-  float* att = nullptr;       // [B,NH,T,T]  softmax probabilities (causal; upper part unused)
+  float* att = nullptr;       // [B,NH,T,T]  softmax probabilities (causal; upper part unused);
+                              //             Attention::kReference only, else null
+  float* lse = nullptr;       // [B,NH,T]    logsumexp of each row's scaled scores;
+                              //             Attention::kFlash only, else null
   float* atty = nullptr;      // [B,T,C]     attention output before proj
   float* r = nullptr;         // [B,T,C]     residual after attention
   float* ln2 = nullptr;       // [B,T,C]
@@ -117,7 +137,7 @@ struct BlockActs {
 
 inline size_t block_acts_floats(const Dims& d) {
   const size_t BT = static_cast<size_t>(d.B) * d.T, C = static_cast<size_t>(d.C);
-  return BT * C * 5 + BT * 4 + BT * 3 * C + static_cast<size_t>(d.B) * d.NH * d.T * d.T + BT * 4 * C * 2;
+  return BT * C * 5 + BT * 4 + BT * 3 * C + attention_acts_floats(d) + BT * 4 * C * 2;
 }
 
 // Carves `base` (block_acts_floats(d) floats) into a BlockActs.
@@ -133,8 +153,9 @@ inline BlockActs carve_block_acts(float* base, const Dims& d) {
   p += BT;
   a.qkv = p;
   p += BT * 3 * C;
-  a.att = p;
-  p += static_cast<size_t>(d.B) * d.NH * d.T * d.T;
+  if (d.attention == Attention::kReference) a.att = p;
+  else a.lse = p;
+  p += attention_acts_floats(d);
   a.atty = p;
   p += BT * C;
   a.r = p;
@@ -179,8 +200,9 @@ inline HeadActs carve_head_acts(float* base, const Dims& d) {
 // Scratch a block's backward needs (not saved across calls): one buffer shared by all blocks.
 inline size_t block_scratch_floats(const Dims& d) {
   const size_t BT = static_cast<size_t>(d.B) * d.T, C = static_cast<size_t>(d.C);
-  // dln[BT,C] + dqkv[BT,3C] + datt[B,NH,T,T] + datty[BT,C] + dfch[BT,4C] + dr[BT,C]
-  return BT * C * 3 + BT * 3 * C + static_cast<size_t>(d.B) * d.NH * d.T * d.T + BT * 4 * C;
+  // dln[BT,C] + dqkv[BT,3C] + datty[BT,C] + dfch[BT,4C] + dr[BT,C]
+  // + attention: datt[B,NH,T,T] (reference) or drow[B,NH,T] = rowsum(dout * out) (flash)
+  return BT * C * 3 + BT * 3 * C + attention_acts_floats(d) + BT * 4 * C;
 }
 
 class Backend {

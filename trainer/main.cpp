@@ -62,10 +62,11 @@ void tune_library_settings(char** argv) {
 // What the command line says, beyond TrainOptions and PlanOptions.
 struct Cli {
   std::string model_name = "small", data_path, state = "resident", job = "tier-train", socket,
-              backend = "cpu", optimizer = "cpu", ram_quota, nvme_quota, collectives = "auto", fault_kill;
+              backend = "cpu", optimizer = "cpu", ram_quota, nvme_quota, collectives = "auto", fault_kill,
+              attention = "flash";
   int layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, threads = 0, buffers = 0;
-  bool do_plan = false, json = false, bench_opt = false, force_mpi = false, overlap_optimizer = false,
-       profile = false;
+  bool do_plan = false, json = false, bench_opt = false, bench_att = false, force_mpi = false,
+       overlap_optimizer = false, profile = false;
 };
 
 // The model, the data and the optimizer's schedule.
@@ -108,6 +109,10 @@ void add_compute_options(CLI::App& app, Cli& c, TrainOptions& o) {
                  "runs ahead of the GPU), "
                  "auto (nccl with --backend cuda in a build with NCCL, else host)")
       ->capture_default_str();
+  app.add_option("--attention", c.attention,
+                 "flash (tiled, online softmax: activations linear in --seq) or reference (the "
+                 "materialized [B,NH,T,T] probabilities; docs/trainer.md, Attention)")
+      ->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "layers gathered ahead of compute")->capture_default_str();
   app.add_option("--threads", c.threads, "compute threads per rank (default: cores / local ranks)");
   app.add_flag("--mpi", c.force_mpi, "initialize MPI even when not started by mpirun/srun");
@@ -140,6 +145,9 @@ void add_tool_options(CLI::App& app, Cli& c, TrainOptions& o) {
   app.add_flag("--plan", c.do_plan, "print memory per tier and the bandwidth bound; train nothing");
   app.add_flag("--json", c.json, "--plan: one JSON object");
   app.add_flag("--bench-optimizer", c.bench_opt, "benchmark the AdamW step against a scalar loop");
+  app.add_flag("--bench-attention", c.bench_att,
+               "benchmark the CPU flash attention against the reference (forward + backward, "
+               "T = 256 and 1024)");
   app.add_option("--fault-kill", c.fault_kill,
                  "testing: STEP:POINT:RANK kills that rank (SIGKILL) at forward, backward, "
                  "optimizer, precommit, postcommit, discarded (after the dead buffer's "
@@ -170,6 +178,9 @@ void apply_model_options(const Cli& c, TrainOptions& o) {
   if (c.vocab) m.vocab = c.vocab;
   if (auto s = validate(m); !s) die(nullptr, s.message(), 2);
   o.model = m;
+  if (c.attention == "flash") o.attention = Attention::kFlash;
+  else if (c.attention == "reference") o.attention = Attention::kReference;
+  else die(nullptr, fmt::format("--attention must be flash or reference, not '{}'", c.attention), 2);
   if (!c.fault_kill.empty()) {
     const auto a = c.fault_kill.find(':'), b = c.fault_kill.rfind(':');
     if (a == std::string::npos || a == b) die(nullptr, "--fault-kill wants STEP:POINT:RANK", 2);
@@ -207,6 +218,7 @@ int print_plan(const Cli& c, const TrainOptions& o, PlanOptions po) {
   po.model = o.model;
   po.prefetch = o.prefetch;
   po.buffers = c.buffers > 0 ? c.buffers : c.state == "tier" ? 2 : 1;
+  po.flash_attention = o.attention == Attention::kFlash;
   auto p = make_plan(po);
   if (!p) die(nullptr, p.error().message(), 2);
   std::fputs((c.json ? plan_json(*p) : plan_text(*p)).c_str(), stdout);
@@ -330,10 +342,10 @@ int main(int argc, char** argv) {
   apply_model_options(c, o);
   const std::string collectives = resolve_collectives(c);
   if (c.do_plan) return print_plan(c, o, po);
-  if (c.bench_opt) {
+  if (c.bench_opt || c.bench_att) {
     const int n = c.threads > 0 ? c.threads : static_cast<int>(std::thread::hardware_concurrency());
     set_cpu_threads(n);
-    std::fputs(bench_optimizer(n).c_str(), stdout);
+    std::fputs((c.bench_opt ? bench_optimizer(n) : bench_attention(n)).c_str(), stdout);
     return 0;
   }
 
@@ -373,10 +385,10 @@ int main(int argc, char** argv) {
   if (comm.rank() == 0)
     std::fprintf(stderr,
                  "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "
-                 "state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
+                 "attention %s, state %s, batch %d x %d tokens, data %s (%zu train / %zu val bytes)\n",
                  m.describe().c_str(), comm.size(), nthreads, backend_desc.c_str(),
-                 stream ? stream->name() : "host (MPI)", store->name(), o.batch, T, data->source().c_str(),
-                 data->train_bytes(), data->val_bytes());
+                 stream ? stream->name() : "host (MPI)", c.attention.c_str(), store->name(), o.batch, T,
+                 data->source().c_str(), data->train_bytes(), data->val_bytes());
   if (c.profile && c.backend != "cpu") die(&comm, "--profile needs --backend cpu", 2);
   if (c.profile) set_cpu_profile(true);
   auto r = train(o, *data, comm, *be, *store, stdout);

@@ -92,7 +92,8 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
 
   // The device: what Trainer::alloc_buffers allocates (host-accessible backends use the same
   // buffers as host memory).
-  const Dims d = c.model.dims(c.micro_batch, T);
+  const Dims d =
+      c.model.dims(c.micro_batch, T, c.flash_attention ? Attention::kFlash : Attention::kReference);
   DeviceBytes& dv = mm.device;
   constexpr uint64_t f = sizeof(float);
   dv.gathered = static_cast<uint64_t>(c.prefetch + 1) * g.max_pad * f;

@@ -34,7 +34,7 @@ struct MemoryConfig {
   // The checkpoints (each block's input) live in the job's pool instead (needs the above).
   bool offload_checkpoints = false;
   // Attention scores: materialized [B,NH,T,T] (reference) or never held (flash).
-  bool flash_attention = false;
+  bool flash_attention = true;
 };
 
 // Every layer's parameters padded to a multiple of 16 * R floats (whole 64-byte lines per

@@ -23,7 +23,9 @@ struct ModelConfig {
 
   // Layer 0 is embed/head (wte, wpe, lnf); layers 1..L are blocks.
   int num_layers() const { return layers + 1; }
-  Dims dims(int B, int T) const { return Dims{B, T, dim, heads, vocab, seq}; }
+  Dims dims(int B, int T, Attention attention = Attention::kFlash) const {
+    return Dims{B, T, dim, heads, vocab, seq, attention};
+  }
   size_t layer_floats(int layer) const;
   uint64_t num_params() const;
   // Training FLOPs per token (forward + backward), the usual 6 * N + attention estimate with N

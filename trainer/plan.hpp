@@ -40,7 +40,7 @@ struct PlanOptions {
   int buffers = 2;
   bool checkpointing = false;        // --checkpoint-activations
   bool offload_checkpoints = false;  // --offload-checkpoints
-  bool flash_attention = false;      // --attention flash
+  bool flash_attention = true;       // --attention flash (the default) or reference
 };
 
 struct Plan {

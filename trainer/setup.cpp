@@ -78,7 +78,7 @@ Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backe
       L(o.model.layers),
       NL(o.model.num_layers()),
       K(std::max(0, o.prefetch)),
-      d(o.model.dims(B, T)),
+      d(o.model.dims(B, T, o.attention)),
       BTC(static_cast<size_t>(B) * T * o.model.dim),
       hash(run_config_hash(o, comm_.size())),
       host(be_.host_accessible()),

@@ -48,6 +48,9 @@ struct TrainOptions {
   uint64_t seed = 1337;
   int batch = 8;  // global sequences per step, split evenly across ranks
   int seq = 0;    // tokens per sequence; 0: model.seq
+  // How blocks compute attention (--attention): flash (activations linear in seq) or the
+  // materialized reference. Carried to the backend in every call's Dims.
+  Attention attention = Attention::kFlash;
   AdamWConfig adamw;
   int64_t warmup = 0;  // 0: default_warmup(steps)
   float grad_clip = 1.0f;

@@ -1,4 +1,5 @@
-// The CUDA backend against the CPU backend on tiny shapes: every layer's forward and backward,
+// The CUDA backend against the CPU backend on tiny shapes: every layer's forward and backward
+// (blocks with flash and with reference attention),
 // in exact fp32 GEMM mode (tight tolerance) and in bf16 tensor-core mode (bf16 tolerance), and
 // the fused AdamW kernel against the CPU AdamW. Skips visibly without a device; the factory's
 // no-device answer is checked everywhere.
@@ -129,7 +130,9 @@ void run_layers(const Case& cs) {
     for (size_t i = 0; i < size_t(d.C); ++i) bp[off + i] = 1.0f + 0.1f * bp[off + i];
   const std::vector<float> x = random_floats(BTC, 4);
   const std::vector<float> dy = random_floats(BTC, 5);
-  {
+  for (const Attention kind : {Attention::kFlash, Attention::kReference}) {
+    INFO((kind == Attention::kFlash ? "flash attention" : "reference attention"));
+    const Dims d = tiny->dims(2, tiny->seq, kind);  // the outer d with this attention
     std::vector<float> acts(block_acts_floats(d)), y(BTC), grads(bl.total, 0.0f), dx(BTC),
         scratch(block_scratch_floats(d));
     cpu->block_forward(d, bp.data(), x.data(), carve_block_acts(acts.data(), d), y.data());
@@ -156,6 +159,12 @@ void run_layers(const Case& cs) {
     std::vector<float> acts_gpu = dacts.get();
     const BlockActs ca = carve_block_acts(acts.data(), d);
     const BlockActs ga = carve_block_acts(acts_gpu.data(), d);
+    if (kind == Attention::kFlash) {
+      const size_t rows = size_t(d.B) * d.NH * d.T;
+      CHECK_CLOSE(std::vector<float>(ga.lse, ga.lse + rows), std::vector<float>(ca.lse, ca.lse + rows),
+                  cs.tol);
+      continue;
+    }
     const size_t att_n = size_t(d.B) * d.NH * d.T * d.T;
     // Only the causal part of att is defined.
     std::vector<float> att_c, att_g;

@@ -84,7 +84,9 @@ TEST_CASE("gradient check: embed layer", "[trainer][gradcheck]") {
 TEST_CASE("gradient check: transformer block", "[trainer][gradcheck]") {
   auto be = make_cpu_backend();
   const ModelConfig m = tiny_model();
-  const Dims d = m.dims(2, 6);
+  const Attention att = GENERATE(Attention::kFlash, Attention::kReference);
+  INFO((att == Attention::kFlash ? "flash attention" : "reference attention"));
+  const Dims d = m.dims(2, 6, att);
   std::vector<float> params(m.layer_floats(1));
   init_layer(m, 1, 1, params);
   // Larger weights and non-unit LayerNorm so every path carries gradient.

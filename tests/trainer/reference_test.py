@@ -7,7 +7,8 @@ with torch.optim.AdamW, a global-norm clip and the same schedule. The reference 
 so a difference is tier-train's (fp32) error, not the reference's.
 
 Checked: the loss and every parameter tensor's gradient of step 1 (two shapes, one with
-T = 256, C = 384 and 6 heads), and 30 steps of training with the clip on, loss for loss and
+T = 256, C = 384 and 6 heads; that one also with --attention reference, and with flash at T = 200,
+which ends in a partial tile), and 30 steps of training with the clip on, loss for loss and
 gradient norm for gradient norm, with 1 rank (resident state) and 2 ranks (ZeRO-3: mpirun,
 state in a tierd started here).
 
@@ -194,8 +195,8 @@ class Reference(unittest.TestCase):
             args += ["--state", "tier", "--socket", self.daemon.socket, "--job", name]
         return run_trainer(args, ranks), d
 
-    def check_step1(self, name, shape, batch, ranks=1):
-        lines, d = self.dump_run(name, shape, 1, 5, batch, 6e-4, ranks)
+    def check_step1(self, name, shape, batch, ranks=1, extra=()):
+        lines, d = self.dump_run(name, shape, 1, 5, batch, 6e-4, ranks, extra=extra)
         shapes = layer_shapes(shape["layers"], shape["dim"], 256, shape["seq"])
         P = load_flat(os.path.join(d, "params.1.bin"), shapes, torch.float64)
         G = load_flat(os.path.join(d, "grads.1.bin"), shapes, torch.float64)
@@ -217,6 +218,16 @@ class Reference(unittest.TestCase):
 
     def test_step1_gradients_T256_C384(self):
         self.check_step1("g_large", {"layers": 1, "dim": 384, "heads": 6, "seq": 256}, 2)
+
+    # tier-train's default attention is flash (tiled, online softmax); the materialized one and a
+    # T that is not a multiple of the flash tile (64) against the same float64 reference.
+    def test_step1_gradients_T256_C384_reference_attention(self):
+        self.check_step1("g_large_ref", {"layers": 1, "dim": 384, "heads": 6, "seq": 256}, 2,
+                         extra=("--attention", "reference"))
+
+    def test_step1_gradients_T200_flash_partial_tile(self):
+        self.check_step1("g_t200", {"layers": 1, "dim": 384, "heads": 6, "seq": 200}, 2,
+                         extra=("--attention", "flash"))
 
     def test_step1_gradients_two_ranks(self):
         self.check_step1("g_r2", {"layers": 2, "dim": 64, "heads": 4, "seq": 32}, 4, ranks=2)

@@ -12,6 +12,8 @@
 #include <optional>
 #include <vector>
 
+#include "trainer/cpu/attention.hpp"
+
 namespace tier::train {
 namespace {
 
@@ -139,95 +141,6 @@ void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const
   }
 }
 
-// Causal self-attention. qkv[B,T,3C] -> out[B,T,C]; att[B,NH,T,T] saves the probabilities.
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int C3 = 3 * C;
-  Timed timed(&CpuProfile::attention_s);
-#pragma omp parallel for collapse(3)
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < NH; ++h) {
-        const float* q = qkv + (static_cast<long>(b) * T + t) * C3 + h * hs;
-        float* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
-        float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float* k = qkv + (static_cast<long>(b) * T + t2) * C3 + C + h * hs;
-          float dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
-          dot *= scale;
-          a[t2] = dot;
-          if (dot > maxv) maxv = dot;
-        }
-        float sum = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          a[t2] = std::exp(a[t2] - maxv);
-          sum += a[t2];
-        }
-        const float inv = 1.0f / sum;
-        for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; ++t2) a[t2] = 0;
-        float* o = out + (static_cast<long>(b) * T + t) * C + h * hs;
-        for (int i = 0; i < hs; ++i) o[i] = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv + (static_cast<long>(b) * T + t2) * C3 + 2 * C + h * hs;
-          const float p = a[t2];
-#pragma omp simd
-          for (int i = 0; i < hs; ++i) o[i] += p * v[i];
-        }
-      }
-}
-
-// dqkv[B,T,3C] (overwritten) from dout[B,T,C]; datt[B,NH,T,T] is scratch.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att,
-                        int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int C3 = 3 * C;
-  Timed timed(&CpuProfile::attention_s);
-  std::memset(dqkv, 0, sizeof(float) * static_cast<size_t>(B) * T * C3);
-  // Parallel over (b, h): each pair owns its head's slice of dqkv, so no two threads write
-  // the same element.
-#pragma omp parallel for collapse(2)
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t) {
-        const long row = static_cast<long>(b) * T + t;
-        const float* a = att + ((static_cast<long>(b) * NH + h) * T + t) * T;
-        float* da = datt + ((static_cast<long>(b) * NH + h) * T + t) * T;
-        const float* g = dout + row * C + h * hs;
-        // out = sum_t2 a[t2] v[t2]
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv + (static_cast<long>(b) * T + t2) * C3 + 2 * C + h * hs;
-          float* dv = dqkv + (static_cast<long>(b) * T + t2) * C3 + 2 * C + h * hs;
-          float dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int i = 0; i < hs; ++i) {
-            dot += v[i] * g[i];
-            dv[i] += a[t2] * g[i];
-          }
-          da[t2] = dot;
-        }
-        // softmax backward: dpre[t2] = a[t2] * (da[t2] - sum a * da)
-        float s = 0;
-        for (int t2 = 0; t2 <= t; ++t2) s += a[t2] * da[t2];
-        const float* q = qkv + row * C3 + h * hs;
-        float* dq = dqkv + row * C3 + h * hs;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const float dpre = a[t2] * (da[t2] - s) * scale;
-          const float* k = qkv + (static_cast<long>(b) * T + t2) * C3 + C + h * hs;
-          float* dk = dqkv + (static_cast<long>(b) * T + t2) * C3 + C + h * hs;
-#pragma omp simd
-          for (int i = 0; i < hs; ++i) {
-            dq[i] += dpre * k[i];
-            dk[i] += dpre * q[i];
-          }
-        }
-      }
-}
-
 // GELU, tanh approximation, written with the identity 0.5 * (1 + tanh(u)) = sigmoid(2u):
 // one expf per element instead of a (much slower) tanhf.
 void gelu_forward(float* out, const float* inp, long n) {
@@ -322,7 +235,12 @@ class CpuBackend final : public Backend {
     const float* p = params;
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
-    attention_forward(a.atty, a.att, a.qkv, d.B, d.T, C, d.NH);
+    {
+      Timed timed(&CpuProfile::attention_s);
+      if (d.attention == Attention::kReference)
+        attention_forward_reference(a.atty, a.att, a.qkv, d.B, d.T, C, d.NH);
+      else attention_forward_flash(a.atty, a.lse, a.qkv, d.B, d.T, C, d.NH);
+    }
     matmul_forward(a.r, a.atty, p + l.proj_w, p + l.proj_b, N, C, C);
     add_inplace(a.r, x, N * C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r, p + l.ln2_w, p + l.ln2_b, N, C);
@@ -339,12 +257,12 @@ class CpuBackend final : public Backend {
     const int C = d.C;
     const float* p = params;
     float* g = grads;
-    float* dln = scratch;                                             // [N,C]
-    float* dqkv = dln + N * C;                                        // [N,3C]
-    float* datt = dqkv + N * 3 * C;                                   // [B,NH,T,T]
-    float* datty = datt + static_cast<long>(d.B) * d.NH * d.T * d.T;  // [N,C]
-    float* dfch = datty + N * C;                                      // [N,4C]
-    float* dr = dfch + N * 4 * C;                                     // [N,C]
+    float* dln = scratch;                            // [N,C]
+    float* dqkv = dln + N * C;                       // [N,3C]
+    float* datt = dqkv + N * 3 * C;                  // reference: [B,NH,T,T]; flash: drow [B,NH,T]
+    float* datty = datt + attention_acts_floats(d);  // [N,C]
+    float* dfch = datty + N * C;                     // [N,4C]
+    float* dr = dfch + N * 4 * C;                    // [N,C]
 
     // MLP: y = r + fcproj(gelu(fc(ln2(r)))). dy is fully consumed here (dx may alias it).
     std::memcpy(dr, dy, sizeof(float) * N * C);
@@ -355,7 +273,12 @@ class CpuBackend final : public Backend {
                        true);
     // Attention: r = x + proj(attention(qkv(ln1(x)))).
     matmul_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C, 0.0f);
-    attention_backward(dqkv, datt, datty, a.qkv, a.att, d.B, d.T, C, d.NH);
+    {
+      Timed timed(&CpuProfile::attention_s);
+      if (d.attention == Attention::kReference)
+        attention_backward_reference(dqkv, datt, datty, a.qkv, a.att, d.B, d.T, C, d.NH);
+      else attention_backward_flash(dqkv, datt, datty, a.qkv, a.atty, a.lse, d.B, d.T, C, d.NH);
+    }
     matmul_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C, 0.0f);
     std::memcpy(dx, dr, sizeof(float) * N * C);
     layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, true);

@@ -158,20 +158,24 @@ class CudaBackend final : public Backend {
     const BlockLayout l = block_layout(d);
     const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
     const size_t BTC = size_t(N) * C;
-    float* s = ensure_scratch(4 * BTC);  // q | k | v | yh
-    if (!s) return;
-    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *yh = s + 3 * BTC;
     cu(layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C, stream_), "ln1");
     linear_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C, 0.0f);
-    cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
-    // att = softmax(q k^T / sqrt(HS)) per (b, h), causal.
-    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, k, HS, size_t(d.T) * HS, q, HS, size_t(d.T) * HS,
-                 a.att, d.T, size_t(d.T) * d.T, BH, 0.0f);
-    const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
-    cu(causal_softmax_forward(a.att, a.att, sc, BH * d.T, d.T, stream_), "softmax");
-    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, v, HS, size_t(d.T) * HS, a.att, d.T,
-                 size_t(d.T) * d.T, yh, HS, size_t(d.T) * HS, BH, 0.0f);
-    cu(attention_merge_heads(a.atty, yh, d.B, d.T, C, NH, stream_), "merge_heads");
+    if (d.attention == Attention::kFlash) {
+      cu(flash_attention_forward(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_), "flash_attention_forward");
+    } else {
+      float* s = ensure_scratch(4 * BTC);  // q | k | v | yh
+      if (!s) return;
+      float *q = s, *k = s + BTC, *v = s + 2 * BTC, *yh = s + 3 * BTC;
+      cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
+      // att = softmax(q k^T / sqrt(HS)) per (b, h), causal.
+      gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, k, HS, size_t(d.T) * HS, q, HS, size_t(d.T) * HS,
+                   a.att, d.T, size_t(d.T) * d.T, BH, 0.0f);
+      const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+      cu(causal_softmax_forward(a.att, a.att, sc, BH * d.T, d.T, stream_), "softmax");
+      gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, v, HS, size_t(d.T) * HS, a.att, d.T,
+                   size_t(d.T) * d.T, yh, HS, size_t(d.T) * HS, BH, 0.0f);
+      cu(attention_merge_heads(a.atty, yh, d.B, d.T, C, NH, stream_), "merge_heads");
+    }
     // r = x + proj(atty)
     copy_d2d(a.r, x, BTC);
     linear_forward(a.r, a.atty, p + l.proj_w, p + l.proj_b, N, C, C, 1.0f);
@@ -189,19 +193,14 @@ class CudaBackend final : public Backend {
     if (!ok()) return;
     const BlockLayout l = block_layout(d);
     const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
-    const size_t BTC = size_t(N) * C, BHTT = size_t(BH) * d.T * d.T;
+    const size_t BTC = size_t(N) * C;
     // Caller's scratch, carved as block_scratch_floats() counts it.
-    float* dln = scratch;
-    float* datty = dln + BTC;
-    float* dr = datty + BTC;
-    float* dqkv = dr + BTC;
-    float* datt = dqkv + 3 * BTC;
-    float* dfch = datt + BHTT;
-    // Internal: q | k | v | dyh | dq | dk | dv.
-    float* s = ensure_scratch(7 * BTC);
-    if (!s) return;
-    float *q = s, *k = s + BTC, *v = s + 2 * BTC, *dyh = s + 3 * BTC, *dq = s + 4 * BTC, *dk = s + 5 * BTC,
-          *dv = s + 6 * BTC;
+    float* dln = scratch;                           // [N,C]
+    float* datty = dln + BTC;                       // [N,C]
+    float* dr = datty + BTC;                        // [N,C]
+    float* dqkv = dr + BTC;                         // [N,3C]
+    float* datt = dqkv + 3 * BTC;                   // reference: [B,NH,T,T]; flash: drow [B,NH,T]
+    float* dfch = datt + attention_acts_floats(d);  // [N,4C]
 
     copy_d2d(dr, dy, BTC);  // residual branch; dy is not read after the fc projection
     linear_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N, 4 * C, C);
@@ -212,17 +211,27 @@ class CudaBackend final : public Backend {
        "ln2_backward");
     linear_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C);
     // attention
-    cu(attention_split_out(dyh, datty, d.B, d.T, C, NH, stream_), "split_out");
-    cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
-    const size_t sTH = size_t(d.T) * HS, sTT = size_t(d.T) * d.T;
-    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, v, HS, sTH, dyh, HS, sTH, datt, d.T, sTT, BH, 0.0f);
-    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, dyh, HS, sTH, a.att, d.T, sTT, dv, HS, sTH, BH,
-                 0.0f);
-    const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
-    cu(causal_softmax_backward(datt, a.att, datt, sc, BH * d.T, d.T, stream_), "softmax_backward");
-    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, k, HS, sTH, datt, d.T, sTT, dq, HS, sTH, BH, 0.0f);
-    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, q, HS, sTH, datt, d.T, sTT, dk, HS, sTH, BH, 0.0f);
-    cu(attention_merge_heads_qkv(dqkv, dq, dk, dv, d.B, d.T, C, NH, stream_), "merge_qkv");
+    if (d.attention == Attention::kFlash) {
+      cu(flash_attention_backward(dqkv, datt, datty, a.qkv, a.atty, a.lse, d.B, d.T, C, NH, stream_),
+         "flash_attention_backward");
+    } else {
+      float* s = ensure_scratch(7 * BTC);  // q | k | v | dyh | dq | dk | dv
+      if (!s) return;
+      float *q = s, *k = s + BTC, *v = s + 2 * BTC, *dyh = s + 3 * BTC, *dq = s + 4 * BTC, *dk = s + 5 * BTC,
+            *dv = s + 6 * BTC;
+      cu(attention_split_out(dyh, datty, d.B, d.T, C, NH, stream_), "split_out");
+      cu(attention_split_heads(q, k, v, a.qkv, d.B, d.T, C, NH, stream_), "split_heads");
+      const size_t sTH = size_t(d.T) * HS, sTT = size_t(d.T) * d.T;
+      gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, HS, v, HS, sTH, dyh, HS, sTH, datt, d.T, sTT, BH,
+                   0.0f);
+      gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, dyh, HS, sTH, a.att, d.T, sTT, dv, HS, sTH, BH,
+                   0.0f);
+      const float sc = 1.0f / std::sqrt(static_cast<float>(HS));
+      cu(causal_softmax_backward(datt, a.att, datt, sc, BH * d.T, d.T, stream_), "softmax_backward");
+      gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, HS, d.T, d.T, k, HS, sTH, datt, d.T, sTT, dq, HS, sTH, BH, 0.0f);
+      gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, q, HS, sTH, datt, d.T, sTT, dk, HS, sTH, BH, 0.0f);
+      cu(attention_merge_heads_qkv(dqkv, dq, dk, dv, d.B, d.T, C, NH, stream_), "merge_qkv");
+    }
     linear_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C);
     copy_d2d(dx, dr, BTC);
     cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean, a.ln1_rstd, N, C,

@@ -45,7 +45,7 @@ cudaError_t column_sum_acc(float* dst, const float* src, int N, int OC, cudaStre
 // p[i] *= s.
 cudaError_t scale(float* p, float s, size_t n, cudaStream_t stream);
 
-// ---- attention (unfused: cuBLAS batched GEMMs do QK^T and AV, these do the rest) ----
+// ---- reference attention (unfused: cuBLAS batched GEMMs do QK^T and AV, these do the rest) ----
 // qkv[B,T,3C] → q,k,v each [B,NH,T,HS] (HS = C/NH).
 cudaError_t attention_split_heads(float* q, float* k, float* v, const float* qkv, int B, int T, int C, int NH,
                                   cudaStream_t stream);
@@ -65,6 +65,19 @@ cudaError_t causal_softmax_forward(float* att, const float* preatt, float scale,
 // (overwrites; may alias datt).
 cudaError_t causal_softmax_backward(float* dpreatt, const float* att, const float* datt, float scale,
                                     int rows, int T, cudaStream_t stream);
+
+// ---- flash attention (flash_attention.cu): tiled, online softmax, memory linear in T ----
+// Causal attention of qkv[B,T,3C] (q | k | v, head h at columns h*HS of each, HS = C/NH <= 256,
+// scale 1/sqrt(HS)): out[B,T,C] (overwritten) and lse[B,NH,T] = log of each row's softmax
+// denominator of the scaled scores. No [T,T] buffer. cudaErrorInvalidValue, before any launch,
+// when HS > 256 or B * NH > 65535.
+cudaError_t flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                                    cudaStream_t stream);
+// dqkv[B,T,3C] (overwritten) from dout[B,T,C], given the forward's qkv, out and lse; drow[B,NH,T]
+// is scratch (it receives rowsum(dout * out) per head). Deterministic (no atomics).
+cudaError_t flash_attention_backward(float* dqkv, float* drow, const float* dout, const float* qkv,
+                                     const float* out, const float* lse, int B, int T, int C, int NH,
+                                     cudaStream_t stream);
 
 // ---- loss ----
 // For each of N rows of V logits: losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].

@@ -1,0 +1,118 @@
+// The CUDA flash attention kernels (trainer/cuda/flash_attention.cu) against the CPU reference
+// attention (trainer/cpu/attention_reference.cpp, materialized [B,NH,T,T]): forward output and
+// logsumexp, backward dqkv, at GPT-2 head shapes, at T that are and are not multiples of the
+// 32-row tile, at T = 1, and at every head-size class of the kernels (HS <= 32, 64, 128, 256).
+// Skips visibly without a device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "gpu_support.hpp"
+#include "trainer/cpu/attention.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/model.hpp"
+
+using namespace tier::train;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint64_t seed, float s) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = r.normal() * s;
+  return v;
+}
+
+// max |got - want| / max |want| over the columns [col0, col0 + cols) of rows of `width`.
+double rel_err(const std::vector<float>& got, const std::vector<float>& want, size_t width, size_t col0,
+               size_t cols) {
+  double diff = 0, scale = 0;
+  for (size_t r = 0; r < want.size() / width; ++r)
+    for (size_t c = col0; c < col0 + cols; ++c) {
+      const size_t i = r * width + c;
+      diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+  return scale > 0 ? diff / scale : diff;
+}
+
+struct DevBuf {
+  float* p = nullptr;
+  explicit DevBuf(size_t n) { (void)cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * 4); }
+  DevBuf(const std::vector<float>& h) : DevBuf(h.size()) {
+    (void)cudaMemcpy(p, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+  }
+  ~DevBuf() { (void)cudaFree(p); }
+  std::vector<float> get(size_t n) const {
+    std::vector<float> h(n);
+    (void)cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+// fp32 on both sides; the sums run in other orders and expf is not std::exp, so the results
+// agree to some ulps of the largest value.
+constexpr double kTol = 1e-5;
+
+struct Shape {
+  int B, NH, HS, T;
+};
+
+}  // namespace
+
+TEST_CASE("CUDA flash attention matches the reference attention, forward and backward", "[gpu][attention]") {
+  if (!tier::test::have_cuda_device()) return;
+  const Shape shape = GENERATE(Shape{2, 6, 64, 256},    // GPT-2 heads, 8 whole tiles
+                               Shape{2, 6, 64, 200},    // T not a multiple of the tile
+                               Shape{1, 12, 64, 1024},  // GPT-2 124M's sequence
+                               Shape{1, 4, 128, 100},   // HS 128 (GPT-3 1.3B and up)
+                               Shape{1, 2, 256, 70},    // HS 256: over 48 KiB of shared memory
+                               Shape{2, 4, 8, 33},      // HS 8 (the tiny preset), one row past a tile
+                               Shape{3, 2, 8, 1});      // T = 1
+  const int B = shape.B, NH = shape.NH, T = shape.T, C = NH * shape.HS;
+  INFO("B=" << B << " NH=" << NH << " HS=" << shape.HS << " T=" << T);
+  const size_t BT = size_t(B) * T, rows = size_t(B) * NH * T;
+  const std::vector<float> qkv = randn(BT * 3 * C, 1, 1.0f);
+  const std::vector<float> dout = randn(BT * C, 2, 1.0f);
+
+  std::vector<float> out_ref(BT * C), att(rows * T), dqkv_ref(BT * 3 * C), datt(rows * T);
+  attention_forward_reference(out_ref.data(), att.data(), qkv.data(), B, T, C, NH);
+  attention_backward_reference(dqkv_ref.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                               NH);
+  std::vector<float> lse_ref(rows, NAN), out_cpu(BT * C);
+  attention_forward_flash(out_cpu.data(), lse_ref.data(), qkv.data(), B, T, C, NH);
+
+  DevBuf dqkv_in(qkv), ddout(dout), dout_g(BT * C), dlse(rows), ddq(BT * 3 * C), ddrow(rows);
+  // Poison the outputs: the kernels must overwrite every element.
+  REQUIRE(cudaMemset(dout_g.p, 0xff, BT * C * 4) == cudaSuccess);
+  REQUIRE(cudaMemset(ddq.p, 0xff, BT * 3 * C * 4) == cudaSuccess);
+  REQUIRE(cuda::flash_attention_forward(dout_g.p, dlse.p, dqkv_in.p, B, T, C, NH, nullptr) == cudaSuccess);
+  REQUIRE(cuda::flash_attention_backward(ddq.p, ddrow.p, ddout.p, dqkv_in.p, dout_g.p, dlse.p, B, T, C, NH,
+                                         nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<float> out = dout_g.get(BT * C), lse = dlse.get(rows), dqkv = ddq.get(BT * 3 * C);
+
+  const double e_out = rel_err(out, out_ref, C, 0, C);
+  const double e_lse = rel_err(lse, lse_ref, rows, 0, rows);
+  const double e_dq = rel_err(dqkv, dqkv_ref, 3 * C, 0, C);
+  const double e_dk = rel_err(dqkv, dqkv_ref, 3 * C, C, C);
+  const double e_dv = rel_err(dqkv, dqkv_ref, 3 * C, 2 * C, C);
+  INFO("max abs error / max |reference|: out " << e_out << ", lse (vs CPU flash) " << e_lse << ", dq " << e_dq
+                                               << ", dk " << e_dk << ", dv " << e_dv);
+  CHECK(e_out <= kTol);
+  CHECK(e_lse <= kTol);
+  CHECK(e_dq <= kTol);
+  CHECK(e_dk <= kTol);
+  CHECK(e_dv <= kTol);
+}
+
+TEST_CASE("CUDA flash attention refuses head sizes over 256", "[gpu][attention]") {
+  // Checked before any launch, so it needs no device.
+  CHECK(cuda::flash_attention_forward(nullptr, nullptr, nullptr, 1, 4, 2 * 512, 2, nullptr) ==
+        cudaErrorInvalidValue);
+  CHECK(cuda::flash_attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 512, 2,
+                                       nullptr) == cudaErrorInvalidValue);
+}
