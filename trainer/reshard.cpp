@@ -124,7 +124,8 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
         for (ShardKind kind : kStateKinds)
           for (int bb = 0; bb < 2; ++bb)
             if (auto s = store.drop_named(shard_tensor_name(q, {l, kind, bb})); !s) return s;
-        if (auto s = store.drop_named(shard_tensor_name(q, {l, ShardKind::kGrad, 0})); !s) return s;
+        for (ShardKind kind : {ShardKind::kGrad, ShardKind::kCkpt})
+          if (auto s = store.drop_named(shard_tensor_name(q, {l, kind, 0})); !s) return s;
       }
     }
   }

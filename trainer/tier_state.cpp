@@ -70,10 +70,10 @@ class TierStore final : public ShardStore {
                                                                               : -1;
       if (g >= 0) placement_ = Placement::near_gpu(g);
     }
-    ids_.assign(layout.shard_floats.size() * 8, 0);
+    ids_.assign(layout.shard_floats.size() * kShardKinds * 2, 0);
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k <= static_cast<int>(ShardKind::kGrad); ++k) {
         const int copies = k == static_cast<int>(ShardKind::kGrad) ? 1 : layout.buffers;
         for (int b = 0; b < copies; ++b) {
           const ShardRef ref{static_cast<int>(l), static_cast<ShardKind>(k), b};
@@ -86,6 +86,7 @@ class TierStore final : public ShardStore {
         }
       }
     }
+    if (auto s = open_checkpoints(layout); !s) return s;
     auto m = create(kMarkerName, sizeof(CommitMarker), {static_cast<int64_t>(sizeof(CommitMarker))},
                     DType::kBytes);
     if (!m) return m.error();
@@ -253,7 +254,7 @@ class TierStore final : public ShardStore {
   Client& of(Lane lane) { return lane == Lane::kOptimizer && opt_client_ ? *opt_client_ : *client_; }
 
   static size_t index(const ShardRef& r) {
-    return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
+    return (static_cast<size_t>(r.layer) * kShardKinds + static_cast<size_t>(r.kind)) * 2 +
            static_cast<size_t>(r.buffer & 1);
   }
   uint64_t lookup(const ShardRef& r) const {
@@ -287,8 +288,28 @@ class TierStore final : public ShardStore {
     return t->id;
   }
 
+  // --offload-checkpoints: block l's input [ckpt_floats] for l = 1..L. Without, the ones an
+  // earlier run of the job left are deleted (their bytes are of no use to anyone).
+  Status open_checkpoints(const StoreLayout& layout) {
+    for (size_t l = 1; l < layout.shard_floats.size(); ++l) {
+      const ShardRef ref{static_cast<int>(l), ShardKind::kCkpt, 0};
+      const std::string name = shard_tensor_name(layout.rank, ref);
+      if (layout.ckpt_floats == 0) {
+        if (Status s = client_->delete_tensor(opts_.pool, name); !s && s.code() != Code::kNotFound) return s;
+        continue;
+      }
+      const uint64_t size = layout.ckpt_floats * sizeof(float);
+      auto id = create(name, size, {static_cast<int64_t>(layout.ckpt_floats)});
+      if (!id) return id.error();
+      ids_[index(ref)] = *id;
+      bytes_ += size;
+    }
+    return {};
+  }
+
   Result<Pinned> pin(Lease lease, const ShardRef& ref) {
-    const size_t want = layout_.shard_floats[static_cast<size_t>(ref.layer)];
+    const size_t want = ref.kind == ShardKind::kCkpt ? layout_.ckpt_floats
+                                                     : layout_.shard_floats[static_cast<size_t>(ref.layer)];
     if (lease.bytes().size() < want * sizeof(float))
       return fail(Code::kInternal,
                   fmt::format("lease of {} is {} bytes, want {}", shard_tensor_name(layout_.rank, ref),
