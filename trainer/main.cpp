@@ -121,6 +121,12 @@ int main(int argc, char** argv) {
                  "(a consistent cut; a --resume after a node reboot rolls every node back to the newest "
                  "cut all of them hold). 0: none")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--checkpoint-activations", o.checkpoint_activations,
+               "keep only each block's input in the forward and recompute the block's forward "
+               "before its backward (one more forward per step; the same gradients)");
+  app.add_flag("--offload-checkpoints", o.offload_checkpoints,
+               "with --checkpoint-activations and --state tier: keep the block inputs in the job's "
+               "tierd pool, one tensor per block, instead of device memory");
   app.add_option("--threads", threads, "compute threads per rank (default: cores / local ranks)");
   app.add_flag("--mpi", force_mpi, "initialize MPI even when not started by mpirun/srun");
   app.add_flag("--plan", do_plan, "print memory per tier and the bandwidth bound; train nothing");
@@ -239,6 +245,10 @@ int main(int argc, char** argv) {
     die(&comm, fmt::format("--optimizer must be cpu or gpu, not '{}'", optimizer), 2);
   }
 
+  if (o.offload_checkpoints && !o.checkpoint_activations)
+    die(&comm, "--offload-checkpoints needs --checkpoint-activations", 2);
+  if (o.offload_checkpoints && state != "tier")
+    die(&comm, "--offload-checkpoints needs --state tier (the checkpoints go to tierd)", 2);
   std::unique_ptr<ShardStore> store;
   if (state == "resident") {
     store = make_resident_store();
@@ -329,12 +339,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %s; %.1f ms/step, "
                  "%.0f tokens/s, %.4f TFLOP/s per rank, stall %.2f ms/step, optimizer %.2f "
-                 "ms/step; state %s (%s per rank)\n",
+                 "ms/step; state %s (%s per rank), activations %s (%llu bytes) per rank\n",
                  static_cast<long long>(r->first_step), static_cast<long long>(r->last_step), r->first_loss,
                  r->last_loss,
                  r->last_val_loss >= 0 ? fmt::format("{:.4f}", r->last_val_loss).c_str() : "n/a", r->mean_ms,
                  r->mean_tokens_per_s, r->mean_tflops, r->mean_stall_ms, r->mean_opt_ms, store->name(),
-                 tier::format_size(store->bytes()).c_str());
+                 tier::format_size(store->bytes()).c_str(), tier::format_size(r->activation_bytes).c_str(),
+                 static_cast<unsigned long long>(r->activation_bytes));
   }
   stream.reset();
   store.reset();
