@@ -149,6 +149,10 @@ class ShardStore {
     (void)name;
     return Status(Code::kUnsupported, "this store keeps no state across runs");
   }
+  // The names of every tensor the job's pool in this store holds (all ranks'), after open().
+  [[nodiscard]] virtual Result<std::vector<std::string>> names() {
+    return fail(Code::kUnsupported, "this store keeps no state across runs");
+  }
   // Snapshots of the daemon's pool (--snapshot-every; trainer/rollback.cpp). One rank per
   // marker_domain() calls them, while no rank of that domain holds a pin. snapshot(): a
   // durable copy of the whole pool tagged `tag` (the committed step), keeping the newest

@@ -221,6 +221,15 @@ class TierStore final : public ShardStore {
     return s.code() == Code::kNotFound ? Status{} : s;
   }
 
+  Result<std::vector<std::string>> names() override {
+    auto ts = client_->list_tensors(opts_.pool);
+    if (!ts) return fail(ts.error());
+    std::vector<std::string> out;
+    out.reserve(ts->size());
+    for (auto& t : *ts) out.push_back(std::move(t.name));
+    return out;
+  }
+
   Status snapshot(uint64_t tag, uint32_t keep) override {
     auto s = client_->snapshot(opts_.pool, SnapshotOptions{tag, keep});
     return s ? Status{} : s.error();
@@ -288,14 +297,22 @@ class TierStore final : public ShardStore {
     return t->id;
   }
 
-  // --offload-checkpoints: block l's input [ckpt_floats] for l = 1..L. Without, the ones an
-  // earlier run of the job left are deleted (their bytes are of no use to anyone).
+  // --offload-checkpoints: block l's input [ckpt_floats] for l = 1..L. Without, this rank's
+  // that an earlier run of the job left are deleted (their bytes are of no use to anyone);
+  // only those that exist, as tierd counts every refused request as an error.
   Status open_checkpoints(const StoreLayout& layout) {
+    std::vector<std::string> held;
+    if (layout.ckpt_floats == 0) {
+      auto n = names();
+      if (!n) return n.error();
+      held = std::move(*n);
+    }
     for (size_t l = 1; l < layout.shard_floats.size(); ++l) {
       const ShardRef ref{static_cast<int>(l), ShardKind::kCkpt, 0};
       const std::string name = shard_tensor_name(layout.rank, ref);
       if (layout.ckpt_floats == 0) {
-        if (Status s = client_->delete_tensor(opts_.pool, name); !s && s.code() != Code::kNotFound) return s;
+        if (std::ranges::find(held, name) != held.end())
+          if (Status s = client_->delete_tensor(opts_.pool, name); !s) return s;
         continue;
       }
       const uint64_t size = layout.ckpt_floats * sizeof(float);
