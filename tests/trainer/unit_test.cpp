@@ -1,6 +1,7 @@
 // Optimizer, schedule, data and --plan arithmetic of tier-train.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "trainer/model.hpp"
 #include "trainer/optimizer.hpp"
 #include "trainer/plan.hpp"
+#include "trainer/trainer.hpp"
 
 using namespace tier::train;
 
@@ -138,4 +140,17 @@ TEST_CASE("plan arithmetic (--plan) matches a case computed by hand", "[trainer]
     CHECK(q->nvme_node == Approx(16.0 * 118528 / 2 - ram));
     CHECK(q->nvme_s == Approx(2 * (16.0 * 118528 / 2 - ram) / 5e9));
   }
+}
+
+TEST_CASE("activation_floats: checkpointing keeps one block's activations, offload two inputs",
+          "[trainer][checkpoint]") {
+  const Dims d{2, 16, 32, 4, 256, 16};
+  const size_t BTC = 2 * 16 * 32, blk = block_acts_floats(d), L = 6;
+  const size_t scratch = std::max(block_scratch_floats(d), BTC);
+  // x_0..x_L and dx, L blocks' activations, the head's, the scratch.
+  const size_t plain = (L + 2) * BTC + L * blk + head_acts_floats(d) + scratch;
+  CHECK(activation_floats(d, L, false) == plain);
+  CHECK(activation_floats(d, L, false, true) == plain);  // offload only with checkpointing
+  CHECK(activation_floats(d, L, true) == plain - (L - 1) * blk);
+  CHECK(activation_floats(d, L, true, true) == plain - (L - 1) * blk - (L - 1) * BTC);
 }
