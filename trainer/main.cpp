@@ -114,6 +114,12 @@ void add_compute_options(CLI::App& app, Cli& c, TrainOptions& o) {
                  "materialized [B,NH,T,T] probabilities; docs/trainer.md, Attention)")
       ->capture_default_str();
   app.add_option("--prefetch", o.prefetch, "layers gathered ahead of compute")->capture_default_str();
+  app.add_flag("--checkpoint-activations", o.checkpoint_activations,
+               "keep only each block's input in the forward and recompute the block's forward "
+               "before its backward (one more forward per step; the same gradients)");
+  app.add_flag("--offload-checkpoints", o.offload_checkpoints,
+               "with --checkpoint-activations and --state tier: keep the block inputs in the job's "
+               "tierd pool, one tensor per block, instead of device memory");
   app.add_option("--threads", c.threads, "compute threads per rank (default: cores / local ranks)");
   app.add_flag("--mpi", c.force_mpi, "initialize MPI even when not started by mpirun/srun");
   app.add_flag("--overlap-optimizer", c.overlap_optimizer,
@@ -219,6 +225,8 @@ int print_plan(const Cli& c, const TrainOptions& o, PlanOptions po) {
   po.prefetch = o.prefetch;
   po.buffers = c.buffers > 0 ? c.buffers : c.state == "tier" ? 2 : 1;
   po.flash_attention = o.attention == Attention::kFlash;
+  po.checkpointing = o.checkpoint_activations;
+  po.offload_checkpoints = o.offload_checkpoints;
   auto p = make_plan(po);
   if (!p) die(nullptr, p.error().message(), 2);
   std::fputs((c.json ? plan_json(*p) : plan_text(*p)).c_str(), stdout);
@@ -263,6 +271,10 @@ uint64_t quota(Comm& comm, const std::string& s) {
 }
 
 std::unique_ptr<ShardStore> open_store(const Cli& c, Comm& comm, TrainOptions& o) {
+  if (o.offload_checkpoints && !o.checkpoint_activations)
+    die(&comm, "--offload-checkpoints needs --checkpoint-activations", 2);
+  if (o.offload_checkpoints && c.state != "tier")
+    die(&comm, "--offload-checkpoints needs --state tier (the checkpoints go to tierd)", 2);
   if (c.state == "resident") {
     o.buffers = c.buffers > 0 ? c.buffers : 1;
     if (o.resume) die(&comm, "--resume needs --state tier (resident state dies with the process)", 2);
@@ -317,11 +329,12 @@ void print_summary(const RunSummary& r, const ShardStore& store) {
   std::fprintf(stderr,
                "tier-train: steps %lld..%lld loss %.4f -> %.4f, val %s; %.1f ms/step, "
                "%.0f tokens/s, %.4f TFLOP/s per rank, stall %.2f ms/step, optimizer %.2f "
-               "ms/step; state %s (%s per rank)\n",
+               "ms/step; state %s (%s per rank), activations %s (%llu bytes) per rank\n",
                static_cast<long long>(r.first_step), static_cast<long long>(r.last_step), r.first_loss,
                r.last_loss, r.last_val_loss >= 0 ? fmt::format("{:.4f}", r.last_val_loss).c_str() : "n/a",
                r.mean_ms, r.mean_tokens_per_s, r.mean_tflops, r.mean_stall_ms, r.mean_opt_ms, store.name(),
-               tier::format_size(store.bytes()).c_str());
+               tier::format_size(store.bytes()).c_str(), tier::format_size(r.activation_bytes).c_str(),
+               static_cast<unsigned long long>(r.activation_bytes));
 }
 
 }  // namespace

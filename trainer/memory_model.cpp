@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "tier/types.hpp"
+#include "trainer/step.hpp"
 #include "wire/errors.hpp"
 
 namespace tier::train {
@@ -37,8 +38,6 @@ std::vector<ShardRef> layer_shards(int layer, int buffers) {
   }
   return refs;
 }
-
-std::string checkpoint_tensor_name(int rank, int layer) { return fmt::format("r{}.l{}.ckpt", rank, layer); }
 
 Result<MemoryModel> memory_model(const MemoryConfig& c) {
   if (auto s = validate(c.model); !s) return fail(s);
@@ -98,10 +97,13 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   constexpr uint64_t f = sizeof(float);
   dv.gathered = static_cast<uint64_t>(c.prefetch + 1) * g.max_pad * f;
   dv.grads = (g.pad[0] + 2 * (NL > 1 ? g.pad[1] : 1)) * f;
-  dv.activations = static_cast<uint64_t>(c.checkpoint_activations ? 1 : L) * block_acts_floats(d) * f;
-  dv.checkpoints = c.offload_checkpoints ? 2 * BTC * f : static_cast<uint64_t>(L + 1) * BTC * f;
+  // The activation buffers as the trainer counts them (activation_counts, setup.cpp).
+  const detail::ActivationCounts n =
+      detail::activation_counts(d, L, c.checkpoint_activations, c.offload_checkpoints);
+  dv.activations = static_cast<uint64_t>(n.acts) * block_acts_floats(d) * f;
+  dv.checkpoints = static_cast<uint64_t>(n.xs) * BTC * f;
   dv.head = head_acts_floats(d) * f;
-  dv.scratch = (block_scratch_floats(d) + BTC) * f + 2 * B * static_cast<uint64_t>(T) * sizeof(int32_t);
+  dv.scratch = (n.scratch + BTC) * f + 2 * B * static_cast<uint64_t>(T) * sizeof(int32_t);  // + dx, tokens
   return mm;
 }
 

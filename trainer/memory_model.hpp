@@ -66,7 +66,7 @@ struct DeviceBytes {
   uint64_t gathered = 0;     // K + 1 parameter slots of the largest layer
   uint64_t grads = 0;        // layer 0's gradient and two block gradients
   uint64_t activations = 0;  // saved block activations (L blocks, or one when checkpointing)
-  uint64_t checkpoints = 0;  // the residual stream x_0..x_L (kept on the device unless offloaded)
+  uint64_t checkpoints = 0;  // the residual stream x_0..x_L (two buffers when offloaded)
   uint64_t head = 0;         // lnf and logits
   uint64_t scratch = 0;      // a block's backward scratch, dx, tokens and targets
   uint64_t total() const { return gathered + grads + activations + checkpoints + head + scratch; }
@@ -85,8 +85,5 @@ struct MemoryModel {
 // Fails (kInvalidArgument) on a configuration no run accepts: no ranks, B or T out of range,
 // offloaded checkpoints without checkpointing.
 [[nodiscard]] Result<MemoryModel> memory_model(const MemoryConfig& c);
-
-// The name of rank `rank`'s checkpoint of block `layer` (its input x_{layer-1}) in the pool.
-std::string checkpoint_tensor_name(int rank, int layer);
 
 }  // namespace tier::train

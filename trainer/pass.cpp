@@ -191,17 +191,18 @@ void Trainer::load_batch(int64_t step) {
 // Uses 0..L+1: x_0 = embed(tokens) [B,T,C]; x_l = block_l(x_{l-1}) [B,T,C]; the head's loss
 // (summed over the rank's tokens, times loss_scale in its gradient). With grad, the head also
 // runs its backward: dx = dloss/dx_L [B,T,C] and layer 0's gradient g0 [pad0] (the tied wte,
-// lnf).
+// lnf), and with --offload-checkpoints each block's input goes to the tier before it runs.
 Status Trainer::forward(Pass& p, double& loss) {
   for (size_t i = 0; i <= static_cast<size_t>(L) + 1; ++i) {
     const Use u = p.uses()[i];
     auto P = p.params(i);  // the layer's params [pad[layer]]
     if (!P) return P.error();
     switch (u.kind) {
-      case UseKind::kEmbedFwd: be.embed_forward(d, *P, buf.tokens, buf.xs[0]); break;
+      case UseKind::kEmbedFwd: be.embed_forward(d, *P, buf.tokens, x_at(0)); break;
       case UseKind::kBlockFwd:
-        be.block_forward(d, *P, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d),
-                         buf.xs[u.layer]);
+        if (offload_ckpt && p.grad())
+          if (auto s = save_block_input(u.layer); !s) return s;
+        be.block_forward(d, *P, x_at(u.layer - 1), acts_of(u.layer), x_at(u.layer));
         break;
       case UseKind::kHead:
         if (p.grad()) {
@@ -209,7 +210,7 @@ Status Trainer::forward(Pass& p, double& loss) {
           if (!g) return g.error();
           p.g0 = *g;
         }
-        loss += be.head_forward(d, *P, buf.xs[L], buf.targets, carve_head_acts(buf.head, d),
+        loss += be.head_forward(d, *P, x_at(L), buf.targets, carve_head_acts(buf.head, d),
                                 p.grad() ? buf.dx : nullptr, p.g0, loss_scale);
         if (p.grad()) fault("forward");
         break;
@@ -220,7 +221,8 @@ Status Trainer::forward(Pass& p, double& loss) {
   return {};
 }
 
-// Uses L+2..2L+2: block l's backward takes dx [B,T,C] to the gradient of x_{l-1} (in place),
+// Uses L+2..2L+2: block l's backward (checkpointed: after recomputing the block's forward)
+// takes dx [B,T,C] to the gradient of x_{l-1} (in place),
 // writes its gradient [pad[l]], reduce-scattered into the rank's shard; then the embedding's
 // backward adds to g0 [pad0] (wte rows of the batch's tokens, wpe) and reduce-scatters it.
 Status Trainer::backward(Pass& p) {
@@ -231,8 +233,14 @@ Status Trainer::backward(Pass& p) {
     if (u.kind == UseKind::kBlockBwd) {
       auto g = p.grad_buffer(u.layer);
       if (!g) return g.error();
-      be.block_backward(d, *P, *g, buf.xs[u.layer - 1], carve_block_acts(buf.acts[u.layer - 1], d), buf.dx,
-                        buf.dx, buf.scratch);
+      // x_{l-1} [B,T,C] and the block's activations: as the forward left them, or recomputed.
+      const float* x = x_at(u.layer - 1);
+      if (ckpt) {
+        auto xr = recompute_block(u.layer, *P);
+        if (!xr) return xr.error();
+        x = *xr;
+      }
+      be.block_backward(d, *P, *g, x, acts_of(u.layer), buf.dx, buf.dx, buf.scratch);
       if (auto s = p.push_grad(u.layer, *g); !s) return s;
       if (u.layer == L) fault("backward");
     } else {
@@ -242,6 +250,45 @@ Status Trainer::backward(Pass& p) {
     if (auto s = p.done(i); !s) return s;
   }
   return {};
+}
+
+float* Trainer::x_at(int l) const { return buf.xs[static_cast<size_t>(offload_ckpt ? l % 2 : l)]; }
+
+BlockActs Trainer::acts_of(int l) const {
+  return carve_block_acts(buf.acts[static_cast<size_t>(ckpt ? 0 : l - 1)], d);
+}
+
+Status Trainer::save_block_input(int l) {
+  const auto t0 = Clock::now();
+  // Every float is written: an overwrite lease (a copy spilled to NVMe is not read back).
+  auto c = store.acquire({l, ShardKind::kCkpt, 0}, Access::kOverwrite);
+  stall_ms += ms_since(t0);
+  if (!c) return c.error();
+  be.download(c->data, x_at(l - 1), BTC);  // synchronizes: x_{l-1} is computed
+  c->release();
+  return {};
+}
+
+// The params are those gathered for block l's backward: the same bits its forward used (the
+// update runs after the pass), so the recomputed activations are the forward's bit for bit.
+// Offloaded, x_{l-1} comes back into xs[0] (free once the head has read x_L). The block's
+// output is not needed: it goes to the scratch, which the backward overwrites next.
+Result<const float*> Trainer::recompute_block(int l, const float* params) {
+  float* x = x_at(l - 1);
+  if (offload_ckpt) {
+    x = buf.xs[0];
+    const auto t0 = Clock::now();
+    if (l > 1) store.prefetch(std::vector<ShardRef>{{l - 1, ShardKind::kCkpt, 0}});
+    auto c = store.acquire({l, ShardKind::kCkpt, 0}, Access::kRead);
+    stall_ms += ms_since(t0);
+    if (!c) return fail(c.error());
+    be.upload(x, c->data, BTC);  // returns once the lease's bytes are read
+    c->release();
+    // Dead until the next forward overwrites it: tierd need not write it back to NVMe.
+    store.discard(std::vector<ShardRef>{{l, ShardKind::kCkpt, 0}});
+  }
+  be.block_forward(d, params, x, acts_of(l), buf.scratch);
+  return x;
 }
 
 // The mean loss per token over val_total validation sequences, params from buffer `cur`.

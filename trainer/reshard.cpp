@@ -15,6 +15,7 @@
 // invalid then, so a later --resume refuses instead of training on it).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "trainer/step.hpp"
@@ -118,6 +119,8 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
   if (auto s = store.open(layout); !s) return s;
   if (marker_writer) {
     if (auto s = store.write_marker(CommitMarker{}); !s) return s;
+    auto held = store.names();  // the old ranks' checkpoints exist only if they were offloaded
+    if (!held) return held.error();
     for (int q = 0; q < R0; ++q) {
       if (q < R && (*domains)[static_cast<size_t>(q)] == domain_hash(store)) continue;
       for (int l = 0; l < NL; ++l) {
@@ -125,6 +128,9 @@ Status Trainer::reshard_state(const StoreLayout& layout) {
           for (int bb = 0; bb < 2; ++bb)
             if (auto s = store.drop_named(shard_tensor_name(q, {l, kind, bb})); !s) return s;
         if (auto s = store.drop_named(shard_tensor_name(q, {l, ShardKind::kGrad, 0})); !s) return s;
+        const std::string ckpt = shard_tensor_name(q, {l, ShardKind::kCkpt, 0});
+        if (std::ranges::find(*held, ckpt) != held->end())
+          if (auto s = store.drop_named(ckpt); !s) return s;
       }
     }
   }

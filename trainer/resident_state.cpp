@@ -18,12 +18,14 @@ const char* shard_kind_name(ShardKind k) {
     case ShardKind::kM: return "m";
     case ShardKind::kV: return "v";
     case ShardKind::kGrad: return "grad";
+    case ShardKind::kCkpt: return "ckpt";
   }
   return "?";
 }
 
 std::string shard_tensor_name(int rank, const ShardRef& ref) {
-  if (ref.kind == ShardKind::kGrad) return fmt::format("r{}.l{}.grad", rank, ref.layer);
+  if (ref.kind == ShardKind::kGrad || ref.kind == ShardKind::kCkpt)
+    return fmt::format("r{}.l{}.{}", rank, ref.layer, shard_kind_name(ref.kind));
   return fmt::format("r{}.l{}.{}.{}", rank, ref.layer, shard_kind_name(ref.kind), ref.buffer);
 }
 
@@ -50,6 +52,8 @@ class ResidentStore final : public ShardStore {
   const char* name() const override { return "resident"; }
 
   Status open(const StoreLayout& layout) override {
+    if (layout.ckpt_floats > 0)
+      return {Code::kUnsupported, "activation checkpoints are offloaded to tierd only (--state tier)"};
     layout_ = layout;
     slots_.clear();
     ranges_.clear();
@@ -78,8 +82,8 @@ class ResidentStore final : public ShardStore {
 
   Result<Pinned> acquire(const ShardRef& ref, Access, Lane) override {
     const size_t i = index(ref);
-    if (ref.layer < 0 || static_cast<size_t>(ref.layer) >= layout_.shard_floats.size() ||
-        i >= slots_.size() || !slots_[i])
+    if (ref.kind == ShardKind::kCkpt || ref.layer < 0 ||
+        static_cast<size_t>(ref.layer) >= layout_.shard_floats.size() || i >= slots_.size() || !slots_[i])
       return fail(Code::kNotFound, fmt::format("no shard {}", shard_tensor_name(layout_.rank, ref)));
     return Pinned{slots_[i].get(), layout_.shard_floats[static_cast<size_t>(ref.layer)], nullptr};
   }

@@ -11,6 +11,11 @@
 
 namespace tier::train::detail {
 
+ActivationCounts activation_counts(const Dims& d, int L, bool checkpoint, bool offload) {
+  const size_t BTC = static_cast<size_t>(d.B) * d.T * d.C;
+  return {checkpoint && offload ? 2 : L + 1, checkpoint ? 1 : L, std::max(block_scratch_floats(d), BTC)};
+}
+
 std::vector<Use> step_uses(int L, bool grad) {
   std::vector<Use> u;
   u.push_back({UseKind::kEmbedFwd, 0});
@@ -82,6 +87,8 @@ Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backe
       BTC(static_cast<size_t>(B) * T * o.model.dim),
       hash(run_config_hash(o, comm_.size())),
       host(be_.host_accessible()),
+      ckpt(o.checkpoint_activations),
+      offload_ckpt(o.checkpoint_activations && o.offload_checkpoints),
       overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
       opt_lane(overlap_optimizer ? Lane::kOptimizer : Lane::kPass),
       loss_scale(1.0f / (static_cast<float>(Bg) * static_cast<float>(T))),
@@ -113,6 +120,7 @@ Status Trainer::open_state() {
   layout.gpu_pci = opts.gpu_pci;
   layout.buffers = opts.buffers;
   layout.shard_floats = shard;
+  layout.ckpt_floats = offload_ckpt ? BTC : 0;
   if (opts.resume && opts.reshard) return reshard_state(layout);
 
   // One marker per daemon the job uses, whatever the host layout (two daemons on one host, or
@@ -196,11 +204,17 @@ Status Trainer::alloc_buffers() {
   } else if (auto s = opts.stream->open(store, shard, K + 1); !s) {
     return s;
   }
-  for (int l = 0; l <= L; ++l) buf.xs.push_back(buf.dev(BTC));
-  for (int l = 0; l < L; ++l) buf.acts.push_back(buf.dev(block_acts_floats(d)));
-  buf.head = buf.dev(head_acts_floats(d));
-  buf.scratch = buf.dev(block_scratch_floats(d));
-  buf.dx = buf.dev(BTC);
+  // Activations: activation_floats() of them, counted as allocated (the run reports it).
+  const ActivationCounts n = activation_counts(d, L, ckpt, offload_ckpt);
+  auto act = [this](size_t floats) {
+    buf.act_floats += floats;
+    return buf.dev(floats);
+  };
+  for (int i = 0; i < n.xs; ++i) buf.xs.push_back(act(BTC));
+  for (int i = 0; i < n.acts; ++i) buf.acts.push_back(act(block_acts_floats(d)));
+  buf.head = act(head_acts_floats(d));
+  buf.scratch = act(n.scratch);
+  buf.dx = act(BTC);
   buf.tokens = be.alloc_tokens(static_cast<size_t>(B) * T);
   buf.targets = be.alloc_tokens(static_cast<size_t>(B) * T);
   for (float* p : buf.owned)
@@ -213,11 +227,12 @@ Status Trainer::alloc_buffers() {
   return {};
 }
 
-// The step's plan for tierd: param shards in gather order, grads in backward order (written
-// whole by the reduce-scatter: overwrites), then per layer the optimizer's inputs and, double
-// buffered, the other buffer it writes whole (overwrites). Registered for both buffers'
-// parity (it repeats every two steps). With --overlap-optimizer the update runs on its own
-// thread and lane (its own tierd client): the passes and the update are then two plans.
+// The step's plan for tierd: param shards in gather order (and offloaded checkpoints where
+// the blocks use them), grads in backward order (written whole by the reduce-scatter:
+// overwrites), then per layer the optimizer's inputs and, double buffered, the other buffer
+// it writes whole (overwrites). Registered for both buffers' parity (it repeats every two
+// steps). With --overlap-optimizer the update runs on its own thread and lane (its own tierd
+// client): the passes and the update are then two plans.
 void Trainer::set_plan() {
   std::vector<ShardUse> plan, opt_plan;
   std::vector<ShardUse>& opt_uses = overlap_optimizer ? opt_plan : plan;
@@ -225,6 +240,9 @@ void Trainer::set_plan() {
   for (int b = 0; b < opts.buffers; ++b) {
     for (const Use& u : train_uses) {
       plan.push_back({{u.layer, ShardKind::kParam, b}, false});
+      // Offloaded checkpoints: block l's input written whole in forward, read in backward.
+      if (offload_ckpt && (u.kind == UseKind::kBlockFwd || u.kind == UseKind::kBlockBwd))
+        plan.push_back({{u.layer, ShardKind::kCkpt, 0}, u.kind == UseKind::kBlockFwd});
       if (u.kind == UseKind::kBlockBwd || u.kind == UseKind::kEmbedBwd)
         plan.push_back({{u.layer, ShardKind::kGrad, 0}, true});
     }
@@ -242,3 +260,14 @@ void Trainer::set_plan() {
 }
 
 }  // namespace tier::train::detail
+
+namespace tier::train {
+
+size_t activation_floats(const Dims& d, int layers, bool checkpoint, bool offload) {
+  const detail::ActivationCounts n = detail::activation_counts(d, layers, checkpoint, offload);
+  const size_t BTC = static_cast<size_t>(d.B) * d.T * d.C;
+  return static_cast<size_t>(n.xs + 1) * BTC  // the residual stream and its gradient dx
+         + static_cast<size_t>(n.acts) * block_acts_floats(d) + head_acts_floats(d) + n.scratch;
+}
+
+}  // namespace tier::train

@@ -5,7 +5,9 @@
 // for double buffering: the optimizer of step s reads copy (s-1)%2 and writes copy s%2, so a
 // step interrupted half-way leaves the last committed copy intact), and one grad. Plus a
 // commit marker per daemon (shared by the ranks whose state it holds, see marker_domain) that
-// says which step completed last on every rank.
+// says which step completed last on every rank. With --offload-checkpoints (tier only) it
+// also holds one activation checkpoint per block: scratch of the step in progress, never part
+// of a commit (a resume, a reshard and the snapshots' rollback do not read them).
 //
 // Thread-safety: acquire/prefetch may be called from the comm thread and the main thread at
 // once; implementations are thread-safe. A Pinned view must be released (or destroyed) before
@@ -29,7 +31,10 @@ class Client;
 
 namespace tier::train {
 
-enum class ShardKind : uint8_t { kParam = 0, kM = 1, kV = 2, kGrad = 3 };
+// kCkpt is not a shard: block l's input x_{l-1} [B,T,C] of this rank (layers 1..L, buffer 0),
+// written whole in forward and read in backward (--offload-checkpoints).
+enum class ShardKind : uint8_t { kParam = 0, kM = 1, kV = 2, kGrad = 3, kCkpt = 4 };
+inline constexpr size_t kShardKinds = 5;
 const char* shard_kind_name(ShardKind k);
 
 struct ShardRef {
@@ -66,6 +71,7 @@ struct StoreLayout {
   std::string gpu_pci;               // the rank's GPU (PCI address), "" without one
   int buffers = 1;                   // 1 or 2
   std::vector<size_t> shard_floats;  // per layer: padded layer size / ranks
+  size_t ckpt_floats = 0;            // per block's checkpoint ([B,T,C]); 0: none in the store
 };
 
 // What the marker records: steps completed by every rank and the run's identity, so a resume
@@ -143,6 +149,10 @@ class ShardStore {
     (void)name;
     return Status(Code::kUnsupported, "this store keeps no state across runs");
   }
+  // The names of every tensor the job's pool in this store holds (all ranks'), after open().
+  [[nodiscard]] virtual Result<std::vector<std::string>> names() {
+    return fail(Code::kUnsupported, "this store keeps no state across runs");
+  }
   // Snapshots of the daemon's pool (--snapshot-every; trainer/rollback.cpp). One rank per
   // marker_domain() calls them, while no rank of that domain holds a pin. snapshot(): a
   // durable copy of the whole pool tagged `tag` (the committed step), keeping the newest
@@ -190,7 +200,8 @@ struct TierStoreOptions {
 // Connects to tierd (kUnavailable when it cannot be reached).
 [[nodiscard]] Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o);
 
-// "r3.l12.param.1": rank, layer, kind, buffer (the grad has no buffer suffix).
+// "r3.l12.param.1": rank, layer, kind, buffer (the grad and the checkpoint "r3.l12.ckpt" have no
+// buffer suffix).
 std::string shard_tensor_name(int rank, const ShardRef& ref);
 
 }  // namespace tier::train

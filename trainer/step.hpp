@@ -36,6 +36,14 @@ struct Use {
   int layer;
 };
 
+// How many [B,T,C] residual-stream buffers and BlockActs buffers a rank holds, and the
+// scratch's floats (it also takes a recompute's output): activation_floats() sums them.
+struct ActivationCounts {
+  int xs = 0, acts = 0;
+  size_t scratch = 0;
+};
+ActivationCounts activation_counts(const Dims& d, int L, bool checkpoint, bool offload);
+
 // The layer uses of one training step (grad) or one forward pass (eval):
 //   embed(0) fwd, block 1..L fwd, head(0) fwd (+bwd), [block L..1 bwd, embed(0) bwd]
 std::vector<Use> step_uses(int L, bool grad);
@@ -49,13 +57,17 @@ struct Buffers {
   float* g0 = nullptr;                  // layer 0 gradient [pad0]
   float* gblk[2] = {nullptr, nullptr};  // block gradients [pad1], alternating
   std::vector<float*> g_host;           // staging for g0, gblk[0], gblk[1]
-  std::vector<float*> xs;               // residual stream x_0..x_L [B,T,C]
-  std::vector<float*> acts;             // per block [block_acts_floats]
+  std::vector<float*> xs;               // residual stream x_0..x_L [B,T,C] (*)
+  std::vector<float*> acts;             // per block [block_acts_floats] (*)
   float* head = nullptr;                // [head_acts_floats]
-  float* scratch = nullptr;             // [block_scratch_floats]
+  float* scratch = nullptr;             // [max(block_scratch_floats, BTC)] (*)
   float* dx = nullptr;                  // gradient of the residual stream [B,T,C]
+  size_t act_floats = 0;                // of xs, acts, head, scratch, dx: activation_floats()
   int32_t* tokens = nullptr;            // [B,T]
   int32_t* targets = nullptr;           // [B,T]
+  // (*) --checkpoint-activations: one acts, shared by every block (it holds the block computed
+  // last: the forward's, or the backward's recompute, whose discarded output goes to scratch).
+  // --offload-checkpoints: two xs, x_l in xs[l % 2] (the block inputs are in the tier).
   // Host staging for a backend that is not host-accessible: page-aligned and pinned through
   // the backend (CUDA: cudaHostRegister) so upload/download are DMA; unpinned before freeing.
   struct HostBuf {
@@ -164,6 +176,13 @@ struct Trainer {
   [[nodiscard]] Status forward(Pass& p, double& loss);  // embed, blocks 1..L, head
   [[nodiscard]] Status backward(Pass& p);               // blocks L..1, embed
   [[nodiscard]] Result<double> validate_at(int cur);    // mean validation loss, all ranks
+  float* x_at(int l) const;                             // x_l [B,T,C] (Buffers::xs)
+  BlockActs acts_of(int l) const;                       // block l's activations (Buffers::acts)
+  // --offload-checkpoints, forward: block l's input x_{l-1} [B,T,C] to its tensor in the tier.
+  [[nodiscard]] Status save_block_input(int l);
+  // --checkpoint-activations, backward: block l's input x_{l-1} [B,T,C] on the device (read
+  // back from the tier when offloaded) and its activations recomputed from it with `params`.
+  [[nodiscard]] Result<const float*> recompute_block(int l, const float* params);
 
   // update.cpp
   struct GradNorm {
@@ -200,6 +219,8 @@ struct Trainer {
   // lowest rank whose state that daemon holds). Set by open_state.
   bool marker_writer = false;
   const bool host;  // the backend's buffers are host memory
+  // --checkpoint-activations, --offload-checkpoints (TrainOptions).
+  const bool ckpt, offload_ckpt;
   // The CPU AdamW of step s runs on its own thread and lane (its own tierd client).
   const bool overlap_optimizer;
   const Lane opt_lane;

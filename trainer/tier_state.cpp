@@ -71,7 +71,7 @@ class TierStore final : public ShardStore {
                                                                               : -1;
       if (g >= 0) placement_ = Placement::near_gpu(g);
     }
-    ids_.assign(layout.shard_floats.size() * 8, 0);
+    ids_.assign(layout.shard_floats.size() * kShardKinds * 2, 0);
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
       // The memory model's list, so --plan adds up exactly these tensors.
@@ -84,6 +84,7 @@ class TierStore final : public ShardStore {
         bytes_ += size;
       }
     }
+    if (auto s = open_checkpoints(layout); !s) return s;
     auto m = create(kMarkerName, sizeof(CommitMarker), {static_cast<int64_t>(sizeof(CommitMarker))},
                     DType::kBytes);
     if (!m) return m.error();
@@ -218,6 +219,15 @@ class TierStore final : public ShardStore {
     return s.code() == Code::kNotFound ? Status{} : s;
   }
 
+  Result<std::vector<std::string>> names() override {
+    auto ts = client_->list_tensors(opts_.pool);
+    if (!ts) return fail(ts.error());
+    std::vector<std::string> out;
+    out.reserve(ts->size());
+    for (auto& t : *ts) out.push_back(std::move(t.name));
+    return out;
+  }
+
   Status snapshot(uint64_t tag, uint32_t keep) override {
     auto s = client_->snapshot(opts_.pool, SnapshotOptions{tag, keep});
     return s ? Status{} : s.error();
@@ -251,7 +261,7 @@ class TierStore final : public ShardStore {
   Client& of(Lane lane) { return lane == Lane::kOptimizer && opt_client_ ? *opt_client_ : *client_; }
 
   static size_t index(const ShardRef& r) {
-    return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
+    return (static_cast<size_t>(r.layer) * kShardKinds + static_cast<size_t>(r.kind)) * 2 +
            static_cast<size_t>(r.buffer & 1);
   }
   uint64_t lookup(const ShardRef& r) const {
@@ -285,8 +295,36 @@ class TierStore final : public ShardStore {
     return t->id;
   }
 
+  // --offload-checkpoints: block l's input [ckpt_floats] for l = 1..L. Without, this rank's
+  // that an earlier run of the job left are deleted (their bytes are of no use to anyone);
+  // only those that exist, as tierd counts every refused request as an error.
+  Status open_checkpoints(const StoreLayout& layout) {
+    std::vector<std::string> held;
+    if (layout.ckpt_floats == 0) {
+      auto n = names();
+      if (!n) return n.error();
+      held = std::move(*n);
+    }
+    for (size_t l = 1; l < layout.shard_floats.size(); ++l) {
+      const ShardRef ref{static_cast<int>(l), ShardKind::kCkpt, 0};
+      const std::string name = shard_tensor_name(layout.rank, ref);
+      if (layout.ckpt_floats == 0) {
+        if (std::ranges::find(held, name) != held.end())
+          if (Status s = client_->delete_tensor(opts_.pool, name); !s) return s;
+        continue;
+      }
+      const uint64_t size = layout.ckpt_floats * sizeof(float);
+      auto id = create(name, size, {static_cast<int64_t>(layout.ckpt_floats)});
+      if (!id) return id.error();
+      ids_[index(ref)] = *id;
+      bytes_ += size;
+    }
+    return {};
+  }
+
   Result<Pinned> pin(Lease lease, const ShardRef& ref) {
-    const size_t want = layout_.shard_floats[static_cast<size_t>(ref.layer)];
+    const size_t want = ref.kind == ShardKind::kCkpt ? layout_.ckpt_floats
+                                                     : layout_.shard_floats[static_cast<size_t>(ref.layer)];
     if (lease.bytes().size() < want * sizeof(float))
       return fail(Code::kInternal,
                   fmt::format("lease of {} is {} bytes, want {}", shard_tensor_name(layout_.rank, ref),

@@ -157,6 +157,8 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
     return fail(Code::kInvalidArgument,
                 fmt::format("--batch {} must be a positive multiple of the rank count {}", opts.batch, R));
   if (opts.buffers != 1 && opts.buffers != 2) return fail(Code::kInvalidArgument, "buffers must be 1 or 2");
+  if (opts.offload_checkpoints && !opts.checkpoint_activations)
+    return fail(Code::kInvalidArgument, "--offload-checkpoints needs --checkpoint-activations");
 
   Trainer t(opts, data, comm, be, store, out);
   if (auto s = t.open_state(); !s) return fail(s);
@@ -165,6 +167,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
 
   RunSummary sum;
   sum.first_step = t.start;
+  sum.activation_bytes = t.buf.act_floats * sizeof(float);
   if (t.rank == 0) t.nvme_io_prev = store.nvme_io();
   int64_t n = 0;
   for (int64_t step = t.start; step <= opts.steps; ++step) {

@@ -84,6 +84,15 @@ struct TrainOptions {
   int64_t fault_step = 0;
   int fault_rank = 0;
   std::string fault_point;
+  // --checkpoint-activations: the forward keeps only each block's input x_{l-1} [B,T,C] and
+  // writes every block's activations into one shared buffer; block l's backward first
+  // recomputes its forward from x_{l-1}, with the parameters gathered for that backward. The
+  // gradients are the same bit for bit; a step costs one more forward of the blocks.
+  bool checkpoint_activations = false;
+  // --offload-checkpoints (with checkpoint_activations, a tier store): the block inputs live in
+  // the job's tierd pool, one tensor per block ("r0.l3.ckpt": ShardKind::kCkpt), written with
+  // overwrite leases in forward and read in backward; the device keeps two [B,T,C] buffers.
+  bool offload_checkpoints = false;
   // PCI address of the GPU this rank computes on ("" for the CPU backend): the tier state
   // places its shards near that GPU in tierd's numbering (trainer/gpu_map.hpp).
   std::string gpu_pci;
@@ -100,7 +109,17 @@ struct RunSummary {
   int64_t first_step = 0, last_step = 0;
   double first_loss = 0, last_loss = 0, last_val_loss = -1;
   double mean_ms = 0, mean_tokens_per_s = 0, mean_tflops = 0, mean_stall_ms = 0, mean_opt_ms = 0;
+  uint64_t activation_bytes = 0;  // per rank, as allocated (activation_floats)
 };
+
+// Floats of activation memory one rank's buffers hold for a step of d.B sequences of d.T
+// tokens through `layers` blocks (the trainer allocates exactly this; trainer/setup.cpp):
+// the residual stream x_0..x_L [B,T,C], the block activations (one BlockActs per block, or
+// checkpointed one shared), the head's, the backward's scratch and the gradient dx [B,T,C].
+// Offloaded checkpoints leave two [B,T,C] buffers of the residual stream on the device.
+//   without: (L+1) * BTC + L * block_acts + head + scratch + BTC
+//   checkpointed: (L+1) * BTC + 1 * block_acts + head + scratch + BTC
+size_t activation_floats(const Dims& d, int layers, bool checkpoint, bool offload = false);
 
 // Runs the training (the step's parts: trainer/step.hpp); rank 0 writes one JSON line per step
 // to `out` (others write nothing).

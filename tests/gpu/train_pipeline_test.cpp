@@ -169,6 +169,61 @@ TEST_CASE("1 rank of tiny through the layer pipeline with the state in tierd", "
   check_close(got, want, 2e-3);
 }
 
+TEST_CASE("--checkpoint-activations on the GPU: host path, pipeline, offloaded to tierd",
+          "[gpu][trainer][checkpoint]") {
+  if (!tier::test::have_cuda_device()) return;
+  tier::test::TestDaemon daemon;
+  REQUIRE(daemon.running());
+  auto comm = one_rank();
+  TrainOptions o = tiny_options();
+  o.model.layers = 3;  // blocks 1 and 2 would use block 3's activations if nothing recomputed
+  o.buffers = 2;
+  std::string err;
+  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
+  INFO(err);
+  REQUIRE(be != nullptr);
+  std::vector<double> want;  // every block's activations kept, host path
+  {
+    auto store = make_resident_store();
+    want = run(o, *comm, *be, *store, nullptr);
+  }
+  TrainOptions oc = o;
+  oc.checkpoint_activations = true;
+  // Not bit-identical to `want`: the backend's gradient kernels sum with atomics, in any order.
+  {
+    auto store = make_resident_store();
+    check_close(run(oc, *comm, *be, *store, nullptr), want, 1e-4);
+  }
+  {
+    auto store = make_resident_store();
+    auto ls = cuda::make_pipeline_stream(*be, *comm);
+    REQUIRE(ls.has_value());
+    const std::vector<double> got = run(oc, *comm, *be, *store, ls->get());
+    ls->reset();  // before the store: it registered the store's memory
+    check_close(got, want, 1e-4);
+  }
+  oc.offload_checkpoints = true;
+  TierStoreOptions to;
+  to.socket = daemon.socket();
+  to.pool = "gpu-checkpoint";
+  for (const bool pipeline : {false, true}) {
+    INFO((pipeline ? "pipeline" : "host path"));
+    auto store = make_tier_store(to);
+    INFO((store ? std::string("ok") : store.error().to_string()));
+    REQUIRE(store.has_value());
+    std::unique_ptr<LayerStream> ls;
+    if (pipeline) {
+      auto l = cuda::make_pipeline_stream(*be, *comm);
+      REQUIRE(l.has_value());
+      ls = std::move(*l);
+    }
+    const std::vector<double> got = run(oc, *comm, *be, **store, ls.get());
+    ls.reset();  // before the store: its stager is bound to the store's client
+    check_close(got, want, 1e-4);
+  }
+  CHECK(cuda::backend_error(*be).empty());
+}
+
 TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][trainer][mpi]") {
   if (!tier::test::have_cuda_device()) return;
   int n = 0;

@@ -192,3 +192,11 @@ TEST_CASE("tier-train runs OpenBLAS kernels for the CPU's vector width unless OP
   for (size_t i = 0; i < kept.losses.size(); ++i)
     CHECK(kept.losses[i] == Approx(chosen.losses[i]).epsilon(1e-4));
 }
+
+TEST_CASE("tier-train refuses --offload-checkpoints without checkpointing or tierd",
+          "[trainer][cli][checkpoint]") {
+  expect_refused(run_trainer(1, kTiny + " --offload-checkpoints --state tier"),
+                 "--offload-checkpoints needs --checkpoint-activations");
+  expect_refused(run_trainer(1, kTiny + " --checkpoint-activations --offload-checkpoints"),
+                 "--offload-checkpoints needs --state tier");
+}

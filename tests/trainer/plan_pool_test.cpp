@@ -45,6 +45,8 @@ TEST_CASE("what --plan prints for a configuration is what its run puts in tierd'
       {"small2", 2, 4, "--model small", ""},
       {"odd2", 2, 2, odd, ""},
       {"odd3single", 3, 3, odd, "--buffers 1"},
+      {"ckpt2", 2, 4, "--model small", "--checkpoint-activations --offload-checkpoints"},
+      {"ckptodd1", 1, 2, odd, "--checkpoint-activations --offload-checkpoints --attention reference"},
   };
   for (const Case& c : cases) {
     INFO("case " << c.name);

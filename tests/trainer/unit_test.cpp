@@ -1,6 +1,7 @@
 // Optimizer, schedule, data and --plan arithmetic of tier-train.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "trainer/model.hpp"
 #include "trainer/optimizer.hpp"
 #include "trainer/plan.hpp"
+#include "trainer/trainer.hpp"
+#include "trainer/trainer.hpp"
 
 using namespace tier::train;
 
@@ -160,9 +163,28 @@ TEST_CASE("plan arithmetic (--plan) matches a case computed by hand", "[trainer]
     CHECK(q->state_node == Approx(4 * (487424 + 32768) + 4096));
     // A block's activations once instead of L times.
     CHECK(q->mem.device.activations * 2 == p->mem.device.activations);
+    // The device figure is what the trainer allocates (activation_floats), plus tokens and
+    // targets [B,T] int32 and the parameter and gradient buffers.
+    const DeviceBytes& dv = q->mem.device;
+    const Dims d = o.model.dims(2, 32);
+    CHECK(dv.checkpoints + dv.activations + dv.head + dv.scratch - 2 * 2 * 32 * 4 ==
+          activation_floats(d, 2, true, true) * sizeof(float));
   }
   SECTION("offloaded checkpoints without checkpointing are refused") {
     o.offload_checkpoints = true;
     CHECK_FALSE(make_plan(o).has_value());
   }
+}
+
+TEST_CASE("activation_floats: checkpointing keeps one block's activations, offload two inputs",
+          "[trainer][checkpoint]") {
+  const Dims d{2, 16, 32, 4, 256, 16};
+  const size_t BTC = 2 * 16 * 32, blk = block_acts_floats(d), L = 6;
+  const size_t scratch = std::max(block_scratch_floats(d), BTC);
+  // x_0..x_L and dx, L blocks' activations, the head's, the scratch.
+  const size_t plain = (L + 2) * BTC + L * blk + head_acts_floats(d) + scratch;
+  CHECK(activation_floats(d, L, false) == plain);
+  CHECK(activation_floats(d, L, false, true) == plain);  // offload only with checkpointing
+  CHECK(activation_floats(d, L, true) == plain - (L - 1) * blk);
+  CHECK(activation_floats(d, L, true, true) == plain - (L - 1) * blk - (L - 1) * BTC);
 }
