@@ -143,33 +143,21 @@ inline size_t block_acts_floats(const Dims& d) {
 // Carves `base` (block_acts_floats(d) floats) into a BlockActs.
 inline BlockActs carve_block_acts(float* base, const Dims& d) {
   const size_t BT = static_cast<size_t>(d.B) * d.T, C = static_cast<size_t>(d.C);
-  BlockActs a;
   float* p = base;
-  a.ln1 = p;
-  p += BT * C;
-  a.ln1_mean = p;
-  p += BT;
-  a.ln1_rstd = p;
-  p += BT;
-  a.qkv = p;
-  p += BT * 3 * C;
-  if (d.attention == Attention::kReference) a.att = p;
-  else a.lse = p;
-  p += attention_acts_floats(d);
-  a.atty = p;
-  p += BT * C;
-  a.r = p;
-  p += BT * C;
-  a.ln2 = p;
-  p += BT * C;
-  a.ln2_mean = p;
-  p += BT;
-  a.ln2_rstd = p;
-  p += BT;
-  a.fch = p;
-  p += BT * 4 * C;
-  a.fch_gelu = p;
-  p += BT * 4 * C;
+  auto take = [&p](size_t n) { return std::exchange(p, p + n); };  // the next n floats
+  BlockActs a;
+  a.ln1 = take(BT * C);
+  a.ln1_mean = take(BT);
+  a.ln1_rstd = take(BT);
+  a.qkv = take(BT * 3 * C);
+  (d.attention == Attention::kReference ? a.att : a.lse) = take(attention_acts_floats(d));
+  a.atty = take(BT * C);
+  a.r = take(BT * C);
+  a.ln2 = take(BT * C);
+  a.ln2_mean = take(BT);
+  a.ln2_rstd = take(BT);
+  a.fch = take(BT * 4 * C);
+  a.fch_gelu = take(BT * 4 * C);
   return a;
 }
 

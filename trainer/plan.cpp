@@ -42,17 +42,16 @@ Result<Plan> make_plan(const PlanOptions& in) {
   if (!hr) return fail(hr.error());
   if (!nc) return fail(nc.error());
   const ModelConfig& m = o.model;
-  MemoryConfig mc;
-  mc.model = m;
-  mc.ranks = o.nodes * o.gpus_per_node;
-  mc.ranks_per_node = o.gpus_per_node;
-  mc.micro_batch = o.micro_batch;
-  mc.seq = o.seq;
-  mc.buffers = o.buffers;
-  mc.prefetch = o.prefetch;
-  mc.checkpoint_activations = o.checkpointing;
-  mc.offload_checkpoints = o.offload_checkpoints;
-  mc.flash_attention = o.flash_attention;
+  const MemoryConfig mc{.model = m,
+                        .ranks = o.nodes * o.gpus_per_node,
+                        .ranks_per_node = o.gpus_per_node,
+                        .micro_batch = o.micro_batch,
+                        .seq = o.seq,
+                        .buffers = o.buffers,
+                        .prefetch = o.prefetch,
+                        .checkpoint_activations = o.checkpointing,
+                        .offload_checkpoints = o.offload_checkpoints,
+                        .flash_attention = o.flash_attention};
   auto mm = memory_model(mc);
   if (!mm) return fail(mm.error());
   p.mem = *mm;

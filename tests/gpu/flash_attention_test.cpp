@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_support.hpp"
+#include "support/attention_check.hpp"
 #include "trainer/cpu/attention.hpp"
 #include "trainer/cuda/kernels.hpp"
 #include "trainer/model.hpp"
@@ -19,25 +20,8 @@ using namespace tier::train;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float s) {
-  Rng r(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = r.normal() * s;
-  return v;
-}
-
-// max |got - want| / max |want| over the columns [col0, col0 + cols) of rows of `width`.
-double rel_err(const std::vector<float>& got, const std::vector<float>& want, size_t width, size_t col0,
-               size_t cols) {
-  double diff = 0, scale = 0;
-  for (size_t r = 0; r < want.size() / width; ++r)
-    for (size_t c = col0; c < col0 + cols; ++c) {
-      const size_t i = r * width + c;
-      diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-      scale = std::max(scale, std::abs(double(want[i])));
-    }
-  return scale > 0 ? diff / scale : diff;
-}
+using tier::test::randn;
+using tier::test::rel_err;
 
 struct DevBuf {
   float* p = nullptr;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainer/backend.hpp"
+#include "support/attention_check.hpp"
 #include "trainer/cpu/attention.hpp"
 #include "trainer/model.hpp"
 
@@ -16,26 +17,8 @@ using namespace tier::train;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float s) {
-  Rng r(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = r.normal() * s;
-  return v;
-}
-
-// max |got - want| / max |want| over [begin, end) of every row of `width` floats, taking
-// `cols` columns from offset `col0` (one of q, k, v in a [.,3C] buffer).
-double rel_err(const std::vector<float>& got, const std::vector<float>& want, size_t width, size_t col0,
-               size_t cols) {
-  double diff = 0, scale = 0;
-  for (size_t r = 0; r < want.size() / width; ++r)
-    for (size_t c = col0; c < col0 + cols; ++c) {
-      const size_t i = r * width + c;
-      diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-      scale = std::max(scale, std::abs(double(want[i])));
-    }
-  return scale > 0 ? diff / scale : diff;
-}
+using tier::test::randn;
+using tier::test::rel_err;
 
 // fp32 flash vs fp32 reference: both round differently (the flash sums are rescaled tile by
 // tile), so they agree to a few ulps of the largest value, far below this bound.
