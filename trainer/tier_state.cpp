@@ -71,14 +71,16 @@ class TierStore final : public ShardStore {
                                                                               : -1;
       if (g >= 0) placement_ = Placement::near_gpu(g);
     }
-    ids_.assign(layout.shard_floats.size() * 8, 0);
+    ids_.assign(layout.shard_floats.size() * kShardKinds * 2, 0);
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
       // The memory model's list, so --plan adds up exactly these tensors.
-      for (const ShardRef& ref : layer_shards(static_cast<int>(l), layout.buffers)) {
-        const uint64_t size = layout.shard_floats[l] * sizeof(float);
+      for (const ShardRef& ref : layer_shards(static_cast<int>(l), layout.buffers, layout.precision)) {
+        const size_t elem = shard_elem_bytes(ref.kind, layout.precision);
+        const uint64_t size = layout.shard_floats[l] * elem;
         auto id =
-            create(shard_tensor_name(layout.rank, ref), size, {static_cast<int64_t>(layout.shard_floats[l])});
+            create(shard_tensor_name(layout.rank, ref), size, {static_cast<int64_t>(layout.shard_floats[l])},
+                   elem == 2 ? DType::kBF16 : DType::kF32);
         if (!id) return id.error();
         ids_[index(ref)] = *id;
         bytes_ += size;
@@ -251,7 +253,7 @@ class TierStore final : public ShardStore {
   Client& of(Lane lane) { return lane == Lane::kOptimizer && opt_client_ ? *opt_client_ : *client_; }
 
   static size_t index(const ShardRef& r) {
-    return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
+    return (static_cast<size_t>(r.layer) * kShardKinds + static_cast<size_t>(r.kind)) * 2 +
            static_cast<size_t>(r.buffer & 1);
   }
   uint64_t lookup(const ShardRef& r) const {
@@ -287,10 +289,11 @@ class TierStore final : public ShardStore {
 
   Result<Pinned> pin(Lease lease, const ShardRef& ref) {
     const size_t want = layout_.shard_floats[static_cast<size_t>(ref.layer)];
-    if (lease.bytes().size() < want * sizeof(float))
+    const size_t want_bytes = want * shard_elem_bytes(ref.kind, layout_.precision);
+    if (lease.bytes().size() < want_bytes)
       return fail(Code::kInternal,
                   fmt::format("lease of {} is {} bytes, want {}", shard_tensor_name(layout_.rank, ref),
-                              lease.bytes().size(), want * sizeof(float)));
+                              lease.bytes().size(), want_bytes));
     Pinned p;
     p.data = reinterpret_cast<float*>(lease.bytes().data());
     p.floats = want;
