@@ -48,8 +48,8 @@ double require_close(const TrainRun& ref, const TrainRun& got, size_t steps, dou
 
 // Tolerances from measured runs (docs/trainer.md, "Mixed precision"): bf16 against fp32 at most
 // 2.7e-3 relative (small) and 6.2e-4 (T = 256); bf16 on 1 rank against 2 at most 4.5e-4. The
-// limits are 1e-2 and 5e-3: a few times the measured, far below what a lost or misplaced
-// gradient chunk does (the loss then stops following fp32's within a few steps).
+// limits are 1e-2 and 2e-3: a few times the measured (the runs are deterministic). Dropping the
+// other rank's gradient chunks in the reduce-scatter moves the 2-rank curve by up to 7e-3.
 TEST_CASE("--precision bf16 follows the fp32 loss curve: small and a T = 256 model", "[trainer][bf16]") {
   struct Run {
     std::string args;
@@ -77,7 +77,7 @@ TEST_CASE("--precision bf16 on 2 ranks with the state in tierd follows 1 residen
       "--model small --steps 30 --batch 8 --seed 7 --lr 2e-3 --val-every -1 --precision bf16";
   const TrainRun one = run_trainer(1, args);
   const TrainRun two = run_trainer(2, args + " --state tier --job bf16two --socket " + daemon.socket());
-  require_close(one, two, 30, 5e-3);
+  require_close(one, two, 30, 2e-3);
   // Step 1 computes with the same bf16 weights on every rank count: the same loss.
   CHECK(two.losses[0] == one.losses[0]);
 }
