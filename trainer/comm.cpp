@@ -178,6 +178,26 @@ Status Comm::start_reduce_scatter(const float* send, float* recv, size_t count, 
                     "MPI_Ireduce_scatter_block");
 }
 
+Status Comm::start_allgather_bf16(const uint16_t* send, uint16_t* recv, size_t count, Request& req) {
+  if (size_ == 1) {
+    if (recv != send) std::memmove(recv, send, count * sizeof(uint16_t));
+    return {};
+  }
+  return mpi_status(MPI_Iallgather(send, static_cast<int>(count), MPI_UINT16_T, recv, static_cast<int>(count),
+                                   MPI_UINT16_T, MPI_COMM_WORLD, &req.req),
+                    "MPI_Iallgather");
+}
+
+Status Comm::start_alltoall_bf16(const uint16_t* send, uint16_t* chunks, size_t count, Request& req) {
+  if (size_ == 1) {
+    if (chunks != send) std::memmove(chunks, send, count * sizeof(uint16_t));
+    return {};
+  }
+  return mpi_status(MPI_Ialltoall(send, static_cast<int>(count), MPI_UINT16_T, chunks,
+                                  static_cast<int>(count), MPI_UINT16_T, MPI_COMM_WORLD, &req.req),
+                    "MPI_Ialltoall");
+}
+
 namespace {
 Status allreduce(Comm& c, double* values, int n, MPI_Op mop) {
   if (c.size() == 1) return {};

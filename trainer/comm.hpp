@@ -67,6 +67,15 @@ class Comm {
   // Collective helpers for Op::start (comm thread only). Counts are floats per rank.
   Status start_allgather(const float* send, float* recv, size_t count, Request& req);
   Status start_reduce_scatter(const float* send, float* recv, size_t count, Request& req);
+  // The same in bf16 (--precision bf16; values are bf16 bits, trainer/bf16.hpp). The gather
+  // moves bf16 shards: `count` per rank into recv [R * count].
+  Status start_allgather_bf16(const uint16_t* send, uint16_t* recv, size_t count, Request& req);
+  // A bf16 reduce-scatter is two halves, so its sum is accumulated in fp32 in a fixed order
+  // whatever MPI's reduction algorithm: this all-to-all sends chunk r of send [R * count] to
+  // rank r and receives every rank's chunk of this rank's part into chunks [R * count], in
+  // rank order (the bytes of a ring reduce-scatter); then, once it completed,
+  // sum_chunks_bf16(chunks, R, count, recv) (trainer/bf16.hpp) writes the rounded sum.
+  Status start_alltoall_bf16(const uint16_t* send, uint16_t* chunks, size_t count, Request& req);
   // Blocking conveniences, queued like any op.
   Status allreduce_sum(double* values, int n);
   Status allreduce_max(double* values, int n);

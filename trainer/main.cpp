@@ -337,6 +337,36 @@ void print_summary(const RunSummary& r, const ShardStore& store) {
                static_cast<unsigned long long>(r.activation_bytes));
 }
 
+// The first option a bf16 run does not support, or null (also checked by train()).
+const char* bf16_unsupported(const TrainOptions& o, const std::string& backend, const std::string& optimizer,
+                             const std::string& collectives) {
+  if (o.precision != Precision::kBf16) return nullptr;
+  return backend == "cuda"       ? "--backend cuda"
+         : optimizer == "gpu"    ? "--optimizer gpu"
+         : collectives == "nccl" ? "--collectives nccl"
+         : o.reshard             ? "--reshard"
+         : !o.dump_dir.empty()   ? "--dump"
+                                 : nullptr;
+}
+
+// --precision fp32|bf16, for the run and its --plan alike (docs/trainer.md, "Mixed precision").
+// Once every option is parsed, a run refuses the options bf16 does not support (exit 2).
+void add_precision_option(CLI::App& app, TrainOptions& o, PlanOptions& po, const std::string& backend,
+                          const std::string& optimizer, const std::string& collectives, const bool& plan) {
+  app.add_option_function<std::string>(
+         "--precision",
+         [&o, &po](const std::string& v) {
+           o.precision = po.precision = v == "bf16" ? Precision::kBf16 : Precision::kFp32;
+         },
+         "fp32 (default) or bf16: bf16 params and grads in the tier and the collectives, fp32 "
+         "master params and AdamW moments (CPU backend, host collectives and CPU optimizer only)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.final_callback([&] {
+    if (const char* what = bf16_unsupported(o, backend, optimizer, collectives); what && !plan)
+      die(nullptr, bf16_refusal(what), 2);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -350,6 +380,7 @@ int main(int argc, char** argv) {
   add_state_options(app, c, o);
   add_tool_options(app, c, o);
   add_plan_options(app, po);
+  add_precision_option(app, o, po, c.backend, c.optimizer, c.collectives, c.do_plan);
   CLI11_PARSE(app, argc, argv);
 
   apply_model_options(c, o);

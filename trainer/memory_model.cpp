@@ -30,10 +30,13 @@ ShardGeometry shard_geometry(const ModelConfig& m, int ranks) {
   return g;
 }
 
-std::vector<ShardRef> layer_shards(int layer, int buffers) {
+std::vector<ShardRef> layer_shards(int layer, int buffers, Precision precision) {
   std::vector<ShardRef> refs;
-  for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV, ShardKind::kGrad}) {
-    const int copies = k == ShardKind::kGrad ? 1 : buffers;
+  for (ShardKind k :
+       {ShardKind::kParam, ShardKind::kM, ShardKind::kV, ShardKind::kGrad, ShardKind::kMaster}) {
+    const int copies = k == ShardKind::kGrad                                      ? 1
+                       : k == ShardKind::kMaster && precision != Precision::kBf16 ? 0
+                                                                                  : buffers;
     for (int b = 0; b < copies; ++b) refs.push_back({layer, k, b});
   }
   return refs;
@@ -57,6 +60,7 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   MemoryModel mm;
   mm.config = c;
   mm.config.seq = T;
+  mm.precision = precision_name(c.precision);
   mm.geometry = shard_geometry(c.model, c.ranks);
   const ShardGeometry& g = mm.geometry;
   const int L = c.model.layers, NL = c.model.num_layers();
@@ -66,11 +70,12 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   // The store: every tensor rank_shards() names, charged as tierd charges it.
   TierBytes& r = mm.rank;
   for (int l = 0; l < NL; ++l) {
-    const uint64_t bytes = tensor_charge(g.shard[l] * sizeof(float));
-    for (const ShardRef& ref : layer_shards(l, c.buffers)) {
-      (ref.kind == ShardKind::kParam  ? r.params
-       : ref.kind == ShardKind::kGrad ? r.grads
-                                      : r.moments) += bytes;
+    for (const ShardRef& ref : layer_shards(l, c.buffers, c.precision)) {
+      (ref.kind == ShardKind::kParam    ? r.params
+       : ref.kind == ShardKind::kGrad   ? r.grads
+       : ref.kind == ShardKind::kMaster ? r.masters
+                                        : r.moments) +=
+          tensor_charge(g.shard[l] * shard_elem_bytes(ref.kind, c.precision));
       ++r.tensors;
     }
   }
@@ -80,6 +85,7 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   }
   const auto per_node = static_cast<uint64_t>(c.ranks_per_node);
   mm.node.params = r.params * per_node;
+  mm.node.masters = r.masters * per_node;
   mm.node.grads = r.grads * per_node;
   mm.node.moments = r.moments * per_node;
   mm.node.checkpoints = r.checkpoints * per_node;
@@ -87,7 +93,8 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   mm.node.tensors = r.tensors * per_node + 1;
   const double node_params = static_cast<double>(c.model.num_params()) * c.ranks_per_node / c.ranks;
   mm.state_bytes_per_param =
-      static_cast<double>(mm.node.params + mm.node.grads + mm.node.moments) / std::max(node_params, 1.0);
+      static_cast<double>(mm.node.params + mm.node.masters + mm.node.grads + mm.node.moments) /
+      std::max(node_params, 1.0);
 
   // The device: what Trainer::alloc_buffers allocates (host-accessible backends use the same
   // buffers as host memory).
@@ -97,6 +104,13 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   constexpr uint64_t f = sizeof(float);
   dv.gathered = static_cast<uint64_t>(c.prefetch + 1) * g.max_pad * f;
   dv.grads = (g.pad[0] + 2 * (NL > 1 ? g.pad[1] : 1)) * f;
+  if (c.precision == Precision::kBf16) {
+    // Host staging of the bf16 collectives: the gathered shards of each slot, and per gradient
+    // buffer its bf16 copy and the all-to-all's chunks (Trainer::alloc_buffers).
+    constexpr uint64_t h = 2;
+    dv.gathered += static_cast<uint64_t>(c.prefetch + 1) * g.max_pad * h;
+    dv.grads += 2 * (g.pad[0] + 2 * (NL > 1 ? g.pad[1] : 1)) * h;
+  }
   // The activation buffers as the trainer counts them (activation_counts, setup.cpp).
   const detail::ActivationCounts n =
       detail::activation_counts(d, L, c.checkpoint_activations, c.offload_checkpoints);

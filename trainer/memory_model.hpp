@@ -5,8 +5,10 @@
 // list, each tensor charged as tierd charges it (tier::tensor_charge). So what `--plan --json`
 // prints for a configuration is what tierd reports for the job's pool once it runs.
 //
-// Precision: fp32 everywhere (parameters, gradients, AdamW moments; the parameters are their
-// own master copy). Shapes: B sequences per rank, T tokens, C width, L blocks, NL = L + 1 layers.
+// Precision (MemoryConfig::precision): fp32 everywhere (parameters, gradients, AdamW moments;
+// the parameters are their own master copy), or bf16 (bf16 parameters and gradients, fp32
+// master parameters and moments; bf16 staging of the gathers and reduce-scatters). Shapes: B sequences per
+// rank, T tokens, C width, L blocks, NL = L + 1 layers.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +31,7 @@ struct MemoryConfig {
   int seq = 0;             // T; 0: model.seq
   int buffers = 2;         // copies of param, m and v (2: double-buffered, restartable)
   int prefetch = 1;        // K: layers gathered ahead of compute
+  Precision precision = Precision::kFp32;
   // The device keeps each block's input only and recomputes the block in its backward.
   bool checkpoint_activations = false;
   // The checkpoints (each block's input) live in the job's pool instead (needs the above).
@@ -47,24 +50,27 @@ struct ShardGeometry {
 };
 ShardGeometry shard_geometry(const ModelConfig& m, int ranks);
 
-// The shards one rank keeps for a layer: param, m and v in `buffers` copies, and one grad.
-std::vector<ShardRef> layer_shards(int layer, int buffers);
+// The shards one rank keeps for a layer: param, m and v in `buffers` copies, and one grad;
+// bf16 adds the fp32 master params in `buffers` copies. Each is shard[layer] elements of
+// shard_elem_bytes(kind, precision) bytes.
+std::vector<ShardRef> layer_shards(int layer, int buffers, Precision precision = Precision::kFp32);
 
 // Bytes, by what they hold.
 struct TierBytes {
-  uint64_t params = 0;       // fp32 parameters, all copies
-  uint64_t grads = 0;        // fp32 gradient shards
+  uint64_t params = 0;       // parameters (fp32, or bf16 working copies), all copies
+  uint64_t masters = 0;      // bf16: the fp32 master parameters, all copies
+  uint64_t grads = 0;        // gradient shards (fp32 or bf16)
   uint64_t moments = 0;      // AdamW m and v, all copies
   uint64_t checkpoints = 0;  // offloaded block inputs (--offload-checkpoints)
   uint64_t marker = 0;       // the job's commit marker (one per pool)
   uint64_t tensors = 0;      // how many tensors
-  uint64_t total() const { return params + grads + moments + checkpoints + marker; }
+  uint64_t total() const { return params + masters + grads + moments + checkpoints + marker; }
 };
 
 // The device working set of one rank, from the buffers the trainer allocates (step.hpp).
 struct DeviceBytes {
-  uint64_t gathered = 0;     // K + 1 parameter slots of the largest layer
-  uint64_t grads = 0;        // layer 0's gradient and two block gradients
+  uint64_t gathered = 0;     // K + 1 parameter slots of the largest layer (bf16: and their bf16 staging)
+  uint64_t grads = 0;        // layer 0's gradient and two block gradients (bf16: and their bf16 staging)
   uint64_t activations = 0;  // saved block activations (L blocks, or one when checkpointing)
   uint64_t checkpoints = 0;  // the residual stream x_0..x_L (two buffers when offloaded)
   uint64_t head = 0;         // lnf and logits

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "trainer/bf16.hpp"
+
 namespace tier::train {
 
 AdamWStep make_step(const AdamWConfig& c, float lr, int64_t t, float grad_scale) {
@@ -65,6 +67,43 @@ void update_generic(const float* p, const float* m, const float* v, const float*
   TT_ADAMW_LOOP
 }
 
+// bf16: the gradient widened (exactly), the fp32 update, and the rounded working copy.
+#define TT_ADAMW_BF16_BODY(i)                                              \
+  {                                                                        \
+    const float gi = bf16_to_f32(g[i]) * gs;                               \
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;                         \
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;                    \
+    const float mhat = mi / c1;                                            \
+    const float vhat = vi / c2;                                            \
+    const float pi = p[i];                                                 \
+    const float po = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi); \
+    p_out[i] = po;                                                         \
+    m_out[i] = mi;                                                         \
+    v_out[i] = vi;                                                         \
+    w_out[i] = bf16_from_f32(po);                                          \
+  }
+#define TT_ADAMW_BF16_LOOP                                                                         \
+  TT_ADAMW_LOCALS;                                                                                 \
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                \
+  _Pragma("omp parallel for schedule(static) if (chunks > 1)") for (long c = 0; c < chunks; ++c) { \
+    const size_t lo = static_cast<size_t>(c) * kChunk;                                             \
+    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                           \
+    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) TT_ADAMW_BF16_BODY(i)                     \
+  }
+
+__attribute__((target("avx2"))) void update_bf16_avx2(const float* p, const float* m, const float* v,
+                                                      const uint16_t* g, float* p_out, float* m_out,
+                                                      float* v_out, uint16_t* w_out, size_t n,
+                                                      const AdamWStep& s, float wd) {
+  TT_ADAMW_BF16_LOOP
+}
+
+void update_bf16_generic(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
+                         float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s,
+                         float wd) {
+  TT_ADAMW_BF16_LOOP
+}
+
 bool have_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2");
   return yes;
@@ -77,6 +116,14 @@ void adamw_update(const float* p, const float* m, const float* v, const float* g
   const float wd = decay ? s.weight_decay : 0.0f;
   if (have_avx2()) update_avx2(p, m, v, g, p_out, m_out, v_out, n, s, wd);
   else update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
+}
+
+void adamw_update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
+                       float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s,
+                       bool decay) {
+  const float wd = decay ? s.weight_decay : 0.0f;
+  if (have_avx2()) update_bf16_avx2(p, m, v, g, p_out, m_out, v_out, w_out, n, s, wd);
+  else update_bf16_generic(p, m, v, g, p_out, m_out, v_out, w_out, n, s, wd);
 }
 
 __attribute__((optimize("no-tree-vectorize"))) void adamw_update_scalar(const float* p, const float* m,

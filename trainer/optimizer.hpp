@@ -37,6 +37,12 @@ void adamw_update(const float* p, const float* m, const float* v, const float* g
 // The baseline: the same math as a plain scalar single-threaded loop.
 void adamw_update_scalar(const float* p, const float* m, const float* v, const float* g, float* p_out,
                          float* m_out, float* v_out, size_t n, const AdamWStep& s, bool decay);
+// --precision bf16: the same step on the fp32 master params p, m, v and the bf16 gradient g
+// (trainer/bf16.hpp bits), writing p_out, m_out, v_out (fp32; may alias the inputs) and the
+// new bf16 working copy w_out = bf16(p_out) in the same pass. Per element the arithmetic of
+// adamw_update with g widened exactly, so it is as bit-identical whatever the shard boundaries.
+void adamw_update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
+                       float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s, bool decay);
 // Which code path adamw_update takes on this CPU: "avx2" or "generic".
 const char* adamw_isa();
 

@@ -3,7 +3,11 @@
 // the comm thread, Backend::upload/download when the device is not host memory) and
 // StreamPass (opts.stream, --collectives nccl: copies, gathers and reduce-scatters on the
 // device). Both pin a shard only after the overlapped update of its layer is done.
+// With --precision bf16 (host path only) HostPass gathers bf16 shards into bf16 staging and
+// widens them into the slot (exact), and rounds each fp32 layer gradient to bf16 before its
+// bf16 reduce-scatter (an all-to-all, then the fp32 sum in rank order: trainer/comm.hpp).
 
+#include "trainer/bf16.hpp"
 #include "trainer/step.hpp"
 #include "wire/errors.hpp"
 
@@ -30,6 +34,7 @@ class HostPass final : public Pass {
     const size_t slot = i % (static_cast<size_t>(t_.K) + 1);
     if (auto s = wait(gh_[i]); !s) return fail(s);
     float* P = t_.buf.slots[slot];
+    if (t_.bf16) bf16_to_f32(t_.buf.slots_bf16[slot], t_.buf.slots_host[slot], t_.pad[uses_[i].layer]);
     if (!t_.host) t_.be.upload(P, t_.buf.slots_host[slot], t_.pad[uses_[i].layer]);
     return P;
   }
@@ -46,8 +51,10 @@ class HostPass final : public Pass {
     return g;
   }
   Status push_grad(int layer, float* g) override {
-    float* g_host = t_.buf.g_host[layer == 0 ? 0 : 1 + layer % 2];
+    const int gi = layer == 0 ? 0 : 1 + layer % 2;
+    float* g_host = t_.buf.g_host[gi];
     if (!t_.host) t_.be.download(g_host, g, t_.pad[layer]);
+    if (t_.bf16) return push_grad_bf16(layer, gi);
     Trainer& t = t_;
     Comm::Op op;
     op.start = [&t, layer, g_host](Comm::Request& req) -> Status {
@@ -63,6 +70,30 @@ class HostPass final : public Pass {
     op.finish = [&t, layer] {
       if (t.rs_pins[layer].data != nullptr)
         t.grad_sumsq[layer] = sum_squares(t.rs_pins[layer].data, t.shard[layer]);
+      t.rs_pins[layer].release();
+    };
+    rsh_[layer] = t_.comm.submit(std::move(op));
+    return {};
+  }
+  // The bf16 gradient [pad[layer]] (rounded from g_host[gi]) all-to-all'ed into g_chunks[gi],
+  // summed in fp32 into the rank's bf16 grad shard. The staging buffers are those of g_host[gi]:
+  // free again once grad_buffer() waited for this reduce-scatter.
+  Status push_grad_bf16(int layer, int gi) {
+    f32_to_bf16(t_.buf.g_host[gi], t_.buf.g_bf16[gi], t_.pad[layer]);
+    Trainer& t = t_;
+    Comm::Op op;
+    op.start = [&t, layer, gi](Comm::Request& req) -> Status {
+      if (!t.progress.wait_layer(layer)) return opt_failed();  // it still reads the old gradient
+      auto p = t.store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
+      if (!p) return p.error();
+      t.rs_pins[layer] = std::move(*p);
+      return t.comm.start_alltoall_bf16(t.buf.g_bf16[gi], t.buf.g_chunks[gi], t.shard[layer], req);
+    };
+    op.finish = [&t, layer, gi] {
+      if (t.rs_pins[layer].data != nullptr) {
+        sum_chunks_bf16(t.buf.g_chunks[gi], t.R, t.shard[layer], t.rs_pins[layer].bf16());
+        t.grad_sumsq[layer] = sum_squares_bf16(t.rs_pins[layer].bf16(), t.shard[layer]);
+      }
       t.rs_pins[layer].release();
     };
     rsh_[layer] = t_.comm.submit(std::move(op));
@@ -99,6 +130,9 @@ class HostPass final : public Pass {
       auto p = t.store.acquire(ref, Access::kRead);
       if (!p) return p.error();
       t.gather_pins[slot] = std::move(*p);
+      if (t.bf16)
+        return t.comm.start_allgather_bf16(t.gather_pins[slot].bf16(), t.buf.slots_bf16[slot], t.shard[layer],
+                                           req);
       return t.comm.start_allgather(t.gather_pins[slot].data, t.buf.slots_host[slot], t.shard[layer], req);
     };
     op.finish = [&t, slot] { t.gather_pins[slot].release(); };

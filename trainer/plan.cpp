@@ -49,6 +49,7 @@ Result<Plan> make_plan(const PlanOptions& in) {
                         .seq = o.seq,
                         .buffers = o.buffers,
                         .prefetch = o.prefetch,
+                        .precision = o.precision,
                         .checkpoint_activations = o.checkpointing,
                         .offload_checkpoints = o.offload_checkpoints,
                         .flash_attention = o.flash_attention};
@@ -101,10 +102,10 @@ Result<Plan> make_plan(const PlanOptions& in) {
   // Checkpointing recomputes the forward once more: 8 instead of 6 FLOPs per param and token.
   p.hw_flops_gpu = p.model_flops_gpu * (o.checkpointing ? 8.0 / 6.0 : 1.0);
   p.compute_s = p.hw_flops_gpu / (o.gpu_tflops * 1e12);
-  // ZeRO-3 moves the fp32 params twice (all-gather in forward and in backward) and the fp32
-  // grads once (reduce-scatter): 3 * 4P * (N-1)/N bytes through each GPU's link; inter-node
-  // links when nodes > 1, NVLink otherwise.
-  constexpr double kWord = sizeof(float);
+  // ZeRO-3 moves the params twice (all-gather in forward and in backward) and the grads once
+  // (reduce-scatter): 3 * wP * (N-1)/N bytes through each GPU's link (w = 4 fp32, 2 bf16);
+  // inter-node links when nodes > 1, NVLink otherwise.
+  const double kWord = o.precision == Precision::kBf16 ? 2.0 : 4.0;
   const double coll = 3.0 * kWord * P * (N - 1) / N;
   p.net_s = coll / ((o.nodes > 1 ? o.net_gbps : o.nvlink_gbps) * 1e9);
   // PCIe per GPU: its param shard up twice, its grad shard down once, and the checkpoints
@@ -114,7 +115,8 @@ Result<Plan> make_plan(const PlanOptions& in) {
   p.pcie_s = pcie_bytes / (o.pcie_gbps * 1e9);
   // NVMe per node: the spilled part of the pool is read and written once per step.
   p.nvme_s = 2.0 * p.nvme_node / (o.nvme_gbps * 1e9);
-  // CPU AdamW: reads p, m, v, g and writes p, m, v, all fp32: 28 B/param.
+  // CPU AdamW: reads p, m, v, g and writes p, m, v, all fp32: 28 B/param (bf16: reads the
+  // fp32 master, m, v and the bf16 g, writes them and the bf16 param: 28 B/param too).
   p.optimizer_s = 28.0 * P / o.nodes / (o.host_mem_gbps * 1e9);
   struct T2 {
     const char* n;
@@ -152,8 +154,9 @@ std::string plan_text(const Plan& p) {
   const TierBytes& n = p.mem.node;
   s += fmt::format("state ({:.1f} B/param, ZeRO-3): total {}, per node {}, per rank {}\n",
                    p.mem.state_bytes_per_param, sz(p.state_total), sz(p.state_node), sz(p.state_rank));
-  s += fmt::format("pool per node: params {}, grads {}, moments {}, checkpoints {}, marker {} ({} tensors)\n",
-                   sz(n.params), sz(n.grads), sz(n.moments), sz(n.checkpoints), sz(n.marker), n.tensors);
+  s += fmt::format(
+      "pool per node: params {}, masters {}, grads {}, moments {}, checkpoints {}, marker {} ({} tensors)\n",
+      sz(n.params), sz(n.masters), sz(n.grads), sz(n.moments), sz(n.checkpoints), sz(n.marker), n.tensors);
   s += fmt::format(
       "GPU per rank: {} of {} (gathered layers and gradients {}, activations {}, residual stream {})\n",
       sz(p.gpu_total), o.gpu_mem, sz(p.gpu_params), sz(p.gpu_acts), sz(p.gpu_ckpt));
@@ -195,9 +198,14 @@ std::string plan_json(const Plan& p) {
                       {"per_param", p.mem.state_bytes_per_param}};
   // Integers, byte for byte what tierd reports for the job's pool (tierctl --json pools).
   auto tier_json = [](const TierBytes& t) {
-    return nlohmann::json{
-        {"params", t.params}, {"grads", t.grads},     {"moments", t.moments}, {"checkpoints", t.checkpoints},
-        {"marker", t.marker}, {"tensors", t.tensors}, {"total", t.total()}};
+    return nlohmann::json{{"params", t.params},
+                          {"masters", t.masters},
+                          {"grads", t.grads},
+                          {"moments", t.moments},
+                          {"checkpoints", t.checkpoints},
+                          {"marker", t.marker},
+                          {"tensors", t.tensors},
+                          {"total", t.total()}};
   };
   j["pool_bytes"] = {{"per_rank", tier_json(p.mem.rank)}, {"per_node", tier_json(p.mem.node)}};
   j["gpu_bytes_per_rank"] = {

@@ -38,6 +38,7 @@ struct PlanOptions {
   // The run's own options (the same flags as a run's; see MemoryConfig).
   int prefetch = 1;
   int buffers = 2;
+  Precision precision = Precision::kFp32;  // --precision
   bool checkpointing = false;        // --checkpoint-activations
   bool offload_checkpoints = false;  // --offload-checkpoints
   bool flash_attention = true;       // --attention flash (the default) or reference

@@ -19,8 +19,16 @@ const char* shard_kind_name(ShardKind k) {
     case ShardKind::kV: return "v";
     case ShardKind::kGrad: return "grad";
     case ShardKind::kCkpt: return "ckpt";
+    case ShardKind::kMaster: return "master";
   }
   return "?";
+}
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+size_t shard_elem_bytes(ShardKind k, Precision p) {
+  const bool half = p == Precision::kBf16 && (k == ShardKind::kParam || k == ShardKind::kGrad);
+  return half ? 2 : sizeof(float);
 }
 
 std::string shard_tensor_name(int rank, const ShardRef& ref) {
@@ -60,20 +68,25 @@ class ResidentStore final : public ShardStore {
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
       const size_t n = layout.shard_floats[l];
-      for (int k = 0; k < 4; ++k) {
-        const int copies = k == static_cast<int>(ShardKind::kGrad) ? 1 : layout.buffers;
+      for (size_t k = 0; k < kShardKinds; ++k) {
+        const auto kind = static_cast<ShardKind>(k);
+        // Checkpoints live in tierd only; fp32 has no master copy.
+        const bool none =
+            kind == ShardKind::kCkpt || (kind == ShardKind::kMaster && layout.precision != Precision::kBf16);
+        const int copies = kind == ShardKind::kGrad ? 1 : none ? 0 : layout.buffers;
+        const size_t elem = shard_elem_bytes(kind, layout.precision);
         for (int b = 0; b < 2; ++b) {
           if (b >= copies) {
             slots_.emplace_back();
             continue;
           }
-          const size_t bytes = (n * sizeof(float) + 4095) / 4096 * 4096;
+          const size_t bytes = (n * elem + 4095) / 4096 * 4096;
           float* p = static_cast<float*>(std::aligned_alloc(4096, bytes == 0 ? 4096 : bytes));
           if (p == nullptr) return {Code::kResourceExhausted, fmt::format("cannot allocate {} bytes", bytes)};
           std::memset(p, 0, bytes);
           slots_.emplace_back(p);
           ranges_.emplace_back(reinterpret_cast<std::byte*>(p), bytes == 0 ? 4096 : bytes);
-          bytes_ += n * sizeof(float);
+          bytes_ += n * elem;
         }
       }
     }
@@ -107,7 +120,7 @@ class ResidentStore final : public ShardStore {
 
  private:
   static size_t index(const ShardRef& r) {
-    return (static_cast<size_t>(r.layer) * 4 + static_cast<size_t>(r.kind)) * 2 +
+    return (static_cast<size_t>(r.layer) * kShardKinds + static_cast<size_t>(r.kind)) * 2 +
            static_cast<size_t>(r.buffer & 1);
   }
   StoreLayout layout_;

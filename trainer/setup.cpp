@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "trainer/bf16.hpp"
 #include "trainer/step.hpp"
 #include "wire/errors.hpp"
 
@@ -89,6 +90,7 @@ Trainer::Trainer(const TrainOptions& o, const Dataset& data_, Comm& comm_, Backe
       host(be_.host_accessible()),
       ckpt(o.checkpoint_activations),
       offload_ckpt(o.checkpoint_activations && o.offload_checkpoints),
+      bf16(o.precision == Precision::kBf16),
       overlap_optimizer(o.overlap_optimizer && o.optimizer == nullptr),
       opt_lane(overlap_optimizer ? Lane::kOptimizer : Lane::kPass),
       loss_scale(1.0f / (static_cast<float>(Bg) * static_cast<float>(T))),
@@ -121,6 +123,7 @@ Status Trainer::open_state() {
   layout.buffers = opts.buffers;
   layout.shard_floats = shard;
   layout.ckpt_floats = offload_ckpt ? BTC : 0;
+  layout.precision = opts.precision;
   if (opts.resume && opts.reshard) return reshard_state(layout);
 
   // One marker per daemon the job uses, whatever the host layout (two daemons on one host, or
@@ -167,18 +170,22 @@ Status Trainer::open_state() {
   for (int l = 0; l < NL; ++l) {
     full.assign(pad[l], 0.0f);
     init_layer(m, l, opts.seed, std::span<float>(full.data(), layer_n[l]));
+    const float* mine = full.data() + rank * shard[l];  // [shard[l]]
     for (int b = 0; b < opts.buffers; ++b) {
-      auto pv = store.acquire_many(
-          std::vector<ShardRef>{{l, ShardKind::kParam, b}, {l, ShardKind::kM, b}, {l, ShardKind::kV, b}},
-          Access::kOverwrite);
+      std::vector<ShardRef> refs{{l, ShardKind::kParam, b}, {l, ShardKind::kM, b}, {l, ShardKind::kV, b}};
+      if (bf16) refs.push_back({l, ShardKind::kMaster, b});
+      auto pv = store.acquire_many(refs, Access::kOverwrite);
       if (!pv) return pv.error();
-      std::memcpy((*pv)[0].data, full.data() + rank * shard[l], shard[l] * sizeof(float));
+      // bf16: the fp32 master and its rounded working copy, as the optimizer writes them.
+      if (bf16) f32_to_bf16(mine, (*pv)[0].bf16(), shard[l]);
+      else std::memcpy((*pv)[0].data, mine, shard[l] * sizeof(float));
       std::memset((*pv)[1].data, 0, shard[l] * sizeof(float));
       std::memset((*pv)[2].data, 0, shard[l] * sizeof(float));
+      if (bf16) std::memcpy((*pv)[3].data, mine, shard[l] * sizeof(float));
     }
     auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kOverwrite);
     if (!g) return g.error();
-    std::memset(g->data, 0, shard[l] * sizeof(float));
+    std::memset(g->data, 0, shard[l] * shard_elem_bytes(ShardKind::kGrad, opts.precision));
   }
   if (auto s = comm.barrier(); !s) return s;
   if (marker_writer) {
@@ -201,6 +208,13 @@ Status Trainer::alloc_buffers() {
     buf.gblk[1] = buf.dev(pad_blk);
     buf.g_host = host ? std::vector<float*>{buf.g0, buf.gblk[0], buf.gblk[1]}
                       : std::vector<float*>{buf.host(pad[0]), buf.host(pad_blk), buf.host(pad_blk)};
+    if (bf16) {
+      for (int i = 0; i <= K; ++i) buf.slots_bf16.push_back(buf.host_bf16(max_pad));
+      for (size_t n : {pad[0], pad_blk, pad_blk}) {
+        buf.g_bf16.push_back(buf.host_bf16(n));
+        buf.g_chunks.push_back(buf.host_bf16(n));
+      }
+    }
   } else if (auto s = opts.stream->open(store, shard, K + 1); !s) {
     return s;
   }
@@ -223,6 +237,9 @@ Status Trainer::alloc_buffers() {
     if (p == nullptr) return Status(Code::kResourceExhausted, "host staging allocation failed");
   for (float* p : buf.g_host)
     if (p == nullptr) return Status(Code::kResourceExhausted, "host staging allocation failed");
+  for (const auto* v : {&buf.slots_bf16, &buf.g_bf16, &buf.g_chunks})
+    for (uint16_t* p : *v)
+      if (p == nullptr) return Status(Code::kResourceExhausted, "host staging allocation failed");
   if (!buf.tokens || !buf.targets) return Status(Code::kResourceExhausted, "backend allocation failed");
   return {};
 }
@@ -247,12 +264,12 @@ void Trainer::set_plan() {
         plan.push_back({{u.layer, ShardKind::kGrad, 0}, true});
     }
     for (int l = 0; l < NL; ++l) {
-      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
-        opt_uses.push_back({{l, k, b}, false});
+      for (ShardKind k : opt_in_kinds()) opt_uses.push_back({{l, k, b}, false});
       opt_uses.push_back({{l, ShardKind::kGrad, 0}, false});
       if (two)
-        for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
-          opt_uses.push_back({{l, k, 1 - b}, true});
+        for (ShardKind k : opt_out_kinds()) opt_uses.push_back({{l, k, 1 - b}, true});
+      else if (bf16)
+        opt_uses.push_back({{l, ShardKind::kParam, 0}, false});  // the working copy, updated in place
     }
   }
   store.set_plan(plan, Lane::kPass);

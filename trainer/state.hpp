@@ -3,7 +3,9 @@
 //
 // Per rank and layer the store holds: param, m, v (AdamW moments) in `buffers` copies (1, or 2
 // for double buffering: the optimizer of step s reads copy (s-1)%2 and writes copy s%2, so a
-// step interrupted half-way leaves the last committed copy intact), and one grad. Plus a
+// step interrupted half-way leaves the last committed copy intact), and one grad. With
+// --precision bf16, param and grad hold bf16 values and an fp32 master copy of the params
+// (`buffers` copies) is added; m and v stay fp32. Plus a
 // commit marker per daemon (shared by the ranks whose state it holds, see marker_domain) that
 // says which step completed last on every rank. With --offload-checkpoints (tier only) it
 // also holds one activation checkpoint per block: scratch of the step in progress, never part
@@ -32,10 +34,18 @@ class Client;
 namespace tier::train {
 
 // kCkpt is not a shard: block l's input x_{l-1} [B,T,C] of this rank (layers 1..L, buffer 0),
-// written whole in forward and read in backward (--offload-checkpoints).
-enum class ShardKind : uint8_t { kParam = 0, kM = 1, kV = 2, kGrad = 3, kCkpt = 4 };
-inline constexpr size_t kShardKinds = 5;
+// written whole in forward and read in backward (--offload-checkpoints). kMaster: the fp32
+// master parameters of --precision bf16 (fp32 has none: its params are their own master copy).
+enum class ShardKind : uint8_t { kParam = 0, kM = 1, kV = 2, kGrad = 3, kCkpt = 4, kMaster = 5 };
+inline constexpr size_t kShardKinds = 6;
 const char* shard_kind_name(ShardKind k);
+
+// --precision. fp32: every shard fp32. bf16: param and grad shards bf16 (trainer/bf16.hpp),
+// master, m and v fp32 (docs/trainer.md, "Mixed precision").
+enum class Precision : uint8_t { kFp32 = 0, kBf16 = 1 };
+const char* precision_name(Precision p);
+// Bytes of one element of a shard of kind k: 2 for bf16 param and grad, else 4.
+size_t shard_elem_bytes(ShardKind k, Precision p);
 
 struct ShardRef {
   int layer = 0;
@@ -59,19 +69,22 @@ struct ShardUse {
 };
 
 // A shard's bytes, pinned while `pin` is alive (a tierd lease, or nothing for resident).
+// `data` is typed for fp32 shards; a bf16 shard's values are at bf16().
 struct Pinned {
   float* data = nullptr;
-  size_t floats = 0;
+  size_t floats = 0;  // elements: floats, or bf16 values for a bf16 shard
   std::shared_ptr<void> pin;
   void release() { pin.reset(); }
+  uint16_t* bf16() const { return reinterpret_cast<uint16_t*>(data); }
 };
 
 struct StoreLayout {
   int rank = 0, ranks = 1, local_rank = 0;
   std::string gpu_pci;               // the rank's GPU (PCI address), "" without one
   int buffers = 1;                   // 1 or 2
-  std::vector<size_t> shard_floats;  // per layer: padded layer size / ranks
-  size_t ckpt_floats = 0;            // per block's checkpoint ([B,T,C]); 0: none in the store
+  std::vector<size_t> shard_floats;  // per layer: padded layer size / ranks (elements)
+  Precision precision = Precision::kFp32;
+  size_t ckpt_floats = 0;  // per block's checkpoint ([B,T,C]); 0: none in the store
 };
 
 // What the marker records: steps completed by every rank and the run's identity, so a resume
@@ -201,7 +214,8 @@ struct TierStoreOptions {
 [[nodiscard]] Result<std::unique_ptr<ShardStore>> make_tier_store(const TierStoreOptions& o);
 
 // "r3.l12.param.1": rank, layer, kind, buffer (the grad and the checkpoint "r3.l12.ckpt" have no
-// buffer suffix).
+// buffer suffix). A shard's name does not say its precision: the config hash of the commit
+// marker does (run_config_hash).
 std::string shard_tensor_name(int rank, const ShardRef& ref);
 
 }  // namespace tier::train

@@ -57,14 +57,18 @@ struct Buffers {
   float* g0 = nullptr;                  // layer 0 gradient [pad0]
   float* gblk[2] = {nullptr, nullptr};  // block gradients [pad1], alternating
   std::vector<float*> g_host;           // staging for g0, gblk[0], gblk[1]
-  std::vector<float*> xs;               // residual stream x_0..x_L [B,T,C] (*)
-  std::vector<float*> acts;             // per block [block_acts_floats] (*)
-  float* head = nullptr;                // [head_acts_floats]
-  float* scratch = nullptr;             // [max(block_scratch_floats, BTC)] (*)
-  float* dx = nullptr;                  // gradient of the residual stream [B,T,C]
-  size_t act_floats = 0;                // of xs, acts, head, scratch, dx: activation_floats()
-  int32_t* tokens = nullptr;            // [B,T]
-  int32_t* targets = nullptr;           // [B,T]
+  // --precision bf16, host staging of the bf16 collectives (bf16 bits):
+  std::vector<uint16_t*> slots_bf16;  // per slot: the gathered bf16 layer [max_pad]
+  std::vector<uint16_t*> g_bf16;      // per g_host buffer: its gradient rounded to bf16 [pad]
+  std::vector<uint16_t*> g_chunks;    // per g_host buffer: the all-to-all's chunks [R * shard = pad]
+  std::vector<float*> xs;             // residual stream x_0..x_L [B,T,C] (*)
+  std::vector<float*> acts;           // per block [block_acts_floats] (*)
+  float* head = nullptr;              // [head_acts_floats]
+  float* scratch = nullptr;           // [max(block_scratch_floats, BTC)] (*)
+  float* dx = nullptr;                // gradient of the residual stream [B,T,C]
+  size_t act_floats = 0;              // of xs, acts, head, scratch, dx: activation_floats()
+  int32_t* tokens = nullptr;          // [B,T]
+  int32_t* targets = nullptr;         // [B,T]
   // (*) --checkpoint-activations: one acts, shared by every block (it holds the block computed
   // last: the forward's, or the backward's recompute, whose discarded output goes to scratch).
   // --offload-checkpoints: two xs, x_l in xs[l % 2] (the block inputs are in the tier).
@@ -82,6 +86,7 @@ struct Buffers {
   ~Buffers();
   float* dev(size_t n);   // nullptr when out of memory (also recorded in `owned`)
   float* host(size_t n);  // nullptr when out of memory
+  uint16_t* host_bf16(size_t n) { return reinterpret_cast<uint16_t*>(host((n + 1) / 2)); }
 };
 
 // The overlapped CPU optimizer of step s runs on its own thread while step s+1's pass starts.
@@ -196,6 +201,11 @@ struct Trainer {
   void start_overlapped_update(int64_t step, int cur, int nxt, AdamWStep st);
   [[nodiscard]] Status finish_overlapped_update(double& opt_ms);
   [[nodiscard]] Status commit(int64_t step);
+  // The shards an update reads from buffer `cur` besides the gradient, and writes to buffer
+  // `nxt`, in the order of adamw_update's arguments. fp32: param, m, v (both). bf16: master,
+  // m, v (reads); master, m, v, param (writes: the bf16 working copy).
+  std::vector<ShardKind> opt_in_kinds() const;
+  std::vector<ShardKind> opt_out_kinds() const;
 
   // --fault-step/--fault-point: SIGKILL this rank at a point of a step (restart tests).
   void fault_at(const char* point, int64_t step) const;
@@ -221,6 +231,7 @@ struct Trainer {
   const bool host;  // the backend's buffers are host memory
   // --checkpoint-activations, --offload-checkpoints (TrainOptions).
   const bool ckpt, offload_ckpt;
+  const bool bf16;  // --precision bf16: bf16 param and grad shards, fp32 master, m, v
   // The CPU AdamW of step s runs on its own thread and lane (its own tierd client).
   const bool overlap_optimizer;
   const Lane opt_lane;

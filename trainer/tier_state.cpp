@@ -75,10 +75,12 @@ class TierStore final : public ShardStore {
     bytes_ = 0;
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
       // The memory model's list, so --plan adds up exactly these tensors.
-      for (const ShardRef& ref : layer_shards(static_cast<int>(l), layout.buffers)) {
-        const uint64_t size = layout.shard_floats[l] * sizeof(float);
+      for (const ShardRef& ref : layer_shards(static_cast<int>(l), layout.buffers, layout.precision)) {
+        const size_t elem = shard_elem_bytes(ref.kind, layout.precision);
+        const uint64_t size = layout.shard_floats[l] * elem;
         auto id =
-            create(shard_tensor_name(layout.rank, ref), size, {static_cast<int64_t>(layout.shard_floats[l])});
+            create(shard_tensor_name(layout.rank, ref), size, {static_cast<int64_t>(layout.shard_floats[l])},
+                   elem == 2 ? DType::kBF16 : DType::kF32);
         if (!id) return id.error();
         ids_[index(ref)] = *id;
         bytes_ += size;
@@ -325,10 +327,11 @@ class TierStore final : public ShardStore {
   Result<Pinned> pin(Lease lease, const ShardRef& ref) {
     const size_t want = ref.kind == ShardKind::kCkpt ? layout_.ckpt_floats
                                                      : layout_.shard_floats[static_cast<size_t>(ref.layer)];
-    if (lease.bytes().size() < want * sizeof(float))
+    const size_t want_bytes = want * shard_elem_bytes(ref.kind, layout_.precision);
+    if (lease.bytes().size() < want_bytes)
       return fail(Code::kInternal,
                   fmt::format("lease of {} is {} bytes, want {}", shard_tensor_name(layout_.rank, ref),
-                              lease.bytes().size(), want * sizeof(float)));
+                              lease.bytes().size(), want_bytes));
     Pinned p;
     p.data = reinterpret_cast<float*>(lease.bytes().data());
     p.floats = want;

@@ -78,7 +78,32 @@ uint64_t run_config_hash(const TrainOptions& o, int ranks) {
                      uint64_t(o.model.seq), uint64_t(o.model.vocab), uint64_t(ranks), uint64_t(o.batch),
                      uint64_t(o.seq), o.seed, uint64_t(o.buffers)})
     h = mix_seed(h, v);
+  // fp32's hash is what it was before --precision existed, so its committed jobs still resume.
+  if (o.precision != Precision::kFp32) h = mix_seed(h, 0xbf16 + static_cast<uint64_t>(o.precision));
   return h;
+}
+
+namespace {
+// --precision bf16 runs on the CPU host path only: what it refuses, by option name (tier-train
+// checks the same options before it starts; this guards other callers of train()).
+Status check_precision(const TrainOptions& o, const Backend& be) {
+  if (o.precision == Precision::kFp32) return {};
+  const char* what = !be.host_accessible()    ? "--backend cuda"
+                     : o.optimizer != nullptr ? "--optimizer gpu"
+                     : o.stream != nullptr    ? "--collectives nccl"
+                     : o.reshard              ? "--reshard"
+                     : !o.dump_dir.empty()    ? "--dump"
+                                              : nullptr;
+  if (what == nullptr) return {};
+  return Status(Code::kInvalidArgument, bf16_refusal(what));
+}
+}  // namespace
+
+std::string bf16_refusal(const char* option) {
+  return fmt::format(
+      "--precision bf16 is not supported with {}: bf16 runs on the CPU backend's host path "
+      "(--backend cpu, --collectives host, --optimizer cpu); see docs/trainer.md",
+      option);
 }
 
 // One training step, the way its parts run:
@@ -159,6 +184,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   if (opts.buffers != 1 && opts.buffers != 2) return fail(Code::kInvalidArgument, "buffers must be 1 or 2");
   if (opts.offload_checkpoints && !opts.checkpoint_activations)
     return fail(Code::kInvalidArgument, "--offload-checkpoints needs --checkpoint-activations");
+  if (auto s = check_precision(opts, be); !s) return fail(s);
 
   Trainer t(opts, data, comm, be, store, out);
   if (auto s = t.open_state(); !s) return fail(s);

@@ -58,6 +58,9 @@ struct TrainOptions {
   int val_seqs = 0;       // validation sequences (rounded up to a multiple of batch); 0: batch
   int prefetch = 1;       // K
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
+  // --precision bf16: bf16 params and grads in the store and the collectives, fp32 master
+  // params and moments (docs/trainer.md, "Mixed precision"). The CPU host path only.
+  Precision precision = Precision::kFp32;
   bool resume = false;    // continue from the store's committed step
   bool reshard = false;   // with resume: the state was committed by another rank count
   // After every N-th committed step, a snapshot of each daemon's pool tagged with the step (a
@@ -126,6 +129,9 @@ size_t activation_floats(const Dims& d, int layers, bool checkpoint, bool offloa
 // Returns the summary (the same on every rank).
 [[nodiscard]] Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm,
                                        Backend& backend, ShardStore& store, std::FILE* out);
+
+// Why --precision bf16 refuses `option` (e.g. "--backend cuda"): the message tier-train prints.
+std::string bf16_refusal(const char* option);
 
 // The hash a commit marker carries: the model, rank count, batch, seq, seed and buffering.
 uint64_t run_config_hash(const TrainOptions& opts, int ranks);

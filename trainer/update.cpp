@@ -6,6 +6,7 @@
 #include <cstring>
 #include <future>
 
+#include "trainer/bf16.hpp"
 #include "trainer/step.hpp"
 #include "wire/errors.hpp"
 
@@ -58,35 +59,44 @@ AdamWStep Trainer::adamw_step(int64_t step, double norm) const {
   return make_step(opts.adamw, lr_at(opts.adamw.lr, step, warmup, opts.steps), step, clip);
 }
 
-// The AdamW update of `step`: reads param, m, v of buffer `cur` and the gradient (each
-// [shard[l]]), writes buffer `nxt` (the same tensors when single-buffered, pinned for
-// writing). Calls progress.layer_done(l) as each layer's pins are released. No MPI inside:
-// safe on its own thread. Returns its duration in ms.
+std::vector<ShardKind> Trainer::opt_in_kinds() const {
+  if (bf16) return {ShardKind::kMaster, ShardKind::kM, ShardKind::kV};
+  return {ShardKind::kParam, ShardKind::kM, ShardKind::kV};
+}
+std::vector<ShardKind> Trainer::opt_out_kinds() const {
+  if (bf16) return {ShardKind::kMaster, ShardKind::kM, ShardKind::kV, ShardKind::kParam};
+  return {ShardKind::kParam, ShardKind::kM, ShardKind::kV};
+}
+
+// The AdamW update of `step`: reads opt_in_kinds() of buffer `cur` and the gradient (each
+// [shard[l]]), writes opt_out_kinds() of buffer `nxt` (the same tensors when single-buffered,
+// pinned for writing). Calls progress.layer_done(l) as each layer's pins are released. No MPI
+// inside: safe on its own thread. Returns its duration in ms.
 Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep st) {
   const auto t_opt = Clock::now();
-  using Pins = std::pair<std::vector<Pinned>, std::vector<Pinned>>;  // in: p, m, v, g; out: p, m, v
-  auto pin_layer = [this, cur, nxt](int l) -> Result<Pins> {
+  // in: p (bf16: master), m, v, g; out: p (bf16: master), m, v [, bf16: the working param]
+  using Pins = std::pair<std::vector<Pinned>, std::vector<Pinned>>;
+  auto refs_of = [](int l, const std::vector<ShardKind>& kinds, int b) {
+    std::vector<ShardRef> r;
+    r.reserve(kinds.size() + 1);
+    for (ShardKind k : kinds) r.push_back({l, k, b});
+    return r;
+  };
+  auto pin_layer = [this, cur, nxt, refs_of](int l) -> Result<Pins> {
     Pins p;
     if (opts.buffers == 2) {
-      auto a = store.acquire_many(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
-                                                        {l, ShardKind::kM, cur},
-                                                        {l, ShardKind::kV, cur},
-                                                        {l, ShardKind::kGrad, 0}},
-                                  Access::kRead, opt_lane);
+      std::vector<ShardRef> in = refs_of(l, opt_in_kinds(), cur);
+      in.push_back({l, ShardKind::kGrad, 0});
+      auto a = store.acquire_many(in, Access::kRead, opt_lane);
       if (!a) return fail(a.error());
       // Buffer nxt is written whole (the update, then the padding below): its old bytes are
       // dead, so a copy spilled to NVMe is not read back for it.
-      auto b = store.acquire_many(
-          std::vector<ShardRef>{
-              {l, ShardKind::kParam, nxt}, {l, ShardKind::kM, nxt}, {l, ShardKind::kV, nxt}},
-          Access::kOverwrite, opt_lane);
+      auto b = store.acquire_many(refs_of(l, opt_out_kinds(), nxt), Access::kOverwrite, opt_lane);
       if (!b) return fail(b.error());
       p.first = std::move(*a);
       p.second = std::move(*b);
     } else {
-      auto b = store.acquire_many(
-          std::vector<ShardRef>{{l, ShardKind::kParam, 0}, {l, ShardKind::kM, 0}, {l, ShardKind::kV, 0}},
-          Access::kWrite, opt_lane);
+      auto b = store.acquire_many(refs_of(l, opt_out_kinds(), 0), Access::kWrite, opt_lane);
       if (!b) return fail(b.error());
       auto g = store.acquire({l, ShardKind::kGrad, 0}, Access::kRead, opt_lane);
       if (!g) return fail(g.error());
@@ -98,13 +108,11 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
   // The pins of layer l+1 are taken (one or two daemon round trips) while layer l updates,
   // and the inputs of layer l+2 are hinted to tierd then, so a shard spilled to NVMe is
   // fetched a whole layer's update ahead of its lease (best effort; RAM-resident: no-op).
-  auto hint_layer = [this, cur](int l) {
+  auto hint_layer = [this, cur, refs_of](int l) {
     if (l >= NL) return;
-    store.prefetch(std::vector<ShardRef>{{l, ShardKind::kParam, cur},
-                                         {l, ShardKind::kM, cur},
-                                         {l, ShardKind::kV, cur},
-                                         {l, ShardKind::kGrad, 0}},
-                   opt_lane);
+    std::vector<ShardRef> in = refs_of(l, opt_in_kinds(), cur);
+    in.push_back({l, ShardKind::kGrad, 0});
+    store.prefetch(in, opt_lane);
   };
   hint_layer(1);
   std::future<Result<Pins>> next = std::async(std::launch::deferred, pin_layer, 0);
@@ -126,6 +134,9 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
                                             r.decay, step);
             !s)
           return fail(s);
+      } else if (bf16) {
+        adamw_update_bf16(in[0].data + o, in[1].data + o, in[2].data + o, in[3].bf16() + o, outp[0].data + o,
+                          outp[1].data + o, outp[2].data + o, outp[3].bf16() + o, b - a, st, r.decay);
       } else {
         adamw_update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o, outp[0].data + o,
                      outp[1].data + o, outp[2].data + o, b - a, st, r.decay);
@@ -136,6 +147,7 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
     if (opts.buffers == 2 && std::max(lo, layer_n[l]) < hi) {
       const size_t o = std::max(lo, layer_n[l]) - lo, n = hi - lo - o;
       for (int k = 0; k < 3; ++k) std::memcpy(outp[k].data + o, in[k].data + o, n * sizeof(float));
+      if (bf16) f32_to_bf16(in[0].data + o, outp[3].bf16() + o, n);  // the master's padding, rounded
     }
     // The gradient is dead now: the next backward overwrites it before anything reads it,
     // and a crash before this step commits redoes the backward. Spilling it would be wasted.
@@ -201,8 +213,7 @@ Status Trainer::commit(int64_t step) {
     const int read_buffer = static_cast<int>((step - 1) % 2);
     std::vector<ShardRef> dead;
     for (int l = 0; l < NL; ++l)
-      for (ShardKind k : {ShardKind::kParam, ShardKind::kM, ShardKind::kV})
-        dead.push_back({l, k, read_buffer});
+      for (ShardKind k : opt_out_kinds()) dead.push_back({l, k, read_buffer});
     store.discard(dead);
     fault_at("discarded", step);
   }

@@ -47,6 +47,11 @@ TEST_CASE("what --plan prints for a configuration is what its run puts in tierd'
       {"odd3single", 3, 3, odd, "--buffers 1"},
       {"ckpt2", 2, 4, "--model small", "--checkpoint-activations --offload-checkpoints"},
       {"ckptodd1", 1, 2, odd, "--checkpoint-activations --offload-checkpoints --attention reference"},
+      // bf16: 2-byte param and grad shards (not multiples of a 4 KiB granule) and fp32 masters.
+      {"bf16small2", 2, 4, "--model small", "--precision bf16"},
+      {"bf16odd3", 3, 3, odd, "--precision bf16"},
+      {"bf16odd2single", 2, 2, odd, "--precision bf16 --buffers 1"},
+      {"bf16ckpt2", 2, 2, odd, "--precision bf16 --checkpoint-activations --offload-checkpoints"},
   };
   for (const Case& c : cases) {
     INFO("case " << c.name);
@@ -92,4 +97,33 @@ TEST_CASE("the plan names the trainer it plans and derives the state from it", "
   CHECK(two["state_bytes"]["per_param"].get<double>() == Approx(28.0).epsilon(0.01));
   CHECK(two["pool_bytes"]["per_node"]["moments"].get<uint64_t>() ==
         2 * one["pool_bytes"]["per_node"]["moments"].get<uint64_t>());
+  CHECK(two["pool_bytes"]["per_node"]["masters"].get<uint64_t>() == 0);
+}
+
+TEST_CASE("--plan --precision bf16: bf16 params and grads, fp32 masters and moments", "[trainer][plan]") {
+  const std::string small = "--model small --state tier --gpus-per-node 1 --precision bf16";
+  const nlohmann::json one = tier::test::plan_json(small + " --buffers 1");
+  const nlohmann::json two = tier::test::plan_json(small);
+  const nlohmann::json fp32 = tier::test::plan_json("--model small --state tier --gpus-per-node 1");
+  REQUIRE(!one.is_discarded());
+  REQUIRE(!two.is_discarded());
+  REQUIRE(!fp32.is_discarded());
+  CHECK(two["precision"] == "bf16");
+  // bf16 param 2 + fp32 master 4 + m 4 + v 4 per copy, and a bf16 grad 2: 16 B/param single,
+  // 30 double (fp32: 28).
+  CHECK(one["state_bytes"]["per_param"].get<double>() == Approx(16.0).epsilon(0.01));
+  CHECK(two["state_bytes"]["per_param"].get<double>() == Approx(30.0).epsilon(0.01));
+  const auto& b = two["pool_bytes"]["per_node"];
+  const auto& f = fp32["pool_bytes"]["per_node"];
+  CHECK(b["moments"] == f["moments"]);
+  CHECK(b["masters"] == f["params"]);  // the fp32 params, now the master copy
+  CHECK(b["params"].get<uint64_t>() < f["params"].get<uint64_t>());
+  CHECK(b["grads"].get<uint64_t>() < f["grads"].get<uint64_t>());
+  // The collectives move half the bytes.
+  const nlohmann::json net16 = tier::test::plan_json("--model small --gpus-per-node 8 --precision bf16");
+  const nlohmann::json net32 = tier::test::plan_json("--model small --gpus-per-node 8");
+  REQUIRE(!net16.is_discarded());
+  REQUIRE(!net32.is_discarded());
+  CHECK(net32["step_s"]["network"].get<double>() > 0);
+  CHECK(net16["step_s"]["network"].get<double>() == Approx(net32["step_s"]["network"].get<double>() / 2));
 }

@@ -1,0 +1,49 @@
+// --precision on tier-train's command line: what a bf16 run refuses (exit status 2, naming the
+// option), the value check, and that bf16 does change the arithmetic. One process, no daemon.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "run_helper.hpp"
+
+using tier::test::run_trainer;
+using tier::test::TrainRun;
+
+namespace {
+
+const std::string kTiny = "--model tiny --steps 3 --batch 4 --val-every -1";
+
+void expect_refused(const TrainRun& r, const std::string& option) {
+  INFO(r.stderr_text);
+  CHECK(r.exit_code == 2);
+  CHECK(r.losses.empty());
+  CHECK(r.stderr_text.find("--precision bf16 is not supported with " + option) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("tier-train --precision bf16 refuses the paths it does not run on, by name",
+          "[trainer][cli][bf16]") {
+  const std::string bf16 = kTiny + " --precision bf16";
+  expect_refused(run_trainer(1, bf16 + " --backend cuda"), "--backend cuda");
+  expect_refused(run_trainer(1, bf16 + " --optimizer gpu"), "--optimizer gpu");
+  expect_refused(run_trainer(1, bf16 + " --backend cuda --collectives nccl"), "--backend cuda");
+  expect_refused(run_trainer(1, bf16 + " --state tier --resume --reshard"), "--reshard");
+  expect_refused(run_trainer(1, bf16 + " --dump /tmp"), "--dump");
+}
+
+TEST_CASE("tier-train --precision takes fp32 or bf16", "[trainer][cli][bf16]") {
+  const TrainRun bad = run_trainer(1, kTiny + " --precision fp16");
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.losses.empty());
+  const TrainRun fp32 = run_trainer(1, kTiny + " --precision fp32");
+  const TrainRun dflt = run_trainer(1, kTiny);
+  const TrainRun bf16 = run_trainer(1, kTiny + " --precision bf16");
+  INFO(bf16.stderr_text);
+  REQUIRE(fp32.exit_code == 0);
+  REQUIRE(bf16.exit_code == 0);
+  REQUIRE(bf16.losses.size() == 3);
+  CHECK(dflt.losses == fp32.losses);  // fp32 is the default
+  // Step 1 computes with bf16-rounded initial weights: its loss differs from fp32's.
+  CHECK(bf16.losses[0] != fp32.losses[0]);
+}

@@ -1,0 +1,72 @@
+#include "trainer/bf16.hpp"
+
+namespace tier::train {
+
+namespace {
+
+// Per OpenMP task: large enough to amortize the fork. The loops are written for the compiler
+// to vectorize (the NaN test becomes a select); each has an AVX2 variant chosen at run time,
+// so the build needs no -march flag.
+constexpr size_t kChunk = 1 << 15;
+
+#define TT_BF16_LOOP(body)                                                                             \
+  const long n_chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                  \
+  _Pragma("omp parallel for schedule(static) if (n_chunks > 1)") for (long c = 0; c < n_chunks; ++c) { \
+    const size_t lo = static_cast<size_t>(c) * kChunk;                                                 \
+    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                               \
+    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) body;                                         \
+  }
+
+__attribute__((target("avx2"))) void to_bf16_avx2(const float* src, bf16_t* dst, size_t n) {
+  TT_BF16_LOOP(dst[i] = bf16_from_f32(src[i]))
+}
+void to_bf16_generic(const float* src, bf16_t* dst, size_t n) { TT_BF16_LOOP(dst[i] = bf16_from_f32(src[i])) }
+__attribute__((target("avx2"))) void to_f32_avx2(const bf16_t* src, float* dst, size_t n) {
+  TT_BF16_LOOP(dst[i] = bf16_to_f32(src[i]))
+}
+void to_f32_generic(const bf16_t* src, float* dst, size_t n) { TT_BF16_LOOP(dst[i] = bf16_to_f32(src[i])) }
+
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+}  // namespace
+
+void f32_to_bf16(const float* src, bf16_t* dst, size_t n) {
+  if (have_avx2()) to_bf16_avx2(src, dst, n);
+  else to_bf16_generic(src, dst, n);
+}
+
+void bf16_to_f32(const bf16_t* src, float* dst, size_t n) {
+  if (have_avx2()) to_f32_avx2(src, dst, n);
+  else to_f32_generic(src, dst, n);
+}
+
+double sum_squares_bf16(const bf16_t* g, size_t n) {
+  double total = 0;
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for reduction(+ : total) if (chunks > 1)
+  for (long c = 0; c < chunks; ++c) {
+    const size_t lo = static_cast<size_t>(c) * kChunk;
+    const size_t hi = lo + kChunk < n ? lo + kChunk : n;
+    double s = 0;
+    for (size_t i = lo; i < hi; ++i) {
+      const double x = bf16_to_f32(g[i]);
+      s += x * x;
+    }
+    total += s;
+  }
+  return total;
+}
+
+void sum_chunks_bf16(const bf16_t* chunks, int ranks, size_t count, bf16_t* out) {
+  const size_t n = count;
+  TT_BF16_LOOP({
+    float s = bf16_to_f32(chunks[i]);
+    for (int r = 1; r < ranks; ++r) s += bf16_to_f32(chunks[static_cast<size_t>(r) * count + i]);
+    out[i] = bf16_from_f32(s);
+  })
+}
+
+}  // namespace tier::train
