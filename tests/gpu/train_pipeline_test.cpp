@@ -169,7 +169,7 @@ TEST_CASE("1 rank of tiny through the layer pipeline with the state in tierd", "
   check_close(got, want, 2e-3);
 }
 
-TEST_CASE("--checkpoint-activations on the GPU: host path, pipeline, offloaded to tierd",
+TEST_CASE("tier-train --checkpoint-activations on the GPU: host path, pipeline, offloaded to tierd",
           "[gpu][trainer][checkpoint]") {
   if (!tier::test::have_cuda_device()) return;
   tier::test::TestDaemon daemon;

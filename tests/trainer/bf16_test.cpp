@@ -52,7 +52,7 @@ double require_close(const TrainRun& ref, const TrainRun& got, size_t steps, dou
 // 2.7e-3 relative (small) and 6.2e-4 (T = 256); bf16 on 1 rank against 2 at most 4.5e-4. The
 // limits are 1e-2 and 2e-3: a few times the measured (the runs are deterministic). Dropping the
 // other rank's gradient chunks in the reduce-scatter moves the 2-rank curve by up to 7e-3.
-TEST_CASE("--precision bf16 follows the fp32 loss curve: small and a T = 256 model", "[trainer][bf16]") {
+TEST_CASE("tier-train --precision bf16 follows the fp32 loss curve: small and a T = 256 model", "[trainer][bf16]") {
   struct Run {
     std::string args;
     size_t steps;
@@ -71,7 +71,7 @@ TEST_CASE("--precision bf16 follows the fp32 loss curve: small and a T = 256 mod
   }
 }
 
-TEST_CASE("--precision bf16 on 2 ranks with the state in tierd follows 1 resident rank",
+TEST_CASE("tier-train --precision bf16 on 2 ranks with the state in tierd follows 1 resident rank",
           "[trainer][mpi][tier][bf16]") {
   tier::test::TestDaemon daemon;
   REQUIRE(daemon.running());
@@ -84,7 +84,7 @@ TEST_CASE("--precision bf16 on 2 ranks with the state in tierd follows 1 residen
   CHECK(two.losses[0] == one.losses[0]);
 }
 
-TEST_CASE("--precision bf16 with the state on NVMe gives the resident bf16 losses bit for bit",
+TEST_CASE("tier-train --precision bf16 with the state on NVMe gives the resident bf16 losses bit for bit",
           "[trainer][mpi][tier][nvme][bf16]") {
   // 0.83 M parameters, 25 MB of bf16 state (30 B/param double-buffered) against a 14 MiB RAM
   // quota: every step spills and fetches bf16 and fp32 shards. Same rank count, same arithmetic.

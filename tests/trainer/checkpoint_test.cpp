@@ -89,7 +89,7 @@ long long expected_bytes(int ranks, bool checkpoint, bool offload) {
 
 }  // namespace
 
-TEST_CASE("--checkpoint-activations: bit-identical gradients, losses and parameters, less memory",
+TEST_CASE("tier-train --checkpoint-activations: bit-identical gradients, losses and parameters, less memory",
           "[trainer][mpi][checkpoint]") {
   const int ranks = GENERATE(1, 2);
   CAPTURE(ranks);
@@ -107,7 +107,7 @@ TEST_CASE("--checkpoint-activations: bit-identical gradients, losses and paramet
         static_cast<long long>((kLayers - 1) * tier::train::block_acts_floats(d) * sizeof(float)));
 }
 
-TEST_CASE("--offload-checkpoints: block inputs in tierd, bit-identical to keeping every activation",
+TEST_CASE("tier-train --offload-checkpoints: block inputs in tierd, bit-identical to keeping every activation",
           "[trainer][mpi][tier][checkpoint]") {
   const int ranks = GENERATE(1, 2);
   CAPTURE(ranks);
@@ -146,7 +146,7 @@ TEST_CASE("--offload-checkpoints: block inputs in tierd, bit-identical to keepin
   CHECK(st->errors == 0);
 }
 
-TEST_CASE("--offload-checkpoints with the pool on NVMe: bit-identical",
+TEST_CASE("tier-train --offload-checkpoints with the pool on NVMe: bit-identical",
           "[trainer][mpi][tier][nvme][checkpoint]") {
   // A RAM quota below the state (as in zero3_test's NVMe case): checkpoints and shards spill
   // and come back; the checkpoints' overwrite leases and discards must not lose a byte.
@@ -167,7 +167,7 @@ TEST_CASE("--offload-checkpoints with the pool on NVMe: bit-identical",
   require_identical(ref, got);
 }
 
-TEST_CASE("--resume after a kill does not need the offloaded checkpoints",
+TEST_CASE("tier-train --resume after a kill does not need the offloaded checkpoints",
           "[trainer][mpi][tier][restart][checkpoint]") {
   // A run with offloaded checkpoints killed in a backward resumes without checkpointing: the
   // losses are the uninterrupted run's, and the resumed run deletes the checkpoint tensors.

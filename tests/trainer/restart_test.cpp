@@ -252,7 +252,7 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
   }
 }
 
-TEST_CASE("--precision bf16: kill -9 of a rank and --resume give the uninterrupted losses",
+TEST_CASE("tier-train --precision bf16: kill -9 of a rank and --resume give the uninterrupted losses",
           "[trainer][mpi][tier][restart][bf16]") {
   // The bf16 working params, the fp32 masters and moments are double-buffered alike: a resume
   // reads the committed buffer's bf16 params in its passes and its masters in the update. In
