@@ -39,9 +39,9 @@ struct PlanOptions {
   int prefetch = 1;
   int buffers = 2;
   Precision precision = Precision::kFp32;  // --precision
-  bool checkpointing = false;        // --checkpoint-activations
-  bool offload_checkpoints = false;  // --offload-checkpoints
-  bool flash_attention = true;       // --attention flash (the default) or reference
+  bool checkpointing = false;              // --checkpoint-activations
+  bool offload_checkpoints = false;        // --offload-checkpoints
+  bool flash_attention = true;             // --attention flash (the default) or reference
 };
 
 struct Plan {

@@ -52,7 +52,8 @@ double require_close(const TrainRun& ref, const TrainRun& got, size_t steps, dou
 // 2.7e-3 relative (small) and 6.2e-4 (T = 256); bf16 on 1 rank against 2 at most 4.5e-4. The
 // limits are 1e-2 and 2e-3: a few times the measured (the runs are deterministic). Dropping the
 // other rank's gradient chunks in the reduce-scatter moves the 2-rank curve by up to 7e-3.
-TEST_CASE("tier-train --precision bf16 follows the fp32 loss curve: small and a T = 256 model", "[trainer][bf16]") {
+TEST_CASE("tier-train --precision bf16 follows the fp32 loss curve: small and a T = 256 model",
+          "[trainer][bf16]") {
   struct Run {
     std::string args;
     size_t steps;

@@ -107,8 +107,9 @@ TEST_CASE("tier-train --checkpoint-activations: bit-identical gradients, losses 
         static_cast<long long>((kLayers - 1) * tier::train::block_acts_floats(d) * sizeof(float)));
 }
 
-TEST_CASE("tier-train --offload-checkpoints: block inputs in tierd, bit-identical to keeping every activation",
-          "[trainer][mpi][tier][checkpoint]") {
+TEST_CASE(
+    "tier-train --offload-checkpoints: block inputs in tierd, bit-identical to keeping every activation",
+    "[trainer][mpi][tier][checkpoint]") {
   const int ranks = GENERATE(1, 2);
   CAPTURE(ranks);
   tier::test::TestDaemon daemon;

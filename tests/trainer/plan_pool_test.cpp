@@ -100,7 +100,8 @@ TEST_CASE("the plan names the trainer it plans and derives the state from it", "
   CHECK(two["pool_bytes"]["per_node"]["masters"].get<uint64_t>() == 0);
 }
 
-TEST_CASE("tier-train --plan --precision bf16: bf16 params and grads, fp32 masters and moments", "[trainer][plan]") {
+TEST_CASE("tier-train --plan --precision bf16: bf16 params and grads, fp32 masters and moments",
+          "[trainer][plan]") {
   const std::string small = "--model small --state tier --gpus-per-node 1 --precision bf16";
   const nlohmann::json one = tier::test::plan_json(small + " --buffers 1");
   const nlohmann::json two = tier::test::plan_json(small);

@@ -84,7 +84,9 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
     const std::string job = " --job crash" + std::to_string(n++);
     const std::string where = std::to_string(f.step) + ":" + f.point + ":" + std::to_string(f.rank);
     INFO("kill at " << where);
-    const TrainRun a = run_trainer(2, base + job + " --fault-kill " + where);
+    std::string kill_args = base;
+    kill_args.append(job).append(" --fault-kill ").append(where);
+    const TrainRun a = run_trainer(2, kill_args);
     INFO(a.stderr_text);
     REQUIRE(a.exit_code != 0);
     const TrainRun b = run_trainer(2, base + job + " --resume");
@@ -202,9 +204,16 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
   for (int round = 0; round < 3; ++round) {
     const std::string job = " --job rnd" + std::to_string(round);
     const std::string out = daemon.dir() + "/rnd" + std::to_string(round) + ".out";
-    const std::string cmd = "exec " + std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " +
-                            tier::test::bin_path("tier-train") + " --threads 1 " + base + job + " >" + out +
-                            " 2>/dev/null";
+    std::string cmd = "exec ";
+    cmd.append(tier::test::kMpirun)
+        .append(" -np 2 -x OMP_NUM_THREADS=1 ")
+        .append(tier::test::bin_path("tier-train"))
+        .append(" --threads 1 ")
+        .append(base)
+        .append(job)
+        .append(" >")
+        .append(out)
+        .append(" 2>/dev/null");
     const pid_t mpirun = fork();
     REQUIRE(mpirun >= 0);
     if (mpirun == 0) {
@@ -282,7 +291,9 @@ TEST_CASE("tier-train --precision bf16: kill -9 of a rank and --resume give the 
   for (const char* where : faults) {
     INFO("kill at " << where);
     const std::string job = " --job crash" + std::to_string(n++);
-    const TrainRun a = run_trainer(2, base + job + " --fault-kill " + where);
+    std::string kill_args = base;
+    kill_args.append(job).append(" --fault-kill ").append(where);
+    const TrainRun a = run_trainer(2, kill_args);
     INFO(a.stderr_text);
     REQUIRE(a.exit_code != 0);
     const TrainRun b = run_trainer(2, base + job + " --resume");
