@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tier::bench {
 
@@ -19,6 +20,11 @@ struct BenchOptions {
   bool quick = false;          // --quick: fewer sizes and repetitions (used by tests)
   uint64_t tensors = 1000000;  // --tensors: tensors in the big pool (catalog suite)
   bool keep = false;           // --keep: leave the catalog suite's pools in place (needs --socket)
+  std::vector<uint64_t> sizes;  // --sizes: tensor sizes of the nvme bandwidth figures (empty: default)
+  int samples = 0;              // --samples: samples per nvme bandwidth figure (0: default)
+  bool only_bandwidth = false;  // --only-bandwidth: nvme spill/fetch figures only, no daemon plan
+  std::vector<std::string> stripe_dirs;  // --stripe-dir: more NVMe directories for the engine
+  bool no_prepare = false;               // --no-prepare: the engine's data files are fallocate'd only
 };
 
 // One result line. `bytes` is omitted when unset.
@@ -31,6 +37,8 @@ struct Figure {
   double ratio = 0;  // value / baseline: throughput targets are >= x, latency targets <= x
 };
 void emit(const BenchOptions& o, const Figure& f);
+// The same, naming which of several candidates the baseline is ("baseline_name").
+void emit(const BenchOptions& o, const Figure& f, const std::string& baseline_name);
 
 int run_ram(const BenchOptions& o);
 int run_rpc(const BenchOptions& o);
