@@ -152,7 +152,10 @@ uint64_t bytes_for(const BenchOptions& o, uint64_t size) {
   return std::max(total / size, uint64_t{1}) * size;
 }
 
-// `sub`: the engine's folder inside --dir and inside each --stripe-dir.
+// This run's folder inside a --stripe-dir (removed at the end, as --dir's is).
+std::string stripe_root(const std::string& d) { return d + "/tier-bench-nvme." + std::to_string(::getpid()); }
+
+// `sub`: the engine's folder inside this run's folder of --dir and of each --stripe-dir.
 EngineOptions engine_options(const BenchOptions& o, const std::string& dir, const std::string& sub) {
   EngineOptions eo;
   eo.dirs.push_back({dir + "/" + sub, (o.quick ? 512 : 4096) * kMiB, -1});
@@ -165,18 +168,21 @@ EngineOptions engine_options(const BenchOptions& o, const std::string& dir, cons
   return eo;
 }
 
-// The first write of a fresh tier: a new engine on an empty directory (what a daemon on a
+// The first write of a fresh tier: a new engine on an empty directory `sub` (what a daemon on a
 // new NVMe directory starts with) spills `n` bytes as tensors of `size` at once, once its
 // start-up preparation is done. Returns the seconds of the spill, or a negative value on error;
-// `startup` gets the seconds from open to prepared and the bytes prepared meanwhile.
+// `startup` gets the seconds from open to prepared and the bytes prepared meanwhile. The files
+// stay until the end of the run: removing them on a filesystem mounted with -o discard makes
+// the device discard their blocks in the background, which slowed the spills measured after
+// it to about 0.6x on the development VM.
 struct Startup {
   double seconds = 0;
   uint64_t prepared = 0;
 };
-double fresh_spill(const BenchOptions& o, const std::string& dir, std::byte* src, uint64_t n, uint64_t size,
-                   Startup& startup) {
+double fresh_spill(const BenchOptions& o, const std::string& dir, const std::string& sub, std::byte* src,
+                   uint64_t n, uint64_t size, Startup& startup) {
   double t0 = now_s();
-  auto e = Engine::open(engine_options(o, dir, "fresh"));
+  auto e = Engine::open(engine_options(o, dir, sub));
   if (!e) {
     std::fprintf(stderr, "tier-bench nvme: %s\n", e.error().to_string().c_str());
     return -1;
@@ -190,11 +196,6 @@ double fresh_spill(const BenchOptions& o, const std::string& dir, std::byte* src
   std::vector<NvmeLocation> locs;
   double s = engine_spill(**e, src, n, size, locs);
   (*e)->register_memory({});
-  std::vector<std::string> used;
-  for (const DirStats& d : (*e)->stats().dirs) used.push_back(d.path);
-  e->reset();
-  std::error_code ec;
-  for (const std::string& d : used) std::filesystem::remove_all(d, ec);
   return s;
 }
 
@@ -221,6 +222,8 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
   if (engine_spill(e, src.get(), total, std::min<uint64_t>(total, 64 * kMiB), locs) < 0 || !free_all(e, locs))
     return false;
   e.wait_prepared();  // the next data file, prepared while idle, must not overlap the samples
+  std::map<uint64_t, double> write_ceiling;
+  std::map<uint64_t, std::string> write_winner;
   for (uint64_t size : sizes) {
     uint64_t n = bytes_for(o, size);
     std::vector<double> es, ef;
@@ -259,22 +262,34 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     emit(o, {"nvme.spill_syncs", size, per_tensor, "syncs/tensor", 1.0, per_tensor});
     raw.write_bw = w.bw;
     raw.read_bw = r.bw;
-    std::vector<double> first, startup_s;
-    Startup st;
+    write_ceiling[size] = w.bw;
+    write_winner[size] = w.name;
+  }
+  // The first write of a fresh tier, after every steady-state figure (see fresh_spill).
+  std::vector<double> startup_s;
+  Startup st;
+  for (uint64_t size : sizes) {
+    uint64_t n = bytes_for(o, size);
+    std::vector<double> first;
     for (int s = 0; s < samples; ++s) {
-      double t = fresh_spill(o, dir, src.get(), n, size, st);
+      std::string sub = "fresh-" + std::to_string(size >> 10) + "k-" + std::to_string(s);
+      double t = fresh_spill(o, dir, sub, src.get(), n, size, st);
       if (t < 0) return false;
       first.push_back(static_cast<double>(n) / t);
       startup_s.push_back(st.seconds);
     }
     double vfirst = median(first);
-    emit(o, {"nvme.spill.first", size, vfirst / 1e9, "GB/s", w.bw / 1e9, vfirst / w.bw}, w.name);
-    if (st.prepared > 0 && size == sizes.back()) {
-      // What a fresh tier costs at start-up: one data file per directory written with zeros,
-      // whatever the tier's capacity (later files are prepared while the engine is idle).
-      double bw = static_cast<double>(st.prepared) / median(startup_s);
-      emit(o, {"nvme.prepare", st.prepared, bw / 1e9, "GB/s", w.bw / 1e9, bw / w.bw}, w.name);
-    }
+    emit(o,
+         {"nvme.spill.first", size, vfirst / 1e9, "GB/s", write_ceiling[size] / 1e9,
+          vfirst / write_ceiling[size]},
+         write_winner[size]);
+  }
+  if (st.prepared > 0) {
+    // What a fresh tier costs at start-up: one data file per directory written with zeros,
+    // whatever the tier's capacity (later files are prepared while the engine is idle).
+    double bw = static_cast<double>(st.prepared) / median(startup_s);
+    emit(o, {"nvme.prepare", st.prepared, bw / 1e9, "GB/s", raw.write_bw / 1e9, bw / raw.write_bw},
+         write_winner[sizes.back()]);
   }
   e.register_memory({});  // src and dst are freed next: they must not stay registered
   return true;
@@ -467,8 +482,7 @@ int run_nvme(const BenchOptions& o) {
     }
   }
   std::filesystem::remove_all(dir, ec);
-  for (const std::string& d : o.stripe_dirs)
-    std::filesystem::remove_all(d + "/engine." + std::to_string(::getpid()), ec);
+  for (const std::string& d : o.stripe_dirs) std::filesystem::remove_all(stripe_root(d), ec);
   return rc;
 }
 
