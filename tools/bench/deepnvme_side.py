@@ -11,7 +11,9 @@ Per size, three figures, each one JSON line on stdout (GB/s = 1e9 bytes per seco
   deepnvme.write.first   the files' first write (created by this run: allocating writes)
   deepnvme.write         a rewrite of the same files (blocks already written: steady state)
   deepnvme.read          a read of them
-Files are removed at the end. Nothing is flushed: DeepNVMe's writes end at their completion.
+Files are removed at the end of the run, not between sizes (on a filesystem mounted with
+-o discard a removal makes the device discard in the background, slowing what follows).
+Nothing is flushed: DeepNVMe's writes end at their completion.
 """
 import argparse
 import json
@@ -56,7 +58,7 @@ def main():
     try:
         for size in sizes:
             n = max(total // size, 1)
-            paths = [os.path.join(work, "t%d.swp" % i) for i in range(n)]
+            paths = [os.path.join(work, "s%d-t%d.swp" % (size, i)) for i in range(n)]
             parts = [buf.narrow(0, i * size, size) for i in range(n)]
 
             def run(write):
@@ -70,8 +72,6 @@ def main():
 
             for name, write in (("deepnvme.write.first", True), ("deepnvme.write", True), ("deepnvme.read", False)):
                 print(json.dumps({"name": name, "bytes": size, "value": round(run(write), 4), "unit": "GB/s"}), flush=True)
-            for path in paths:
-                os.unlink(path)
     finally:
         handle.free_cpu_locked_tensor(buf)
         shutil.rmtree(work, ignore_errors=True)
