@@ -55,11 +55,16 @@ def main():
 
     buf = handle.new_cpu_locked_tensor(biggest, torch.empty(0, dtype=torch.uint8))
     buf.copy_(torch.randint(0, 256, (biggest,), dtype=torch.uint8))
+    keep = []
     try:
         for size in sizes:
             n = max(total // size, 1)
             paths = [os.path.join(work, "s%d-t%d.swp" % (size, i)) for i in range(n)]
             parts = [buf.narrow(0, i * size, size) for i in range(n)]
+            # Kept alive to the end: the op's worker thread may drop its reference to a view
+            # after wait() returned; if that were the last one it would need the GIL, which
+            # wait() holds in this DeepSpeed version, and the next wait() would deadlock.
+            keep.append(parts)
 
             def run(write):
                 t0 = time.perf_counter()
