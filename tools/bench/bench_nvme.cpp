@@ -114,7 +114,7 @@ double engine_fetch(Engine& e, std::byte* dst, uint64_t size, const std::vector<
   bool ok = true;
   double t0 = now_s();
   for (size_t i = 0; i < locs.size(); ++i)
-    e.fetch(locs[i], {dst + i * size, size}, [&](Status s) {
+    e.fetch(locs[i], {dst + i * size, size}, [&](const Status& s) {
       ++done;
       if (!s) {
         std::fprintf(stderr, "tier-bench nvme: %s\n", s.to_string().c_str());
@@ -160,7 +160,7 @@ EngineOptions engine_options(const BenchOptions& o, const std::string& dir, cons
   EngineOptions eo;
   eo.dirs.push_back({dir + "/" + sub, (o.quick ? 512 : 4096) * kMiB, -1});
   for (const std::string& d : o.stripe_dirs)
-    eo.dirs.push_back({d + "/" + sub + "." + std::to_string(::getpid()), 4096 * kMiB, -1});
+    eo.dirs.push_back({stripe_root(d).append("/").append(sub), 4096 * kMiB, -1});
   eo.queue_depth = kQueueDepth;
   eo.request_size = kRequestSize;
   eo.format = true;
@@ -258,7 +258,8 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     double vs = median(es), vf = median(ef);
     emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", w.bw / 1e9, vs / w.bw}, w.name);
     emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", r.bw / 1e9, vf / r.bw}, r.name);
-    double per_tensor = double(syncs() - syncs_before) / double(samples * (n / size));
+    const double tensors = static_cast<double>(n) / static_cast<double>(size);  // n: a multiple of size
+    double per_tensor = static_cast<double>(syncs() - syncs_before) / (samples * tensors);
     emit(o, {"nvme.spill_syncs", size, per_tensor, "syncs/tensor", 1.0, per_tensor});
     raw.write_bw = w.bw;
     raw.read_bw = r.bw;
@@ -268,7 +269,7 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
   // The first write of a fresh tier, after every steady-state figure (see fresh_spill).
   std::vector<double> startup_s;
   Startup st;
-  for (uint64_t size : sizes) {
+  for (uint64_t size : o.no_fresh ? std::vector<uint64_t>{} : sizes) {
     uint64_t n = bytes_for(o, size);
     std::vector<double> first;
     for (int s = 0; s < samples; ++s) {
@@ -300,6 +301,7 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
 // simulated on the same plan, steady state.
 uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
   std::vector<uint64_t> order;
+  order.reserve(tensors);
   for (uint64_t i = 0; i < tensors; ++i) order.push_back(i);
   pol::PlanIndex plan(order);
   std::set<uint64_t> cache;
@@ -311,6 +313,7 @@ uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
     if (t >= warm * tensors) ++misses;
     if (cache.size() >= slots) {
       std::vector<pol::Candidate> c;
+      c.reserve(cache.size());
       for (uint64_t y : cache) c.push_back(pol::make_candidate(y, size, 0, &plan, t + 1));
       cache.erase(pol::choose_victims(c, size).front());
     }
@@ -377,14 +380,15 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
   const size_t tensors = 2 * ram / size;
   const int warm = 1, steps = o.quick ? 1 : 3;
   // What stays resident: the RAM tier below its low watermark (0.8).
-  const size_t slots = static_cast<size_t>(0.8 * static_cast<double>(ram / size));
+  const auto slots = static_cast<size_t>(0.8 * static_cast<double>(ram) / static_cast<double>(size));
   uint64_t must = must_move_per_step(tensors, slots, size);
   double ideal_io = static_cast<double>(must) / raw.read_bw;
   double compute = compute_factor * ideal_io / static_cast<double>(tensors);
   double ideal_step = std::max(ideal_io, compute * static_cast<double>(tensors));
   DaemonRun runs[2];
   for (int with_plan = 0; with_plan < 2; ++with_plan) {
-    std::string nv = dir + "/daemon" + suffix + std::to_string(with_plan);
+    std::string nv = dir;
+    nv.append("/daemon").append(suffix).append(std::to_string(with_plan));
     std::error_code ec;
     std::filesystem::create_directories(nv, ec);
     BenchOptions priv = o;

@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--stripe-dir", o.stripe_dirs,
                  "nvme suite: another directory (device) the engine stripes over; repeatable. The raw "
                  "ceiling stays that of --dir alone, so the ratio shows the scaling");
+  app.add_flag("--no-fresh", o.no_fresh,
+               "nvme suite: skip the fresh-tier figures (each needs a new data file)");
   app.add_flag("--no-prepare", o.no_prepare,
                "nvme suite: do not prepare data files (spills write into unwritten extents, as before)");
   app.add_flag("--quick", o.quick, "fewer sizes and repetitions (for tests; figures are noisier)");
