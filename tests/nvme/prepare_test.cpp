@@ -121,7 +121,7 @@ TEST_CASE("engine: a leftover .prep file is removed at open, and stopping mid-pr
     while (!r) (*e)->wait();
     REQUIRE(r->has_value());
     std::optional<Status> f;
-    (*e)->fetch(**r, dst.span(), [&](Status s) { f = s; });
+    (*e)->fetch(**r, dst.span(), [&](const Status& s) { f = s; });
     while (!f) (*e)->wait();
     CHECK(f->is_ok());
     CHECK(std::memcmp(src.data(), dst.data(), src.size()) == 0);

@@ -167,6 +167,7 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
       ::dup2(fd, 2);
     }
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     ::execv(argv[0], argv.data());
