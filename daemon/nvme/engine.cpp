@@ -177,7 +177,7 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
     if (Status s = watch(d.queue->event_fd()); !s) return fail(s);
     IoQueue* q = d.queue.get();
     e->dirs_.push_back(std::move(d));
-    auto st = DirStore::open(static_cast<uint16_t>(i), dc, o.file_size, o.format, direct,
+    auto st = DirStore::open(static_cast<uint16_t>(i), dc, o.file_size, o.format, direct, o.prepare_files,
                              [q](int fd) { return q->backend().add_file(fd); });
     if (!st) return fail(st.error());
     stores.push_back(std::move(*st));
@@ -210,6 +210,12 @@ void Engine::defer(std::function<void()> fn) {
   ready_.push_back(std::move(fn));
   uint64_t one = 1;
   [[maybe_unused]] ssize_t w = ::write(efd_, &one, sizeof one);
+}
+
+void Engine::mark_busy(bool busy) {
+  if (busy) busy_since_ = mono_seconds();
+  else counters_.busy_s += mono_seconds() - busy_since_;
+  store_->set_busy(busy);
 }
 
 void Engine::signal_if_ready() {
@@ -316,7 +322,7 @@ void Engine::spill(uint64_t tensor_id, std::span<const std::byte> src, SpillDone
     pos += op->loc.extents[i].length;
   }
   Op* raw = op.get();
-  if (ops_.empty()) busy_since_ = mono_seconds();
+  if (ops_.empty()) mark_busy(true);
   ops_.emplace(id, std::move(op));
   ++counters_.spills;
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
@@ -359,7 +365,7 @@ void Engine::fetch(const NvmeLocation& loc, std::span<std::byte> dst, FetchDone 
     pos += loc.extents[i].length;
   }
   Op* raw = op.get();
-  if (ops_.empty()) busy_since_ = mono_seconds();
+  if (ops_.empty()) mark_busy(true);
   ops_.emplace(id, std::move(op));
   ++counters_.fetches;
   for (size_t i = 0; i < raw->loc.extents.size(); ++i)
@@ -464,7 +470,7 @@ void Engine::sync_done(uint64_t key, int64_t result) {
 
 void Engine::finish(uint64_t op_id) {
   auto node = ops_.extract(op_id);
-  if (ops_.empty()) counters_.busy_s += mono_seconds() - busy_since_;
+  if (ops_.empty()) mark_busy(false);
   std::unique_ptr<Op> op = std::move(node.mapped());
   if (op->write) {
     if (!op->error.is_ok()) {
@@ -550,6 +556,7 @@ EngineStats Engine::stats() const {
     d.bytes_read = q.counters().bytes_read;
     d.bytes_written = q.counters().bytes_written;
     d.syncs = q.counters().syncs;
+    d.prepared_bytes = ds.prepared_bytes();
     d.requests = q.counters().requests;
     d.short_retries = q.counters().short_retries;
     d.eagain_retries = q.counters().eagain_retries;

@@ -68,6 +68,9 @@ struct EngineOptions {
   uint64_t max_extent = uint64_t{8} << 20;   // longest extent: the checksum granule
   BackendChoice backend = BackendChoice::kAuto;
   bool format = false;  // delete existing data files at open
+  // Write each new data file once (zeros) before use, one file ahead, while the engine is
+  // idle, so spills never convert unwritten extents (O_DIRECT directories; file_preparer.hpp).
+  bool prepare_files = true;
   // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
   WrapBackend wrap_backend;
 };
@@ -80,6 +83,7 @@ struct DirStats {
   uint64_t capacity = 0, used = 0, file_bytes = 0;
   uint64_t bytes_read = 0, bytes_written = 0;  // device bytes, padding included
   uint64_t syncs = 0;                          // fdatasyncs of data files completed (shared by spills)
+  uint64_t prepared_bytes = 0;                 // zeros written to prepare new data files
   uint64_t requests = 0, short_retries = 0, eagain_retries = 0;
   uint64_t in_flight = 0;  // requests in flight now
   uint32_t queue_depth = 0, request_size = 0;
@@ -135,6 +139,8 @@ class Engine {
   void drain();
   // Operations whose callback has not run yet.
   size_t pending() const noexcept { return ops_.size() + ready_.size(); }
+  // Blocks until no data file is being prepared (a fresh tier has its first file ready).
+  void wait_prepared() { store_->wait_prepared(); }
 
   EngineStats stats() const;
   // Bytes per second moved while busy (see EngineStats::busy_s); 0 before any I/O.
@@ -158,6 +164,7 @@ class Engine {
   void hash_done(uint64_t tag, uint64_t hash);
   void hash_extent(uint64_t op_id, size_t ext);
   void signal_if_ready();
+  void mark_busy(bool busy);    // ops_ became non-empty (true) or empty (false)
   void settle(uint64_t op_id);  // an op's I/O and hashes are done: sync a spill, else finish
   void start_sync(uint64_t op_id);
   void issue_syncs();

@@ -52,7 +52,7 @@ std::string DirStore::file_path(uint32_t file) const {
 }
 
 Result<std::unique_ptr<DirStore>> DirStore::open(uint16_t index, const DirConfig& c, uint64_t file_size,
-                                                 bool format, bool direct, FileHook hook) {
+                                                 bool format, bool direct, bool prepare, FileHook hook) {
   std::unique_ptr<DirStore> d(new DirStore());
   d->index_ = index;
   d->path_ = c.path;
@@ -65,6 +65,11 @@ Result<std::unique_ptr<DirStore>> DirStore::open(uint16_t index, const DirConfig
     for (uint32_t n = 0;; ++n) {
       if (::unlink(d->file_path(n).c_str()) != 0) break;
     }
+  }
+  // A preparation interrupted by a crash or a stop: never a data file, always removed.
+  for (const auto& entry : fs::directory_iterator(c.path, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.starts_with("data-") && name.ends_with(".tier.prep")) ::unlink(entry.path().c_str());
   }
   uint64_t capacity = c.capacity;
   if (capacity == 0) {
@@ -86,6 +91,10 @@ Result<std::unique_ptr<DirStore>> DirStore::open(uint16_t index, const DirConfig
   d->numa_node_ = c.numa_node >= 0 ? c.numa_node : detect_numa_node(c.path);
   for (uint32_t n = 0; n < d->max_files_ && fs::exists(d->file_path(n), ec); ++n)
     NVME_TRY(d->open_file(n, false));
+  if (prepare && direct) {
+    d->prep_ = std::make_unique<FilePreparer>(c.path, file_size, direct);
+    if (d->files_.size() < d->max_files_) d->prep_->start(static_cast<uint32_t>(d->files_.size()));
+  }
   return d;
 }
 
@@ -142,6 +151,10 @@ Status DirStore::open_file(uint32_t n, bool create) {
       return Status::from_errno(err, "extend " + p);
     }
   }
+  return use_file(n, fd);
+}
+
+Status DirStore::use_file(uint32_t n, int fd) {
   File f;
   f.fd = fd;
   if (hook_) {
@@ -160,7 +173,13 @@ Status DirStore::add_file() {
   if (files_.size() >= max_files_)
     return {Code::kResourceExhausted,
             fmt::format("NVMe directory {} is full ({} of {} bytes used)", path_, used(), capacity())};
-  return open_file(static_cast<uint32_t>(files_.size()), true);
+  auto n = static_cast<uint32_t>(files_.size());
+  if (!prep_) return open_file(n, true);
+  auto fd = prep_->take(n);
+  if (!fd) return fd.error();
+  TIER_RETURN_IF_ERROR(use_file(n, *fd));
+  if (files_.size() < max_files_) prep_->start(n + 1);  // the next one, while the engine is idle
+  return Status::ok();
 }
 
 Result<Extent> DirStore::allocate(uint64_t len, bool allow_partial) {

@@ -6,8 +6,11 @@
 //
 // On-disk layout of a directory: data-000000.tier, data-000001.tier, ... each exactly
 // file_size bytes (fallocate'd when created, then the file and the directory fsync'd; files
-// are created on demand up to the directory's capacity). Nothing else is written: which extents are in use is
-// the daemon's catalog (it replays them with reserve() after a restart).
+// are created on demand up to the directory's capacity). With `prepare` (O_DIRECT directories
+// only) every new file is written with zeros before it gets its name, one file ahead of use,
+// by a FilePreparer (file_preparer.hpp says why and when); a leftover `.prep` file is removed. Nothing else
+// is written: which extents are in use is the daemon's catalog (it replays them with reserve() after a
+// restart).
 //
 // Not thread-safe: the daemon's loop serializes calls.
 #pragma once
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "nvme/extent_allocator.hpp"
+#include "nvme/file_preparer.hpp"
 #include "nvme/location.hpp"
 #include "tier/status.hpp"
 
@@ -41,9 +45,10 @@ class DirStore {
   using FileHook = std::function<Result<int>(int fd)>;
 
   // Opens (creating when missing) the directory and the data files already in it.
-  // format: delete existing data files first. direct: open files with O_DIRECT.
+  // format: delete existing data files first. direct: open files with O_DIRECT. prepare: write
+  // new files once before use (only with direct; see FilePreparer).
   static Result<std::unique_ptr<DirStore>> open(uint16_t index, const DirConfig& c, uint64_t file_size,
-                                                bool format, bool direct, FileHook hook);
+                                                bool format, bool direct, bool prepare, FileHook hook);
   ~DirStore();
 
   // One extent of round_up(len) bytes, creating a data file when needed; with allow_partial,
@@ -65,11 +70,21 @@ class DirStore {
   uint64_t file_bytes() const noexcept { return files_.size() * file_size_; }
   uint64_t file_size() const noexcept { return file_size_; }
   size_t files() const noexcept { return files_.size(); }
+  // Engine I/O in flight or not: file preparation writes only while idle (see FilePreparer).
+  void set_busy(bool busy) {
+    if (prep_) prep_->set_busy(busy);
+  }
+  // Blocks until no file is being prepared (tests and benchmarks: a started tier is ready).
+  void wait_prepared() {
+    if (prep_) prep_->wait_idle();
+  }
+  uint64_t prepared_bytes() const noexcept { return prep_ ? prep_->bytes_written() : 0; }
 
  private:
   DirStore() : alloc_(kExtentAlign, 0) {}
   Status add_file();
   Status open_file(uint32_t n, bool create);
+  Status use_file(uint32_t n, int fd);                       // registers an open data file and adds its range
   Status sync_new_file(int fd, const std::string& p) const;  // fsync of the file and directory
 
   struct File {
@@ -84,6 +99,7 @@ class DirStore {
   FileHook hook_;
   std::vector<File> files_;
   ExtentAllocator alloc_;
+  std::unique_ptr<FilePreparer> prep_;  // null: files are fallocate'd only
 };
 
 class ExtentStore {
@@ -103,6 +119,12 @@ class ExtentStore {
   DirStore& dir(size_t i) { return *dirs_.at(i); }
   const DirStore& dir(size_t i) const { return *dirs_.at(i); }
   uint64_t stripe_unit() const noexcept { return stripe_unit_; }
+  void set_busy(bool busy) {
+    for (auto& d : dirs_) d->set_busy(busy);
+  }
+  void wait_prepared() {
+    for (auto& d : dirs_) d->wait_prepared();
+  }
 
  private:
   [[nodiscard]] Status place(uint64_t len, size_t preferred, std::vector<Extent>& out);

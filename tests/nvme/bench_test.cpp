@@ -42,6 +42,8 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures w
     if (name == "nvme.spill" || name == "nvme.fetch") {
       CHECK(j.at("unit") == "GB/s");
       CHECK(v > 0);
+      // The raw ceiling names the candidate that won (tier-bench's own loop or fio).
+      CHECK(!j.value("baseline_name", std::string()).empty());
     }
   }
   int status = ::pclose(p);
@@ -50,6 +52,8 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures w
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(seen["nvme.spill"] == 2);  // 1 and 16 MiB
   CHECK(seen["nvme.fetch"] == 2);
+  CHECK(seen["nvme.spill.first"] == 2);  // a fresh tier's first write, once per size
+  CHECK(seen["nvme.prepare"] == 1);      // its start-up preparation (one data file)
   CHECK(seen["nvme.spill_syncs"] == 2);  // spills are synced: at least one flush, at most one each
   if (last.contains("nvme.spill_syncs")) {
     CHECK(last["nvme.spill_syncs"].at("value") > 0.0);

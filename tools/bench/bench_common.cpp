@@ -22,7 +22,9 @@
 
 namespace tier::bench {
 
-void emit(const BenchOptions& o, const Figure& f) {
+void emit(const BenchOptions& o, const Figure& f) { emit(o, f, ""); }
+
+void emit(const BenchOptions& o, const Figure& f, const std::string& baseline_name) {
   nlohmann::ordered_json j;
   j["name"] = f.name;
   if (f.bytes) j["bytes"] = *f.bytes;
@@ -30,12 +32,14 @@ void emit(const BenchOptions& o, const Figure& f) {
   j["unit"] = f.unit;
   j["baseline"] = f.baseline;
   j["ratio"] = f.ratio;
+  if (!baseline_name.empty()) j["baseline_name"] = baseline_name;
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
   if (!o.json) {
     std::string size = f.bytes ? tier::format_size(*f.bytes) : std::string("-");
-    std::fprintf(stderr, "%-28s %10s %14.3f %-9s baseline %14.3f  ratio %.3f\n", f.name.c_str(), size.c_str(),
-                 f.value, f.unit.c_str(), f.baseline, f.ratio);
+    std::fprintf(stderr, "%-28s %10s %14.3f %-9s baseline %14.3f  ratio %.3f%s%s\n", f.name.c_str(),
+                 size.c_str(), f.value, f.unit.c_str(), f.baseline, f.ratio,
+                 baseline_name.empty() ? "" : "  ", baseline_name.c_str());
   }
 }
 
@@ -163,6 +167,7 @@ bool BenchDaemon::start(const BenchOptions& o, const std::string& ram,
       ::dup2(fd, 2);
     }
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     ::execv(argv[0], argv.data());

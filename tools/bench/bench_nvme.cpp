@@ -1,12 +1,20 @@
 // tier-bench nvme --dir D: the NVMe tier's engine (daemon/nvme) driven directly, without a
-// daemon, against raw io_uring O_DIRECT sequential I/O on the same directory in the same run.
+// daemon, against the raw ceiling of the same directory in the same run.
 //
-//   nvme.spill / nvme.fetch   GB/s for each tensor size; the baseline writes/reads the same
-//                             bytes sequentially with the same queue depth and request size.
-//                             Every transfer is O_DIRECT, so the page cache cannot flatter
-//                             either side; fetch includes checksum verification. A spill
-//                             counts until the engine reports it, i.e. durable: its writes and
-//                             the fdatasync of its data file (the baseline does not sync).
+//   nvme.spill / nvme.fetch   GB/s for each tensor size (1 MiB .. 1 GiB, --sizes), steady
+//                             state: the engine's extents were written before, as a training
+//                             job rewrites its tensors step after step. The baseline is the
+//                             raw ceiling: the best median of tier-bench's own io_uring loop at
+//                             several queue depths and request sizes and of fio with the same
+//                             pattern (nvme_raw.hpp); "baseline_name" says which won. Every
+//                             transfer is O_DIRECT; fetch includes checksum verification. A
+//                             spill counts until the engine reports it, i.e. durable: its
+//                             writes and the fdatasync of its data file (the ceiling does not
+//                             sync).
+//   nvme.spill.first          the first write of a fresh tier: a new engine on an empty
+//                             directory, once its start-up preparation is done, vs the ceiling.
+//   nvme.prepare              that start-up preparation (the first data file written with
+//                             zeros, docs/nvme.md) in GB/s, vs the raw write ceiling.
 //   nvme.spill_syncs          fdatasyncs per spilled tensor (group commit shares one per data
 //                             file among the spills of a batch); baseline 1, one per tensor.
 //   nvme.daemon_plan.*        a cyclic plan over a working set twice the RAM tier, through a
@@ -16,7 +24,10 @@
 //                             against the ideal: the bytes any eviction order must move divided
 //                             by the raw read bandwidth, with compute equal to that (balanced);
 //                             misses and bytes read from tierd's counters; .compute2x with
-//                             twice as much compute (full runs only).
+//                             twice as much compute (full runs only; --only-bandwidth skips them).
+//
+// --stripe-dir D2 (repeatable) adds directories the engine stripes over; the ceiling stays that
+// of --dir alone, so the ratios show how spill and fetch scale with devices.
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -37,6 +48,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "nvme_raw.hpp"
 #include "nvme/engine.hpp"
 #include "daemon/log.hpp"
 #include "policy/eviction.hpp"
@@ -75,71 +87,6 @@ AlignedBuf alloc_filled(uint64_t n, uint64_t seed) {
   return b;
 }
 
-// The baseline: what fio would do. One preallocated O_DIRECT file, sequential requests of
-// kRequestSize with kQueueDepth in flight, unregistered buffers.
-class RawFile {
- public:
-  ~RawFile() {
-    if (ring_ok_) io_uring_queue_exit(&ring_);
-    if (fd_ >= 0) ::close(fd_);
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  bool open(const std::string& path, uint64_t size) {
-    path_ = path;
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-    if (fd_ < 0) return err("open " + path, errno);
-    if (::fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0) return err("fallocate " + path, errno);
-    int rc = io_uring_queue_init(kQueueDepth, &ring_, 0);
-    if (rc < 0) return err("io_uring_queue_init", -rc);
-    ring_ok_ = true;
-    return true;
-  }
-  // Seconds to move `n` bytes between `buf` and the file, or a negative value on error.
-  double run(bool write, std::byte* buf, uint64_t n) {
-    double t0 = now_s();
-    uint64_t next = 0, done = 0;
-    unsigned inflight = 0;
-    while (done < n) {
-      while (inflight < kQueueDepth && next < n) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        if (sqe == nullptr) break;
-        unsigned len = static_cast<unsigned>(std::min<uint64_t>(kRequestSize, n - next));
-        if (write) io_uring_prep_write(sqe, fd_, buf + next, len, next);
-        else io_uring_prep_read(sqe, fd_, buf + next, len, next);
-        io_uring_sqe_set_data64(sqe, len);
-        next += len;
-        ++inflight;
-      }
-      io_uring_submit(&ring_);
-      io_uring_cqe* cqe;
-      int rc = io_uring_wait_cqe(&ring_, &cqe);
-      if (rc < 0) return err("io_uring_wait_cqe", -rc) ? -1 : -1;
-      unsigned head, seen = 0;
-      io_uring_for_each_cqe(&ring_, head, cqe) {
-        if (cqe->res != static_cast<int>(cqe->user_data)) {
-          err("raw O_DIRECT transfer", cqe->res < 0 ? -cqe->res : EIO);
-          return -1;
-        }
-        done += cqe->user_data;
-        ++seen;
-      }
-      io_uring_cq_advance(&ring_, seen);
-      inflight -= seen;
-    }
-    return now_s() - t0;
-  }
-
- private:
-  static bool err(const std::string& what, int e) {
-    std::fprintf(stderr, "tier-bench nvme: %s: %s\n", what.c_str(), std::strerror(e));
-    return false;
-  }
-  std::string path_;
-  int fd_ = -1;
-  io_uring ring_{};
-  bool ring_ok_ = false;
-};
-
 // Spills `n` bytes as tensors of `size` bytes, all submitted at once (the engine queues them
 // behind its queue depth). Returns seconds, or a negative value on error.
 double engine_spill(Engine& e, std::byte* src, uint64_t n, uint64_t size, std::vector<NvmeLocation>& locs) {
@@ -167,7 +114,7 @@ double engine_fetch(Engine& e, std::byte* dst, uint64_t size, const std::vector<
   bool ok = true;
   double t0 = now_s();
   for (size_t i = 0; i < locs.size(); ++i)
-    e.fetch(locs[i], {dst + i * size, size}, [&](Status s) {
+    e.fetch(locs[i], {dst + i * size, size}, [&](const Status& s) {
       ++done;
       if (!s) {
         std::fprintf(stderr, "tier-bench nvme: %s\n", s.to_string().c_str());
@@ -189,22 +136,76 @@ bool free_all(Engine& e, std::vector<NvmeLocation>& locs) {
   return true;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 struct Raw {
   double write_bw = 0, read_bw = 0;  // bytes/s, from the last size measured
 };
 
-// Spill and fetch bandwidth per size, each against the raw baseline, interleaved.
-bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, Raw& raw) {
-  std::vector<uint64_t> sizes =
-      o.quick ? std::vector<uint64_t>{1 * kMiB, 16 * kMiB}
-              : std::vector<uint64_t>{1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB};
+std::vector<uint64_t> bandwidth_sizes(const BenchOptions& o) {
+  if (!o.sizes.empty()) return o.sizes;
+  if (o.quick) return {1 * kMiB, 16 * kMiB};
+  return {1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB, 1024 * kMiB};
+}
+
+// Bytes moved per size and sample: at least one tensor.
+uint64_t bytes_for(const BenchOptions& o, uint64_t size) {
   const uint64_t total = o.quick ? 64 * kMiB : 512 * kMiB;
-  const int samples = o.quick ? 1 : 3;
+  return std::max(total / size, uint64_t{1}) * size;
+}
+
+// This run's folder inside a --stripe-dir (removed at the end, as --dir's is).
+std::string stripe_root(const std::string& d) { return d + "/tier-bench-nvme." + std::to_string(::getpid()); }
+
+// `sub`: the engine's folder inside this run's folder of --dir and of each --stripe-dir.
+EngineOptions engine_options(const BenchOptions& o, const std::string& dir, const std::string& sub) {
+  EngineOptions eo;
+  eo.dirs.push_back({dir + "/" + sub, (o.quick ? 512 : 4096) * kMiB, -1});
+  for (const std::string& d : o.stripe_dirs)
+    eo.dirs.push_back({stripe_root(d).append("/").append(sub), 4096 * kMiB, -1});
+  eo.queue_depth = kQueueDepth;
+  eo.request_size = kRequestSize;
+  eo.format = true;
+  eo.prepare_files = !o.no_prepare;
+  return eo;
+}
+
+// The first write of a fresh tier: a new engine on an empty directory `sub` (what a daemon on a
+// new NVMe directory starts with) spills `n` bytes as tensors of `size` at once, once its
+// start-up preparation is done. Returns the seconds of the spill, or a negative value on error;
+// `startup` gets the seconds from open to prepared and the bytes prepared meanwhile. The files
+// stay until the end of the run: removing them on a filesystem mounted with -o discard makes
+// the device discard their blocks in the background, which slowed the spills measured after
+// it to about 0.6x on the development VM.
+struct Startup {
+  double seconds = 0;
+  uint64_t prepared = 0;
+};
+double fresh_spill(const BenchOptions& o, const std::string& dir, const std::string& sub, std::byte* src,
+                   uint64_t n, uint64_t size, Startup& startup) {
+  double t0 = now_s();
+  auto e = Engine::open(engine_options(o, dir, sub));
+  if (!e) {
+    std::fprintf(stderr, "tier-bench nvme: %s\n", e.error().to_string().c_str());
+    return -1;
+  }
+  (*e)->wait_prepared();
+  startup.seconds = now_s() - t0;
+  startup.prepared = 0;
+  for (const DirStats& d : (*e)->stats().dirs) startup.prepared += d.prepared_bytes;
+  MemRegion region{src, n};
+  (*e)->register_memory({&region, 1});  // as the steady-state engine has its buffers
+  std::vector<NvmeLocation> locs;
+  double s = engine_spill(**e, src, n, size, locs);
+  (*e)->register_memory({});
+  return s;
+}
+
+// Spill and fetch bandwidth per size, each against the raw ceiling (the best of several raw
+// loops and fio, see nvme_raw.hpp), interleaved; then the first write of a fresh tier.
+bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, Raw& raw) {
+  std::vector<uint64_t> sizes = bandwidth_sizes(o);
+  const int samples = o.samples > 0 ? o.samples : o.quick ? 1 : 3;
+  uint64_t total = 0;
+  for (uint64_t size : sizes) total = std::max(total, bytes_for(o, size));
   AlignedBuf src = alloc_filled(total, 1), dst = alloc_filled(total, 2);
   if (!src || !dst) {
     std::fprintf(stderr, "tier-bench nvme: cannot allocate %llu bytes\n", (unsigned long long)total);
@@ -213,46 +214,83 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
   MemRegion regions[] = {{src.get(), total}, {dst.get(), total}};
   e.register_memory(regions);  // as the daemon registers its arenas
   RawFile rf;
-  if (!rf.open(dir + "/baseline.raw", total)) return false;
+  if (!rf.open(dir + "/baseline.raw", total, 64)) return false;
+  RawCeiling ceiling(rf, o.quick);
   std::vector<NvmeLocation> locs;
-  // Warm-up: both sides write their space once (extent conversion of fallocated files).
-  if (rf.run(true, src.get(), total) < 0 || engine_spill(e, src.get(), total, 64 * kMiB, locs) < 0 ||
-      !free_all(e, locs))
+  // Steady state: the engine's extents have been written before (a training job rewrites the
+  // same tensors step after step), as the raw file's blocks have.
+  if (engine_spill(e, src.get(), total, std::min<uint64_t>(total, 64 * kMiB), locs) < 0 || !free_all(e, locs))
     return false;
+  e.wait_prepared();  // the next data file, prepared while idle, must not overlap the samples
+  std::map<uint64_t, double> write_ceiling;
+  std::map<uint64_t, std::string> write_winner;
   for (uint64_t size : sizes) {
-    uint64_t n = std::max(total / size, uint64_t{1}) * size;
-    std::vector<double> es, ef, rw, rr;
-    const uint64_t syncs_before = e.stats().dirs[0].syncs;
+    uint64_t n = bytes_for(o, size);
+    std::vector<double> es, ef;
+    ceiling.clear();
+    auto syncs = [&e] {
+      uint64_t n = 0;
+      for (const DirStats& d : e.stats().dirs) n += d.syncs;
+      return n;
+    };
+    const uint64_t syncs_before = syncs();
     for (int s = 0; s < samples; ++s) {
-      double a, b, c, d;
+      double a, d;
+      bool ok;
       if (s % 2 == 0) {
         a = engine_spill(e, src.get(), n, size, locs);
-        b = rf.run(true, src.get(), n);
-        c = rf.run(false, dst.get(), n);
+        ok = ceiling.sample(src.get(), dst.get(), n);
         d = engine_fetch(e, dst.get(), size, locs);
       } else {
-        b = rf.run(true, src.get(), n);
+        ok = ceiling.sample(src.get(), dst.get(), n);
         a = engine_spill(e, src.get(), n, size, locs);
         d = engine_fetch(e, dst.get(), size, locs);
-        c = rf.run(false, dst.get(), n);
       }
-      if (a < 0 || b < 0 || c < 0 || d < 0 || !free_all(e, locs)) return false;
+      if (a < 0 || d < 0 || !ok || !free_all(e, locs)) return false;
       if (std::memcmp(src.get(), dst.get(), n) != 0) {
         std::fprintf(stderr, "tier-bench nvme: fetched bytes differ from the spilled ones\n");
         return false;
       }
-      es.push_back(n / a);
-      rw.push_back(n / b);
-      rr.push_back(n / c);
-      ef.push_back(n / d);
+      es.push_back(static_cast<double>(n) / a);
+      ef.push_back(static_cast<double>(n) / d);
     }
-    double vs = median(es), vw = median(rw), vr = median(rr), vf = median(ef);
-    emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", vw / 1e9, vs / vw});
-    emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", vr / 1e9, vf / vr});
-    double per_tensor = double(e.stats().dirs[0].syncs - syncs_before) / double(samples * (n / size));
+    RawCeiling::Best w = ceiling.best(true), r = ceiling.best(false);
+    double vs = median(es), vf = median(ef);
+    emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", w.bw / 1e9, vs / w.bw}, w.name);
+    emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", r.bw / 1e9, vf / r.bw}, r.name);
+    const double tensors = static_cast<double>(n) / static_cast<double>(size);  // n: a multiple of size
+    double per_tensor = static_cast<double>(syncs() - syncs_before) / (samples * tensors);
     emit(o, {"nvme.spill_syncs", size, per_tensor, "syncs/tensor", 1.0, per_tensor});
-    raw.write_bw = vw;
-    raw.read_bw = vr;
+    raw.write_bw = w.bw;
+    raw.read_bw = r.bw;
+    write_ceiling[size] = w.bw;
+    write_winner[size] = w.name;
+  }
+  // The first write of a fresh tier, after every steady-state figure (see fresh_spill).
+  std::vector<double> startup_s;
+  Startup st;
+  for (uint64_t size : o.no_fresh ? std::vector<uint64_t>{} : sizes) {
+    uint64_t n = bytes_for(o, size);
+    std::vector<double> first;
+    for (int s = 0; s < samples; ++s) {
+      std::string sub = "fresh-" + std::to_string(size >> 10) + "k-" + std::to_string(s);
+      double t = fresh_spill(o, dir, sub, src.get(), n, size, st);
+      if (t < 0) return false;
+      first.push_back(static_cast<double>(n) / t);
+      startup_s.push_back(st.seconds);
+    }
+    double vfirst = median(first);
+    emit(o,
+         {"nvme.spill.first", size, vfirst / 1e9, "GB/s", write_ceiling[size] / 1e9,
+          vfirst / write_ceiling[size]},
+         write_winner[size]);
+  }
+  if (st.prepared > 0) {
+    // What a fresh tier costs at start-up: one data file per directory written with zeros,
+    // whatever the tier's capacity (later files are prepared while the engine is idle).
+    double bw = static_cast<double>(st.prepared) / median(startup_s);
+    emit(o, {"nvme.prepare", st.prepared, bw / 1e9, "GB/s", raw.write_bw / 1e9, bw / raw.write_bw},
+         write_winner[sizes.back()]);
   }
   e.register_memory({});  // src and dst are freed next: they must not stay registered
   return true;
@@ -263,6 +301,7 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
 // simulated on the same plan, steady state.
 uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
   std::vector<uint64_t> order;
+  order.reserve(tensors);
   for (uint64_t i = 0; i < tensors; ++i) order.push_back(i);
   pol::PlanIndex plan(order);
   std::set<uint64_t> cache;
@@ -274,6 +313,7 @@ uint64_t must_move_per_step(size_t tensors, size_t slots, uint64_t size) {
     if (t >= warm * tensors) ++misses;
     if (cache.size() >= slots) {
       std::vector<pol::Candidate> c;
+      c.reserve(cache.size());
       for (uint64_t y : cache) c.push_back(pol::make_candidate(y, size, 0, &plan, t + 1));
       cache.erase(pol::choose_victims(c, size).front());
     }
@@ -340,14 +380,15 @@ bool bench_daemon_plan(const BenchOptions& o, const std::string& dir, const Raw&
   const size_t tensors = 2 * ram / size;
   const int warm = 1, steps = o.quick ? 1 : 3;
   // What stays resident: the RAM tier below its low watermark (0.8).
-  const size_t slots = static_cast<size_t>(0.8 * static_cast<double>(ram / size));
+  const auto slots = static_cast<size_t>(0.8 * static_cast<double>(ram) / static_cast<double>(size));
   uint64_t must = must_move_per_step(tensors, slots, size);
   double ideal_io = static_cast<double>(must) / raw.read_bw;
   double compute = compute_factor * ideal_io / static_cast<double>(tensors);
   double ideal_step = std::max(ideal_io, compute * static_cast<double>(tensors));
   DaemonRun runs[2];
   for (int with_plan = 0; with_plan < 2; ++with_plan) {
-    std::string nv = dir + "/daemon" + suffix + std::to_string(with_plan);
+    std::string nv = dir;
+    nv.append("/daemon").append(suffix).append(std::to_string(with_plan));
     std::error_code ec;
     std::filesystem::create_directories(nv, ec);
     BenchOptions priv = o;
@@ -430,12 +471,7 @@ int run_nvme(const BenchOptions& o) {
   if (o.json) set_log_level(LogLevel::kWarning);
   int rc = 1;
   {
-    EngineOptions eo;
-    eo.dirs.push_back({dir + "/engine", (o.quick ? 512 : 4096) * kMiB, -1});
-    eo.queue_depth = kQueueDepth;
-    eo.request_size = kRequestSize;
-    eo.format = true;
-    auto e = Engine::open(eo);
+    auto e = Engine::open(engine_options(o, dir, "engine"));
     if (!e) {
       std::fprintf(stderr, "tier-bench nvme: %s\n", e.error().to_string().c_str());
     } else if ((*e)->stats().dirs[0].backend != "io_uring") {
@@ -443,12 +479,14 @@ int run_nvme(const BenchOptions& o) {
                    o.dir.c_str());
     } else {
       Raw raw;
-      if (bench_bandwidth(o, **e, dir, raw) && bench_daemon_plan(o, dir, raw, 1.0, "") &&
-          (o.quick || bench_daemon_plan(o, dir, raw, 2.0, ".compute2x")))
+      if (bench_bandwidth(o, **e, dir, raw) &&
+          (o.only_bandwidth || (bench_daemon_plan(o, dir, raw, 1.0, "") &&
+                                (o.quick || bench_daemon_plan(o, dir, raw, 2.0, ".compute2x")))))
         rc = 0;
     }
   }
   std::filesystem::remove_all(dir, ec);
+  for (const std::string& d : o.stripe_dirs) std::filesystem::remove_all(stripe_root(d), ec);
   return rc;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "suites.hpp"
+#include "wire/sizes.hpp"
 
 namespace {
 
@@ -49,6 +50,19 @@ int main(int argc, char** argv) {
   app.add_option("--tensors", o.tensors, "tensors in the big pool (catalog suite, default 1000000)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--keep", o.keep, "leave the catalog suite's pools in the daemon (needs --socket)");
+  std::vector<std::string> sizes;
+  app.add_option("--sizes", sizes, "nvme suite: tensor sizes of the spill/fetch figures (e.g. 1M,1G)")
+      ->delimiter(',');
+  app.add_option("--samples", o.samples, "nvme suite: samples per spill/fetch figure (default 3)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--only-bandwidth", o.only_bandwidth, "nvme suite: spill/fetch figures only (no daemon plan)");
+  app.add_option("--stripe-dir", o.stripe_dirs,
+                 "nvme suite: another directory (device) the engine stripes over; repeatable. The raw "
+                 "ceiling stays that of --dir alone, so the ratio shows the scaling");
+  app.add_flag("--no-fresh", o.no_fresh,
+               "nvme suite: skip the fresh-tier figures (each needs a new data file)");
+  app.add_flag("--no-prepare", o.no_prepare,
+               "nvme suite: do not prepare data files (spills write into unwritten extents, as before)");
   app.add_flag("--quick", o.quick, "fewer sizes and repetitions (for tests; figures are noisier)");
   try {
     app.parse(argc, argv);
@@ -56,6 +70,14 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "tier-bench: %s\nRun 'tier-bench --help' for usage.\n", e.what());
     return 2;
+  }
+  for (const std::string& text : sizes) {
+    auto v = tier::parse_size(text);
+    if (!v || *v == 0 || *v % 4096 != 0) {
+      std::fprintf(stderr, "tier-bench: --sizes: '%s' is not a size in 4 KiB multiples\n", text.c_str());
+      return 2;
+    }
+    o.sizes.push_back(*v);
   }
   try {
     if (suite == "ram") return run_ram(o);

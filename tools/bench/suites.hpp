@@ -7,18 +7,27 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tier::bench {
 
 struct BenchOptions {
-  bool json = false;           // --json: JSON lines only; otherwise also a human table on stderr
-  std::string socket;          // --socket: a running tierd; empty = start a private one
-  std::string dir;             // --dir: a directory on the NVMe under test (nvme suite)
-  int clients = 64;            // --clients (load suite)
-  double seconds = 10;         // --seconds (load suite)
-  bool quick = false;          // --quick: fewer sizes and repetitions (used by tests)
-  uint64_t tensors = 1000000;  // --tensors: tensors in the big pool (catalog suite)
-  bool keep = false;           // --keep: leave the catalog suite's pools in place (needs --socket)
+  bool json = false;            // --json: JSON lines only; otherwise also a human table on stderr
+  std::string socket;           // --socket: a running tierd; empty = start a private one
+  std::string dir;              // --dir: a directory on the NVMe under test (nvme suite)
+  int clients = 64;             // --clients (load suite)
+  double seconds = 10;          // --seconds (load suite)
+  bool quick = false;           // --quick: fewer sizes and repetitions (used by tests)
+  uint64_t tensors = 1000000;   // --tensors: tensors in the big pool (catalog suite)
+  bool keep = false;            // --keep: leave the catalog suite's pools in place (needs --socket)
+  std::vector<uint64_t> sizes;  // --sizes: tensor sizes of the nvme bandwidth figures (empty: default)
+  int samples = 0;              // --samples: samples per nvme bandwidth figure (0: default)
+  bool only_bandwidth = false;  // --only-bandwidth: nvme spill/fetch figures only, no daemon plan
+  std::vector<std::string> stripe_dirs;  // --stripe-dir: more NVMe directories for the engine
+  bool no_prepare = false;               // --no-prepare: the engine's data files are fallocate'd only
+  bool no_fresh = false;
+  int64_t sync_batch = -1;  // --sync-batch: the engine's sync_batch_bytes (-1: its default) // --no-fresh: no
+                            // nvme.spill.first / nvme.prepare figures
 };
 
 // One result line. `bytes` is omitted when unset.
@@ -31,6 +40,8 @@ struct Figure {
   double ratio = 0;  // value / baseline: throughput targets are >= x, latency targets <= x
 };
 void emit(const BenchOptions& o, const Figure& f);
+// The same, naming which of several candidates the baseline is ("baseline_name").
+void emit(const BenchOptions& o, const Figure& f, const std::string& baseline_name);
 
 int run_ram(const BenchOptions& o);
 int run_rpc(const BenchOptions& o);
