@@ -43,22 +43,7 @@ void bf16_to_f32(const bf16_t* src, float* dst, size_t n) {
   else to_f32_generic(src, dst, n);
 }
 
-double sum_squares_bf16(const bf16_t* g, size_t n) {
-  double total = 0;
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-#pragma omp parallel for reduction(+ : total) if (chunks > 1)
-  for (long c = 0; c < chunks; ++c) {
-    const size_t lo = static_cast<size_t>(c) * kChunk;
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;
-    double s = 0;
-    for (size_t i = lo; i < hi; ++i) {
-      const double x = bf16_to_f32(g[i]);
-      s += x * x;
-    }
-    total += s;
-  }
-  return total;
-}
+// sum_squares_bf16: trainer/optimizer.cpp, beside the fp32 sum it shares its loop with.
 
 void sum_chunks_bf16(const bf16_t* chunks, int ranks, size_t count, bf16_t* out) {
   const size_t n = count;

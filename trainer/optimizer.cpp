@@ -47,14 +47,15 @@ constexpr size_t kChunk = 1 << 14;
 // The whole update over [0, n): chunks across OpenMP threads, each a SIMD loop. Both variants
 // below expand it; only their target attribute differs, so the compiler vectorizes each for
 // its own instruction set.
-#define TT_ADAMW_LOOP                                                                              \
+#define TT_ADAMW_CHUNKS(BODY)                                                                      \
   TT_ADAMW_LOCALS;                                                                                 \
   const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                \
   _Pragma("omp parallel for schedule(static) if (chunks > 1)") for (long c = 0; c < chunks; ++c) { \
     const size_t lo = static_cast<size_t>(c) * kChunk;                                             \
     const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                           \
-    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) TT_ADAMW_BODY(i)                          \
+    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) BODY(i)                                   \
   }
+#define TT_ADAMW_LOOP TT_ADAMW_CHUNKS(TT_ADAMW_BODY)
 
 __attribute__((target("avx2"))) void update_avx2(const float* p, const float* m, const float* v,
                                                  const float* g, float* p_out, float* m_out, float* v_out,
@@ -82,14 +83,7 @@ void update_generic(const float* p, const float* m, const float* v, const float*
     v_out[i] = vi;                                                         \
     w_out[i] = bf16_from_f32(po);                                          \
   }
-#define TT_ADAMW_BF16_LOOP                                                                         \
-  TT_ADAMW_LOCALS;                                                                                 \
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                \
-  _Pragma("omp parallel for schedule(static) if (chunks > 1)") for (long c = 0; c < chunks; ++c) { \
-    const size_t lo = static_cast<size_t>(c) * kChunk;                                             \
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                           \
-    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) TT_ADAMW_BF16_BODY(i)                     \
-  }
+#define TT_ADAMW_BF16_LOOP TT_ADAMW_CHUNKS(TT_ADAMW_BF16_BODY)
 
 __attribute__((target("avx2"))) void update_bf16_avx2(const float* p, const float* m, const float* v,
                                                       const uint16_t* g, float* p_out, float* m_out,
@@ -138,7 +132,11 @@ __attribute__((optimize("no-tree-vectorize"))) void adamw_update_scalar(const fl
 
 const char* adamw_isa() { return have_avx2() ? "avx2" : "generic"; }
 
-double sum_squares(const float* g, size_t n) {
+namespace {
+
+// The sum of squares in double: chunks across OpenMP threads, each summed alone, so the result
+// depends only on n (not on the thread count). `widen` makes an element a double, exactly.
+template <class T, class Widen> double chunked_sum_squares(const T* g, size_t n, Widen widen) {
   double total = 0;
   const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
 #pragma omp parallel for reduction(+ : total) if (chunks > 1)
@@ -146,10 +144,23 @@ double sum_squares(const float* g, size_t n) {
     const size_t lo = static_cast<size_t>(c) * kChunk;
     const size_t hi = lo + kChunk < n ? lo + kChunk : n;
     double s = 0;
-    for (size_t i = lo; i < hi; ++i) s += static_cast<double>(g[i]) * g[i];
+    for (size_t i = lo; i < hi; ++i) {
+      const double x = widen(g[i]);
+      s += x * x;
+    }
     total += s;
   }
   return total;
+}
+
+}  // namespace
+
+double sum_squares(const float* g, size_t n) {
+  return chunked_sum_squares(g, n, [](float x) { return static_cast<double>(x); });
+}
+
+double sum_squares_bf16(const bf16_t* g, size_t n) {
+  return chunked_sum_squares(g, n, [](bf16_t x) { return static_cast<double>(bf16_to_f32(x)); });
 }
 
 int64_t default_warmup(int64_t total) {

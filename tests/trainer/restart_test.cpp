@@ -42,6 +42,23 @@ void check_losses(const std::map<long, double>& want, const TrainRun& r) {
   }
 }
 
+// The daemon of a restart case: RAM only, or a 64 MiB RAM tier over NVMe in `nvme_dir`.
+tier::test::DaemonOptions restart_daemon(bool on_nvme, const std::string& nvme_dir) {
+  tier::test::DaemonOptions o;
+  if (on_nvme) {
+    o.ram = "64M";
+    o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme_dir};
+  }
+  return o;
+}
+
+// tiny in RAM; on NVMe 4 blocks of width 128, whose double-buffered state is over a 14 MiB RAM
+// quota, so most of it lives on NVMe.
+std::string restart_model(bool on_nvme) {
+  return on_nvme ? "--layers 4 --dim 128 --heads 4 --seq 16 --ram-quota 14M --nvme-quota 256M"
+                 : "--model tiny";
+}
+
 }  // namespace
 
 TEST_CASE("kill -9 of a rank at each point of a step and --resume give the uninterrupted losses",
@@ -53,17 +70,11 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
   CAPTURE(on_nvme);
   const tier::nvme::testing::TempDir dir;  // removed however the test ends
   REQUIRE(!dir.path().empty());
-  tier::test::DaemonOptions o;
-  if (on_nvme) {
-    o.ram = "64M";
-    o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", dir.path()};
-  }
-  tier::test::TestDaemon daemon(o);
+  tier::test::TestDaemon daemon(restart_daemon(on_nvme, dir.path()));
   REQUIRE(daemon.running());
   // --overlap-optimizer: the overlapped update's commit order is the one under test here (the
   // random-instant test below covers the default, serial one).
-  const std::string model =
-      on_nvme ? "--layers 4 --dim 128 --heads 4 --seq 16 --ram-quota 14M --nvme-quota 256M" : "--model tiny";
+  const std::string model = restart_model(on_nvme);
   const std::string base = model +
                            " --steps 9 --batch 4 --lr 3e-3 --seed 3 --val-every -1 "
                            "--overlap-optimizer --state tier --socket " +
@@ -272,15 +283,9 @@ TEST_CASE("tier-train --precision bf16: kill -9 of a rank and --resume give the 
   CAPTURE(overlap, on_nvme);
   const tier::nvme::testing::TempDir dir;
   REQUIRE(!dir.path().empty());
-  tier::test::DaemonOptions o;
-  if (on_nvme) {
-    o.ram = "64M";
-    o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", dir.path()};
-  }
-  tier::test::TestDaemon daemon(o);
+  tier::test::TestDaemon daemon(restart_daemon(on_nvme, dir.path()));
   REQUIRE(daemon.running());
-  const std::string model =
-      on_nvme ? "--layers 4 --dim 128 --heads 4 --seq 16 --ram-quota 14M --nvme-quota 256M" : "--model tiny";
+  const std::string model = restart_model(on_nvme);
   const std::string base = model + " --precision bf16 --steps 8 --batch 4 --lr 3e-3 --seed 3 " +
                            "--val-every -1 --state tier --socket " + daemon.socket() +
                            (overlap ? " --overlap-optimizer" : "");
