@@ -59,6 +59,25 @@ std::string restart_model(bool on_nvme) {
                  : "--model tiny";
 }
 
+// Runs `base + job` on 2 ranks, killed at `where` (STEP:POINT:RANK), then the same job with
+// --resume: the killed run must fail and the resumed one succeed with steps to show.
+struct KillResume {
+  TrainRun killed, resumed;
+};
+KillResume kill_and_resume(const std::string& base, const std::string& job, const std::string& where) {
+  KillResume r;
+  std::string args = base;
+  args.append(job);
+  r.killed = run_trainer(2, args + " --fault-kill " + where);
+  INFO(r.killed.stderr_text);
+  REQUIRE(r.killed.exit_code != 0);
+  r.resumed = run_trainer(2, args + " --resume");
+  INFO(r.resumed.stderr_text);
+  REQUIRE(r.resumed.exit_code == 0);
+  REQUIRE(!r.resumed.steps.empty());
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("kill -9 of a rank at each point of a step and --resume give the uninterrupted losses",
@@ -95,15 +114,7 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
     const std::string job = " --job crash" + std::to_string(n++);
     const std::string where = std::to_string(f.step) + ":" + f.point + ":" + std::to_string(f.rank);
     INFO("kill at " << where);
-    std::string kill_args = base;
-    kill_args.append(job).append(" --fault-kill ").append(where);
-    const TrainRun a = run_trainer(2, kill_args);
-    INFO(a.stderr_text);
-    REQUIRE(a.exit_code != 0);
-    const TrainRun b = run_trainer(2, base + job + " --resume");
-    INFO(b.stderr_text);
-    REQUIRE(b.exit_code == 0);
-    REQUIRE(!b.steps.empty());
+    const auto [a, b] = kill_and_resume(base, job, where);
     // Resumes at the killed step, one before it (step s-1 commits only after step s's pass,
     // which overlaps its optimizer), or after it when the kill came after its commit.
     CHECK(b.steps.front() >= std::max(1, f.step - 1));
@@ -296,15 +307,7 @@ TEST_CASE("tier-train --precision bf16: kill -9 of a rank and --resume give the 
   for (const char* where : faults) {
     INFO("kill at " << where);
     const std::string job = " --job crash" + std::to_string(n++);
-    std::string kill_args = base;
-    kill_args.append(job).append(" --fault-kill ").append(where);
-    const TrainRun a = run_trainer(2, kill_args);
-    INFO(a.stderr_text);
-    REQUIRE(a.exit_code != 0);
-    const TrainRun b = run_trainer(2, base + job + " --resume");
-    INFO(b.stderr_text);
-    REQUIRE(b.exit_code == 0);
-    REQUIRE(!b.steps.empty());
+    const auto [a, b] = kill_and_resume(base, job, where);
     CHECK(b.steps.back() == 8);
     check_losses(want, a);
     check_losses(want, b);
