@@ -15,17 +15,8 @@ try:
 except ImportError:
     np = None
 
-daemon = None
-
-
-def setUpModule():
-    global daemon
-    daemon = tu.Daemon()
-
-
-def tearDownModule():
-    if daemon is not None:
-        daemon.stop()
+daemon = tu.ModuleDaemon()
+setUpModule, tearDownModule = daemon.start, daemon.stop
 
 
 class Errors(unittest.TestCase):

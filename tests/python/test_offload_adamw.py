@@ -33,16 +33,8 @@ EXAMPLE = os.path.join(HERE, "..", "..", "python", "examples", "train_gpt.py")
 sys.path.insert(0, os.path.dirname(EXAMPLE))
 import train_gpt  # noqa: E402
 
-daemon = None
-
-
-def setUpModule():
-    global daemon
-    daemon = tu.Daemon(ram="512M")
-
-
-def tearDownModule():
-    daemon.stop()
+daemon = tu.ModuleDaemon(ram="512M")
+setUpModule, tearDownModule = daemon.start, daemon.stop
 
 
 def make_model(seed=3):

@@ -28,17 +28,8 @@ except ImportError:
 torch.set_num_threads(1)
 STEPS = 40
 CRASH_AFTER = 15
-daemon = None
-
-
-def setUpModule():
-    global daemon
-    daemon = tu.Daemon()
-
-
-def tearDownModule():
-    if daemon is not None:
-        daemon.stop()
+daemon = tu.ModuleDaemon()
+setUpModule, tearDownModule = daemon.start, daemon.stop
 
 
 def read_with_cxx(socket, pool, name):

@@ -84,3 +84,29 @@ class Daemon:
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
         return self.proc.returncode
+
+
+class ModuleDaemon:
+    """One tierd for every test of a module. At module level:
+
+        daemon = tu.ModuleDaemon()
+        setUpModule, tearDownModule = daemon.start, daemon.stop
+
+    Between the two, `daemon.socket` (and every other Daemon attribute) is the running tierd's."""
+
+    def __init__(self, **daemon_args):
+        self._args = daemon_args
+        self._daemon = None
+
+    def start(self):
+        self._daemon = Daemon(**self._args)
+
+    def stop(self):
+        if self._daemon is not None:
+            self._daemon.stop()
+            self._daemon = None
+
+    def __getattr__(self, name):
+        if self._daemon is None:
+            raise AttributeError(f"the module's tierd is not running (no {name})")
+        return getattr(self._daemon, name)
