@@ -19,6 +19,17 @@ Status opt_failed() {
   return Status(Code::kInternal, "the previous step's optimizer failed (its error follows)");
 }
 
+// Pins layer's grad shard into t.rs_pins[layer] for a reduce-scatter to write, once the
+// overlapped update no longer reads the old gradient. An overwrite pin: the reduce-scatter
+// writes every element of the shard, so nothing is read back. Runs on the comm thread.
+Status pin_grad_shard(Trainer& t, int layer) {
+  if (!t.progress.wait_layer(layer)) return opt_failed();
+  auto p = t.store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
+  if (!p) return p.error();
+  t.rs_pins[layer] = std::move(*p);
+  return {};
+}
+
 // Layer params gathered into K+1 slots by the comm thread; a block's gradient goes to one of
 // two buffers, alternating, so block l's backward overlaps block l+1's reduce-scatter.
 class HostPass final : public Pass {
@@ -58,11 +69,7 @@ class HostPass final : public Pass {
     Trainer& t = t_;
     Comm::Op op;
     op.start = [&t, layer, g_host](Comm::Request& req) -> Status {
-      if (!t.progress.wait_layer(layer)) return opt_failed();  // it still reads the old gradient
-      // The reduce-scatter writes every float of the shard: nothing to read back.
-      auto p = t.store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
-      if (!p) return p.error();
-      t.rs_pins[layer] = std::move(*p);
+      if (Status s = pin_grad_shard(t, layer); !s) return s;
       return t.comm.start_reduce_scatter(g_host, t.rs_pins[layer].data, t.shard[layer], req);
     };
     // The shard's squared norm is taken here, while the shard is still pinned, so the
@@ -83,10 +90,7 @@ class HostPass final : public Pass {
     Trainer& t = t_;
     Comm::Op op;
     op.start = [&t, layer, gi](Comm::Request& req) -> Status {
-      if (!t.progress.wait_layer(layer)) return opt_failed();  // it still reads the old gradient
-      auto p = t.store.acquire({layer, ShardKind::kGrad, 0}, Access::kOverwrite);
-      if (!p) return p.error();
-      t.rs_pins[layer] = std::move(*p);
+      if (Status s = pin_grad_shard(t, layer); !s) return s;
       return t.comm.start_alltoall_bf16(t.buf.g_bf16[gi], t.buf.g_chunks[gi], t.shard[layer], req);
     };
     op.finish = [&t, layer, gi] {

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "trainer/memory_model.hpp"
 #include "trainer/state.hpp"
 #include "wire/errors.hpp"
 
@@ -66,28 +67,20 @@ class ResidentStore final : public ShardStore {
     slots_.clear();
     ranges_.clear();
     bytes_ = 0;
+    // The memory model's list of a layer's shards (as the tier store creates); slots_ is
+    // indexed by index(ref), and a slot no shard takes stays empty.
+    slots_.resize(layout.shard_floats.size() * kShardKinds * 2);
     for (size_t l = 0; l < layout.shard_floats.size(); ++l) {
       const size_t n = layout.shard_floats[l];
-      for (size_t k = 0; k < kShardKinds; ++k) {
-        const auto kind = static_cast<ShardKind>(k);
-        // Checkpoints live in tierd only; fp32 has no master copy.
-        const bool none =
-            kind == ShardKind::kCkpt || (kind == ShardKind::kMaster && layout.precision != Precision::kBf16);
-        const int copies = kind == ShardKind::kGrad ? 1 : none ? 0 : layout.buffers;
-        const size_t elem = shard_elem_bytes(kind, layout.precision);
-        for (int b = 0; b < 2; ++b) {
-          if (b >= copies) {
-            slots_.emplace_back();
-            continue;
-          }
-          const size_t bytes = (n * elem + 4095) / 4096 * 4096;
-          float* p = static_cast<float*>(std::aligned_alloc(4096, bytes == 0 ? 4096 : bytes));
-          if (p == nullptr) return {Code::kResourceExhausted, fmt::format("cannot allocate {} bytes", bytes)};
-          std::memset(p, 0, bytes);
-          slots_.emplace_back(p);
-          ranges_.emplace_back(reinterpret_cast<std::byte*>(p), bytes == 0 ? 4096 : bytes);
-          bytes_ += n * elem;
-        }
+      for (const ShardRef& ref : layer_shards(static_cast<int>(l), layout.buffers, layout.precision)) {
+        const size_t elem = shard_elem_bytes(ref.kind, layout.precision);
+        const size_t bytes = (n * elem + 4095) / 4096 * 4096;
+        float* p = static_cast<float*>(std::aligned_alloc(4096, bytes == 0 ? 4096 : bytes));
+        if (p == nullptr) return {Code::kResourceExhausted, fmt::format("cannot allocate {} bytes", bytes)};
+        std::memset(p, 0, bytes);
+        slots_[index(ref)].reset(p);
+        ranges_.emplace_back(reinterpret_cast<std::byte*>(p), bytes == 0 ? 4096 : bytes);
+        bytes_ += n * elem;
       }
     }
     return {};
