@@ -223,6 +223,20 @@ class Backend {
     return false;
   }
   virtual void unpin_host(void* p) { (void)p; }
+  // --precision bf16 on a backend whose memory is not host memory (the trainer's host path):
+  // upload_bf16 copies n bf16 values (uint16_t bits, trainer/bf16.hpp) into dst_dev as fp32,
+  // widened (exactly) on the device, so half the bytes cross the bus; same contract as upload.
+  // download_bf16 writes bf16(src_dev[i]) to dst_host, rounded on the device to the bits the
+  // host's f32_to_bf16 gives; same contract as download. false: not done (the default), and
+  // the caller converts on the host around upload / download instead.
+  virtual bool upload_bf16(float* dst_dev, const uint16_t* src_host, size_t n) {
+    (void)dst_dev, (void)src_host, (void)n;
+    return false;
+  }
+  virtual bool download_bf16(uint16_t* dst_host, const float* src_dev, size_t n) {
+    (void)dst_host, (void)src_dev, (void)n;
+    return false;
+  }
 
   // ---- layers ----
   // embed: out[B,T,C] = wte[tokens[b,t]] + wpe[t]. `params` is layer 0 (EmbedLayout).

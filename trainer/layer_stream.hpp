@@ -32,9 +32,13 @@ class LayerStream {
   virtual const char* name() const = 0;
 
   // Once per train(), after store.open(): sizes the device slots for these shards
-  // (floats per rank, per layer) with `depth` fetches open at once (K + 1), and registers the
-  // store's memory for DMA. The stream keeps a reference to `store` until it is destroyed.
-  [[nodiscard]] virtual Status open(ShardStore& store, std::span<const size_t> shard_floats, int depth) = 0;
+  // (elements per rank, per layer) with `depth` fetches open at once (K + 1), and registers the
+  // store's memory for DMA. `precision` is the store's: with kBf16 the parameter and gradient
+  // shards handed to fetch() and push_grad() hold bf16 values (Pinned::bf16()), which the
+  // stream moves and reduces as bf16; the device buffers it returns are fp32 either way.
+  // The stream keeps a reference to `store` until it is destroyed.
+  [[nodiscard]] virtual Status open(ShardStore& store, std::span<const size_t> shard_floats, int depth,
+                                    Precision precision) = 0;
 
   // Enqueues the copy of `shard` (this rank's parameter shard of `layer`, pinned) to the device
   // and the all-gather of the layer; returns the device buffer that will hold the whole padded
@@ -51,7 +55,7 @@ class LayerStream {
   [[nodiscard]] virtual Result<float*> grad_buffer(int layer) = 0;
   // After the backward calls that write `layer`'s gradient were issued: reduce-scatters it (sum
   // over ranks) and copies this rank's shard into `shard` (the grad shard, pinned for
-  // overwrite). Once that copy completed, *sumsq = sum_squares of the shard (set by a later
+  // overwrite). Once that copy completed, *sumsq = sum of squares of the shard's values (set by a later
   // call, at the latest finish(); `sumsq` must stay valid until then).
   [[nodiscard]] virtual Status push_grad(int layer, Pinned shard, double* sumsq) = 0;
 

@@ -63,7 +63,7 @@ void tune_library_settings(char** argv) {
 struct Cli {
   std::string model_name = "small", data_path, state = "resident", job = "tier-train", socket,
               backend = "cpu", optimizer = "cpu", ram_quota, nvme_quota, collectives = "auto", fault_kill,
-              attention = "flash";
+              attention = "flash", precision;  // precision "": the backend's default
   int layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, threads = 0, buffers = 0;
   bool do_plan = false, json = false, bench_opt = false, bench_att = false, force_mpi = false,
        overlap_optimizer = false, profile = false;
@@ -338,32 +338,23 @@ void print_summary(const RunSummary& r, const ShardStore& store) {
 }
 
 // The first option a bf16 run does not support, or null (also checked by train()).
-const char* bf16_unsupported(const TrainOptions& o, const std::string& backend, const std::string& optimizer,
-                             const std::string& collectives) {
+const char* bf16_unsupported(const TrainOptions& o) {
   if (o.precision != Precision::kBf16) return nullptr;
-  return backend == "cuda"       ? "--backend cuda"
-         : optimizer == "gpu"    ? "--optimizer gpu"
-         : collectives == "nccl" ? "--collectives nccl"
-         : o.reshard             ? "--reshard"
-         : !o.dump_dir.empty()   ? "--dump"
-                                 : nullptr;
+  return o.reshard ? "--reshard" : !o.dump_dir.empty() ? "--dump" : nullptr;
 }
 
 // --precision fp32|bf16, for the run and its --plan alike (docs/trainer.md, "Mixed precision").
-// Once every option is parsed, a run refuses the options bf16 does not support (exit 2).
-void add_precision_option(CLI::App& app, TrainOptions& o, PlanOptions& po, const std::string& backend,
-                          const std::string& optimizer, const std::string& collectives, const bool& plan) {
-  app.add_option_function<std::string>(
-         "--precision",
-         [&o, &po](const std::string& v) {
-           o.precision = po.precision = v == "bf16" ? Precision::kBf16 : Precision::kFp32;
-         },
-         "fp32 (default) or bf16: bf16 params and grads in the tier and the collectives, fp32 "
-         "master params and AdamW moments (CPU backend, host collectives and CPU optimizer only)")
+// Without it: bf16 with --backend cuda, fp32 otherwise. Once every option is parsed, a run
+// refuses the options bf16 does not support (exit 2).
+void add_precision_option(CLI::App& app, TrainOptions& o, PlanOptions& po, Cli& c) {
+  app.add_option("--precision", c.precision,
+                 "fp32 or bf16 (bf16 params and grads in the tier and the collectives, fp32 master "
+                 "params and AdamW moments); default bf16 with --backend cuda, else fp32")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.final_callback([&] {
-    if (const char* what = bf16_unsupported(o, backend, optimizer, collectives); what && !plan)
-      die(nullptr, bf16_refusal(what), 2);
+    const std::string& p = c.precision.empty() ? (c.backend == "cuda" ? "bf16" : "fp32") : c.precision;
+    o.precision = po.precision = p == "bf16" ? Precision::kBf16 : Precision::kFp32;
+    if (const char* what = bf16_unsupported(o); what && !c.do_plan) die(nullptr, bf16_refusal(what), 2);
   });
 }
 
@@ -380,7 +371,7 @@ int main(int argc, char** argv) {
   add_state_options(app, c, o);
   add_tool_options(app, c, o);
   add_plan_options(app, po);
-  add_precision_option(app, o, po, c.backend, c.optimizer, c.collectives, c.do_plan);
+  add_precision_option(app, o, po, c);
   CLI11_PARSE(app, argc, argv);
 
   apply_model_options(c, o);

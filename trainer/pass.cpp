@@ -3,9 +3,11 @@
 // the comm thread, Backend::upload/download when the device is not host memory) and
 // StreamPass (opts.stream, --collectives nccl: copies, gathers and reduce-scatters on the
 // device). Both pin a shard only after the overlapped update of its layer is done.
-// With --precision bf16 (host path only) HostPass gathers bf16 shards into bf16 staging and
-// widens them into the slot (exact), and rounds each fp32 layer gradient to bf16 before its
-// bf16 reduce-scatter (an all-to-all, then the fp32 sum in rank order: trainer/comm.hpp).
+// With --precision bf16 HostPass gathers bf16 shards into bf16 staging and widens them into
+// the slot (exact; on the device when the backend can: Backend::upload_bf16), and rounds each
+// fp32 layer gradient to bf16 (likewise: download_bf16) before its bf16 reduce-scatter (an
+// all-to-all, then the fp32 sum in rank order: trainer/comm.hpp). StreamPass hands the bf16
+// shards to the LayerStream, which moves and reduces them as bf16.
 
 #include "trainer/bf16.hpp"
 #include "trainer/step.hpp"
@@ -45,8 +47,11 @@ class HostPass final : public Pass {
     const size_t slot = i % (static_cast<size_t>(t_.K) + 1);
     if (auto s = wait(gh_[i]); !s) return fail(s);
     float* P = t_.buf.slots[slot];
-    if (t_.bf16) bf16_to_f32(t_.buf.slots_bf16[slot], t_.buf.slots_host[slot], t_.pad[uses_[i].layer]);
-    if (!t_.host) t_.be.upload(P, t_.buf.slots_host[slot], t_.pad[uses_[i].layer]);
+    const size_t n = t_.pad[uses_[i].layer];
+    // bf16 on a device backend: half the bytes cross the bus, widened there.
+    if (t_.bf16 && !t_.host && t_.be.upload_bf16(P, t_.buf.slots_bf16[slot], n)) return P;
+    if (t_.bf16) bf16_to_f32(t_.buf.slots_bf16[slot], t_.buf.slots_host[slot], n);
+    if (!t_.host) t_.be.upload(P, t_.buf.slots_host[slot], n);
     return P;
   }
   Result<float*> grad_buffer(int layer) override {
@@ -64,8 +69,15 @@ class HostPass final : public Pass {
   Status push_grad(int layer, float* g) override {
     const int gi = layer == 0 ? 0 : 1 + layer % 2;
     float* g_host = t_.buf.g_host[gi];
+    if (t_.bf16) {
+      // Rounded on the device when the backend can (the same bits), else here.
+      if (t_.host || !t_.be.download_bf16(t_.buf.g_bf16[gi], g, t_.pad[layer])) {
+        if (!t_.host) t_.be.download(g_host, g, t_.pad[layer]);
+        f32_to_bf16(g_host, t_.buf.g_bf16[gi], t_.pad[layer]);
+      }
+      return push_grad_bf16(layer, gi);
+    }
     if (!t_.host) t_.be.download(g_host, g, t_.pad[layer]);
-    if (t_.bf16) return push_grad_bf16(layer, gi);
     Trainer& t = t_;
     Comm::Op op;
     op.start = [&t, layer, g_host](Comm::Request& req) -> Status {
@@ -82,11 +94,10 @@ class HostPass final : public Pass {
     rsh_[layer] = t_.comm.submit(std::move(op));
     return {};
   }
-  // The bf16 gradient [pad[layer]] (rounded from g_host[gi]) all-to-all'ed into g_chunks[gi],
+  // The bf16 gradient [pad[layer]] (in g_bf16[gi]) all-to-all'ed into g_chunks[gi],
   // summed in fp32 into the rank's bf16 grad shard. The staging buffers are those of g_host[gi]:
   // free again once grad_buffer() waited for this reduce-scatter.
   Status push_grad_bf16(int layer, int gi) {
-    f32_to_bf16(t_.buf.g_host[gi], t_.buf.g_bf16[gi], t_.pad[layer]);
     Trainer& t = t_;
     Comm::Op op;
     op.start = [&t, layer, gi](Comm::Request& req) -> Status {

@@ -215,7 +215,7 @@ Status Trainer::alloc_buffers() {
         buf.g_chunks.push_back(buf.host_bf16(n));
       }
     }
-  } else if (auto s = opts.stream->open(store, shard, K + 1); !s) {
+  } else if (auto s = opts.stream->open(store, shard, K + 1, opts.precision); !s) {
     return s;
   }
   // Activations: activation_floats() of them, counted as allocated (the run reports it).

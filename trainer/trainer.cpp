@@ -84,16 +84,11 @@ uint64_t run_config_hash(const TrainOptions& o, int ranks) {
 }
 
 namespace {
-// --precision bf16 runs on the CPU host path only: what it refuses, by option name (tier-train
-// checks the same options before it starts; this guards other callers of train()).
-Status check_precision(const TrainOptions& o, const Backend& be) {
+// What --precision bf16 refuses, by option name (tier-train checks the same options before it
+// starts; this guards other callers of train()).
+Status check_precision(const TrainOptions& o) {
   if (o.precision == Precision::kFp32) return {};
-  const char* what = !be.host_accessible()    ? "--backend cuda"
-                     : o.optimizer != nullptr ? "--optimizer gpu"
-                     : o.stream != nullptr    ? "--collectives nccl"
-                     : o.reshard              ? "--reshard"
-                     : !o.dump_dir.empty()    ? "--dump"
-                                              : nullptr;
+  const char* what = o.reshard ? "--reshard" : !o.dump_dir.empty() ? "--dump" : nullptr;
   if (what == nullptr) return {};
   return Status(Code::kInvalidArgument, bf16_refusal(what));
 }
@@ -101,8 +96,8 @@ Status check_precision(const TrainOptions& o, const Backend& be) {
 
 std::string bf16_refusal(const char* option) {
   return fmt::format(
-      "--precision bf16 is not supported with {}: bf16 runs on the CPU backend's host path "
-      "(--backend cpu, --collectives host, --optimizer cpu); see docs/trainer.md",
+      "--precision bf16 is not supported with {}: it reads and writes fp32 state; run it with "
+      "--precision fp32 (docs/trainer.md)",
       option);
 }
 
@@ -184,7 +179,7 @@ Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& co
   if (opts.buffers != 1 && opts.buffers != 2) return fail(Code::kInvalidArgument, "buffers must be 1 or 2");
   if (opts.offload_checkpoints && !opts.checkpoint_activations)
     return fail(Code::kInvalidArgument, "--offload-checkpoints needs --checkpoint-activations");
-  if (auto s = check_precision(opts, be); !s) return fail(s);
+  if (auto s = check_precision(opts); !s) return fail(s);
 
   Trainer t(opts, data, comm, be, store, out);
   if (auto s = t.open_state(); !s) return fail(s);

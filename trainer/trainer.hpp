@@ -40,6 +40,15 @@ class OffloadOptimizer {
   [[nodiscard]] virtual Status update(const float* p, const float* m, const float* v, const float* g,
                                       float* p_out, float* m_out, float* v_out, size_t n, const AdamWStep& s,
                                       bool decay, int64_t step) = 0;
+  // --precision bf16: adamw_update_bf16's contract (fp32 master p, m, v; bf16 gradient g; also
+  // writes the bf16 working copy w_out = bf16(p_out)). kUnsupported unless overridden.
+  [[nodiscard]] virtual Status update_bf16(const float* p, const float* m, const float* v, const uint16_t* g,
+                                           float* p_out, float* m_out, float* v_out, uint16_t* w_out,
+                                           size_t n, const AdamWStep& s, bool decay, int64_t step) {
+    (void)p, (void)m, (void)v, (void)g, (void)p_out, (void)m_out, (void)v_out, (void)w_out, (void)n, (void)s,
+        (void)decay, (void)step;
+    return Status(Code::kUnsupported, std::string(name()) + " optimizer has no bf16 update");
+  }
 };
 
 struct TrainOptions {
@@ -59,7 +68,8 @@ struct TrainOptions {
   int prefetch = 1;       // K
   int buffers = 1;        // 2: double-buffered param/m/v (restartable)
   // --precision bf16: bf16 params and grads in the store and the collectives, fp32 master
-  // params and moments (docs/trainer.md, "Mixed precision"). The CPU host path only.
+  // params and moments (docs/trainer.md, "Mixed precision"); every backend, collective and
+  // optimizer path. tier-train's default with --backend cuda.
   Precision precision = Precision::kFp32;
   bool resume = false;    // continue from the store's committed step
   bool reshard = false;   // with resume: the state was committed by another rank count
@@ -130,7 +140,7 @@ size_t activation_floats(const Dims& d, int layers, bool checkpoint, bool offloa
 [[nodiscard]] Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm,
                                        Backend& backend, ShardStore& store, std::FILE* out);
 
-// Why --precision bf16 refuses `option` (e.g. "--backend cuda"): the message tier-train prints.
+// Why --precision bf16 refuses `option` (e.g. "--dump"): the message tier-train prints.
 std::string bf16_refusal(const char* option);
 
 // The hash a commit marker carries: the model, rank count, batch, seq, seed and buffering.

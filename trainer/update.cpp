@@ -128,7 +128,13 @@ Result<double> Trainer::optimizer_step(int64_t step, int cur, int nxt, AdamWStep
       const size_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
       if (a >= b) continue;
       const size_t o = a - lo;
-      if (opts.optimizer != nullptr) {
+      if (opts.optimizer != nullptr && bf16) {
+        if (auto s = opts.optimizer->update_bf16(
+                in[0].data + o, in[1].data + o, in[2].data + o, in[3].bf16() + o, outp[0].data + o,
+                outp[1].data + o, outp[2].data + o, outp[3].bf16() + o, b - a, st, r.decay, step);
+            !s)
+          return fail(s);
+      } else if (opts.optimizer != nullptr) {
         if (auto s = opts.optimizer->update(in[0].data + o, in[1].data + o, in[2].data + o, in[3].data + o,
                                             outp[0].data + o, outp[1].data + o, outp[2].data + o, b - a, st,
                                             r.decay, step);

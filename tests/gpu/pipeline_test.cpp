@@ -1,10 +1,12 @@
 // The layer pipeline and the NCCL communicator on one rank: fetch puts a shard's bytes into the
 // layer buffer the compute stream sees, push_grad brings a gradient back into its host shard,
 // the GPU AdamW over host shards matches the CPU AdamW, and a one-rank NCCL communicator
-// (no MPI needed) gathers and reduce-scatters. Skips visibly without a device.
+// (no MPI needed) gathers and reduce-scatters; the same in bf16 (--precision bf16). Skips
+// visibly without a device.
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "gpu_support.hpp"
 #include "tier/gpu.hpp"
 #include "trainer/cuda/nccl_comm.hpp"
+#include "trainer/bf16.hpp"
 #include "trainer/cuda/pipeline.hpp"
 #include "trainer/optimizer.hpp"
 
@@ -111,6 +114,107 @@ TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters without MPI", 
   REQUIRE(cudaMemset(b, 0, n * sizeof(float)) == cudaSuccess);
   REQUIRE((*comm)->reduce_scatter(a, b, n, nullptr).is_ok());
   CHECK(device_get(b, n, nullptr) == h);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, AdamW of a bf16 gradient",
+          "[gpu][bf16]") {
+  if (!tier::test::have_cuda_device()) return;
+  auto stager = tier::gpu::Stager::create_detached();
+  REQUIRE(stager.has_value());
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t n = 300007;
+  namespace tt = tier::train;
+  auto pl = tt::cuda::LayerPipeline::create(**stager, nullptr, compute,
+                                            {.shard_floats = n, .depth = 2, .bf16 = true});
+  REQUIRE(pl.has_value());
+  auto& p = **pl;
+
+  // Three bf16 layers through two slots: each arrives widened, exactly.
+  std::vector<std::vector<uint16_t>> shards;
+  for (int l = 0; l < 3; ++l) {
+    const std::vector<float> f = ramp(n, static_cast<float>(l) - 1.0f, 3.0f);
+    shards.emplace_back(n);
+    tt::f32_to_bf16(f.data(), shards.back().data(), n);
+  }
+  for (int l = 0; l < 3; ++l) {
+    auto full = p.fetch_bf16(l, shards[l]);
+    REQUIRE(full.has_value());
+    std::vector<float> want(n);
+    tt::bf16_to_f32(shards[l].data(), want.data(), n);
+    CHECK(device_get(*full, n, compute) == want);
+    REQUIRE(p.done_with(l).is_ok());
+  }
+
+  // An fp32 gradient on the device comes back as the host's rounding of it.
+  std::vector<uint16_t> grad_host(n, 0xdead);
+  auto gbuf = p.grad_buffer(5, n);
+  REQUIRE(gbuf.has_value());
+  const std::vector<float> g = ramp(n, -0.5f, 1.0f);
+  REQUIRE(cudaMemcpyAsync(*gbuf, g.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute) ==
+          cudaSuccess);
+  auto t = p.push_grad_bf16(5, grad_host);
+  REQUIRE(t.has_value());
+  REQUIRE(t->wait().is_ok());
+  std::vector<uint16_t> g16(n);
+  tt::f32_to_bf16(g.data(), g16.data(), n);
+  CHECK(grad_host == g16);
+
+  // AdamW of a bf16 gradient against the CPU's one-pass bf16 AdamW; the working copy is the
+  // new master rounded (exactly the host's rounding of the GPU's master).
+  std::vector<float> pw = ramp(n, -1.0f, 2.0f), m(n, 0.01f), v(n, 0.002f);
+  std::vector<float> pc(n), mc(n), vc(n);
+  std::vector<uint16_t> wc(n), w(n, 0xdead);
+  tt::AdamWConfig cfg;
+  const auto st = tt::make_step(cfg, 1e-3f, 2, 1.0f);
+  tt::adamw_update_bf16(pw.data(), m.data(), v.data(), g16.data(), pc.data(), mc.data(), vc.data(), wc.data(),
+                        n, st, true);
+  tt::cuda::AdamW h{.lr = 1e-3f,
+                    .beta1 = cfg.beta1,
+                    .beta2 = cfg.beta2,
+                    .eps = cfg.eps,
+                    .weight_decay = cfg.weight_decay,
+                    .step = 2,
+                    .grad_scale = 1.0f};
+  REQUIRE(p.adamw_bf16(pw, m, v, g16, h, w).is_ok());
+  double err = 0;
+  for (size_t i = 0; i < n; ++i)
+    err = std::max({err, std::abs(double(pw[i]) - pc[i]), std::abs(double(m[i]) - mc[i]),
+                    std::abs(double(v[i]) - vc[i])});
+  CHECK(err <= 1e-6);
+  std::vector<uint16_t> w_of_p(n);
+  tt::f32_to_bf16(pw.data(), w_of_p.data(), n);
+  CHECK(w == w_of_p);
+  // A bf16 fetch on a pipeline made for fp32 is refused.
+  auto fp32 = tt::cuda::LayerPipeline::create(**stager, nullptr, compute, {.shard_floats = 16, .depth = 1});
+  REQUIRE(fp32.has_value());
+  CHECK((*fp32)->fetch_bf16(0, std::span<const uint16_t>(shards[0].data(), 16)).error().code() ==
+        tier::Code::kInvalidArgument);
+  fp32->reset();
+  pl->reset();
+  cudaStreamDestroy(compute);
+}
+
+TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters bf16", "[gpu][bf16]") {
+  if (!tier::test::have_cuda_device()) return;
+  auto comm = tier::train::cuda::NcclComm::create(0, 1, 0);
+  REQUIRE(comm.has_value());
+  const size_t n = 4096;
+  std::vector<uint16_t> h(n), got(n);
+  for (size_t i = 0; i < n; ++i) h[i] = static_cast<uint16_t>(0x3f80 + i % 127);
+  uint16_t *a = nullptr, *b = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&a), n * sizeof(uint16_t)) == cudaSuccess);
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&b), n * sizeof(uint16_t)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(a, h.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE((*comm)->all_gather_bf16(a, b, n, nullptr).is_ok());
+  REQUIRE(cudaMemcpy(got.data(), b, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(got == h);
+  REQUIRE(cudaMemset(b, 0, n * sizeof(uint16_t)) == cudaSuccess);
+  REQUIRE((*comm)->reduce_scatter_bf16(a, b, n, nullptr).is_ok());
+  REQUIRE(cudaMemcpy(got.data(), b, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(got == h);
   cudaFree(a);
   cudaFree(b);
 }

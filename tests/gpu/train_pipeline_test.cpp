@@ -1,7 +1,8 @@
 // tier-train's passes through the NCCL layer pipeline (--collectives nccl: trainer/cuda/
 // pipeline_pass.hpp) against the CPU backend on the `tiny` model: a few steps of train() in
-// this process (1 rank; resident state and state in a tierd), and 2 ranks of the tier-train
-// binary under mpirun when the machine has two GPUs. Skips visibly without a device.
+// this process (1 rank; resident state and state in a tierd; fp32 and --precision bf16), and 2
+// ranks of the tier-train binary under mpirun when the machine has two GPUs. Skips visibly
+// without a device.
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
@@ -18,6 +19,7 @@
 #include "trainer/comm.hpp"
 #include "trainer/cpu/cpu_backend.hpp"
 #include "trainer/cuda/cuda_backend.hpp"
+#include "trainer/cuda/gpu_optimizer.hpp"
 #include "trainer/cuda/pipeline_pass.hpp"
 #include "trainer/data.hpp"
 #include "trainer/model.hpp"
@@ -224,6 +226,62 @@ TEST_CASE("tier-train --checkpoint-activations on the GPU: host path, pipeline, 
   CHECK(cuda::backend_error(*be).empty());
 }
 
+// --precision bf16 --checkpoint-activations, as the seed's runs train, through each GPU path:
+// the host path (bf16 uploads widened on the device), the NCCL pipeline (bf16 gathers and
+// reduce-scatters), and the GPU AdamW writing the bf16 working copy, with the state in tierd.
+// Each against the CPU backend's bf16 run (same bf16 state and rounding; fp32 GEMMs on both, so
+// only the gradient kernels' summation order differs) and the CPU's fp32 curve.
+TEST_CASE("tier-train --precision bf16 --checkpoint-activations on the GPU follows the CPU",
+          "[gpu][trainer][bf16]") {
+  if (!tier::test::have_cuda_device()) return;
+  tier::test::TestDaemon daemon;
+  REQUIRE(daemon.running());
+  auto comm = one_rank();
+  TrainOptions o = tiny_options();
+  o.buffers = 2;
+  o.checkpoint_activations = true;
+  std::vector<double> fp32, bf16;
+  {
+    auto cpu = make_cpu_backend();
+    auto store = make_resident_store();
+    fp32 = run(o, *comm, *cpu, *store, nullptr);
+    o.precision = Precision::kBf16;
+    auto store16 = make_resident_store();
+    bf16 = run(o, *comm, *cpu, *store16, nullptr);
+  }
+  check_close(bf16, fp32, 1e-2);
+  std::string err;
+  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
+  INFO(err);
+  REQUIRE(be != nullptr);
+  auto gpu_opt = cuda::make_gpu_optimizer(*be, &err);
+  INFO(err);
+  REQUIRE(gpu_opt != nullptr);
+  TierStoreOptions to;
+  to.socket = daemon.socket();
+  for (const bool pipeline : {false, true})
+    for (const bool gpu_adamw : {false, true}) {
+      INFO((pipeline ? "pipeline" : "host path") << (gpu_adamw ? ", GPU AdamW" : ", CPU AdamW"));
+      TrainOptions og = o;
+      og.optimizer = gpu_adamw ? gpu_opt.get() : nullptr;
+      to.pool = std::string("gpu-bf16-") + (pipeline ? "p" : "h") + (gpu_adamw ? "g" : "c");
+      auto store = make_tier_store(to);
+      INFO((store ? std::string("ok") : store.error().to_string()));
+      REQUIRE(store.has_value());
+      std::unique_ptr<LayerStream> ls;
+      if (pipeline) {
+        auto l = cuda::make_pipeline_stream(*be, *comm);
+        REQUIRE(l.has_value());
+        ls = std::move(*l);
+      }
+      const std::vector<double> got = run(og, *comm, *be, **store, ls.get());
+      ls.reset();  // before the store: its stager is bound to the store's client
+      check_close(got, bf16, 2e-3);
+      check_close(got, fp32, 1e-2);
+    }
+  CHECK(cuda::backend_error(*be).empty());
+}
+
 TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][trainer][mpi]") {
   if (!tier::test::have_cuda_device()) return;
   int n = 0;
@@ -243,9 +301,14 @@ TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][tr
     CHECK(pclose(p) == 0);
     return out;
   };
-  const auto want = losses(bin + args + " --backend cpu");
-  REQUIRE(want.size() == 5);
-  const auto got = losses(std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin + args +
-                          " --backend cuda --collectives nccl");
-  check_close(got, want, 3e-2);
+  // fp32, then bf16 (--backend cuda's default: bf16 all-gathers and reduce-scatters in NCCL).
+  for (const std::string precision : {" --precision fp32", ""}) {
+    INFO("precision:" << (precision.empty() ? " the default (bf16)" : precision));
+    const auto want =
+        losses(bin + args + " --backend cpu" + (precision.empty() ? " --precision bf16" : precision));
+    REQUIRE(want.size() == 5);
+    const auto got = losses(std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin + args +
+                            " --backend cuda --collectives nccl" + precision);
+    check_close(got, want, 3e-2);
+  }
 }

@@ -1,7 +1,9 @@
 // --precision on tier-train's command line: what a bf16 run refuses (exit status 2, naming the
-// option), the value check, and that bf16 does change the arithmetic. One process, no daemon.
+// option), its default per backend, the value check, and that bf16 does change the arithmetic.
+// One process, no daemon.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "run_helper.hpp"
@@ -22,14 +24,32 @@ void expect_refused(const TrainRun& r, const std::string& option) {
 
 }  // namespace
 
-TEST_CASE("tier-train --precision bf16 refuses the paths it does not run on, by name",
+TEST_CASE("tier-train --precision bf16 refuses the tools that read fp32 state, by name",
           "[trainer][cli][bf16]") {
   const std::string bf16 = kTiny + " --precision bf16";
-  expect_refused(run_trainer(1, bf16 + " --backend cuda"), "--backend cuda");
-  expect_refused(run_trainer(1, bf16 + " --optimizer gpu"), "--optimizer gpu");
-  expect_refused(run_trainer(1, bf16 + " --backend cuda --collectives nccl"), "--backend cuda");
   expect_refused(run_trainer(1, bf16 + " --state tier --resume --reshard"), "--reshard");
   expect_refused(run_trainer(1, bf16 + " --dump /tmp"), "--dump");
+}
+
+TEST_CASE("tier-train --precision bf16 is not refused with the GPU paths", "[trainer][cli][bf16]") {
+  // Without a GPU these runs stop at the device (exit 2 saying why), not at the precision.
+  for (const std::string gpu :
+       {" --backend cuda", " --backend cuda --collectives nccl --optimizer gpu", " --optimizer gpu"}) {
+    const TrainRun r = run_trainer(1, kTiny + " --precision bf16" + gpu);
+    INFO(gpu << ": " << r.stderr_text);
+    CHECK(r.stderr_text.find("is not supported with") == std::string::npos);
+    if (r.exit_code != 0) CHECK(r.stderr_text.find("cuda") != std::string::npos);
+  }
+}
+
+TEST_CASE("tier-train's default precision is bf16 with --backend cuda and fp32 otherwise",
+          "[trainer][cli][bf16]") {
+  const std::string plan = "--model small --gpus-per-node 1";
+  CHECK(tier::test::plan_json(plan)["precision"] == "fp32");
+  CHECK(tier::test::plan_json(plan + " --backend cpu")["precision"] == "fp32");
+  CHECK(tier::test::plan_json(plan + " --backend cuda")["precision"] == "bf16");
+  CHECK(tier::test::plan_json(plan + " --backend cuda --precision fp32")["precision"] == "fp32");
+  CHECK(tier::test::plan_json(plan + " --precision bf16")["precision"] == "bf16");
 }
 
 TEST_CASE("tier-train --precision takes fp32 or bf16", "[trainer][cli][bf16]") {

@@ -38,6 +38,12 @@ bool no_device(cudaError_t e) {
 
 class CudaBackend final : public Backend {
  public:
+  // A device buffer of bf16 values that upload_bf16 / download_bf16 stage through.
+  struct Staging16 {
+    uint16_t* p = nullptr;
+    size_t n = 0;
+  };
+
   CudaBackend(const CudaBackendOptions& o) : opts_(o) {}
 
   bool init(std::string* error) {
@@ -60,6 +66,7 @@ class CudaBackend final : public Backend {
         !cu(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate") ||
         !cu(cudaEventCreateWithFlags(&all_, cudaEventDisableTiming), "cudaEventCreate") ||
         !cu(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "cudaEventCreate") ||
+        !cu(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "cudaEventCreate") ||
         !cu(cudaMalloc(reinterpret_cast<void**>(&dloss_), sizeof(double)), "cudaMalloc") ||
         !cu(cudaMallocHost(reinterpret_cast<void**>(&hloss_), sizeof(double)), "cudaMallocHost") ||
         !bl(cublasCreate(&blas_), "cublasCreate") ||
@@ -77,6 +84,9 @@ class CudaBackend final : public Backend {
     for (auto& [p, ev] : uses_) (void)cudaEventDestroy(ev);
     if (all_) (void)cudaEventDestroy(all_);
     if (copied_) (void)cudaEventDestroy(copied_);
+    if (staged_) (void)cudaEventDestroy(staged_);
+    for (Staging16* st : {&up16_, &down16_})
+      if (st->p) (void)cudaFree(st->p);
     if (copy_) (void)cudaStreamDestroy(copy_);
     if (blas_) (void)cublasDestroy(blas_);
     if (scratch_) (void)cudaFree(scratch_);
@@ -115,6 +125,24 @@ class CudaBackend final : public Backend {
   }
   void download(float* dst, const float* src, size_t floats) override {
     copy(dst, src, floats * sizeof(float), cudaMemcpyDeviceToHost);
+  }
+  // The bf16 bytes go to a device staging buffer on the copy stream (after the previous widen
+  // out of it ran: `staged_`), and the compute stream widens them into dst.
+  bool upload_bf16(float* dst, const uint16_t* src, size_t n) override {
+    uint16_t* stage = staging16(up16_, n);
+    if (stage == nullptr) return false;
+    // dst is written by the widen on the compute stream, after everything that read it.
+    h2d(stage, src, n * sizeof(uint16_t), staged_);
+    if (ok()) cu(bf16_to_f32(dst, stage, n, stream_), "widen bf16 upload");
+    if (ok()) cu(cudaEventRecord(staged_, stream_), "cudaEventRecord");
+    return true;
+  }
+  bool download_bf16(uint16_t* dst, const float* src, size_t n) override {
+    uint16_t* stage = staging16(down16_, n);
+    if (stage == nullptr) return false;
+    if (cu(f32_to_bf16(stage, src, n, stream_), "round bf16 download"))
+      copy(dst, stage, n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+    return true;
   }
   int32_t* alloc_tokens(size_t n) override {
     void* p = nullptr;
@@ -303,12 +331,30 @@ class CudaBackend final : public Backend {
       if (!cu(cudaEventRecord(all_, stream_), "cudaEventRecord")) return;
       dep = all_;
     }
+    h2d(dst, src, bytes, dep);
+  }
+  // The H2D on the copy stream after `dep`; the compute stream waits for it; returns once the
+  // host bytes are read.
+  void h2d(void* dst, const void* src, size_t bytes, cudaEvent_t dep) {
+    if (!ok() || bytes == 0) return;
     if (!cu(cudaStreamWaitEvent(copy_, dep, 0), "cudaStreamWaitEvent") ||
         !cu(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "cudaMemcpyAsync H2D") ||
         !cu(cudaEventRecord(copied_, copy_), "cudaEventRecord") ||
         !cu(cudaStreamWaitEvent(stream_, copied_, 0), "cudaStreamWaitEvent"))
       return;
     cu(cudaEventSynchronize(copied_), "wait for H2D");
+  }
+  // A device buffer of at least n bf16 values (grown, never shrunk); nullptr after an error.
+  uint16_t* staging16(Staging16& st, size_t n) {
+    if (!ok()) return nullptr;
+    if (st.n < n) {
+      if (st.p) (void)cudaFree(st.p);  // synchronizes the device: nothing still reads it
+      st = {};
+      if (!cu(cudaMalloc(reinterpret_cast<void**>(&st.p), n * sizeof(uint16_t)), "cudaMalloc bf16 staging"))
+        return nullptr;
+      st.n = n;
+    }
+    return st.p;
   }
   // Records, after the kernels just enqueued, that `params` was read up to here.
   void note_use(const void* params) {
@@ -389,6 +435,8 @@ class CudaBackend final : public Backend {
   cudaStream_t copy_ = nullptr;    // uploads
   cudaEvent_t all_ = nullptr;      // "everything enqueued on stream_ so far" (untracked uploads)
   cudaEvent_t copied_ = nullptr;   // the last upload
+  cudaEvent_t staged_ = nullptr;   // compute: after the last widen out of up16_
+  Staging16 up16_, down16_;        // device bf16 staging of upload_bf16 / download_bf16 (grown on demand)
   std::unordered_map<const void*, cudaEvent_t> uses_;  // params pointer → after its last reader
   cublasHandle_t blas_ = nullptr;
   cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;

@@ -7,6 +7,7 @@
 #include "tier/gpu.hpp"
 #include "trainer/cuda/cuda_backend.hpp"
 #include "trainer/cuda/pipeline.hpp"
+#include "wire/errors.hpp"
 
 namespace tier::train::cuda {
 namespace {
@@ -20,7 +21,29 @@ class GpuOptimizer final : public OffloadOptimizer {
   Status update(const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
                 float* v_out, size_t n, const AdamWStep& s, bool decay, int64_t step) override {
     if (n == 0) return Status::ok();
-    // The pipeline's device buffer holds the largest range seen so far; grow it on demand.
+    TIER_RETURN_IF_ERROR(prepare(p, m, v, p_out, m_out, v_out, n));
+    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, constants(s, decay, step));
+  }
+
+  Status update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
+                     float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s, bool decay,
+                     int64_t step) override {
+    if (n == 0) return Status::ok();
+    TIER_RETURN_IF_ERROR(prepare(p, m, v, p_out, m_out, v_out, n));
+    return pipeline_->adamw_bf16({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, constants(s, decay, step),
+                                 {w_out, n});
+  }
+
+ private:
+  std::unique_ptr<tier::gpu::Stager> stager_;
+  cudaStream_t compute_ = nullptr;
+  std::unique_ptr<LayerPipeline> pipeline_;
+  size_t capacity_ = 0;
+
+  // A pipeline whose device buffers hold n elements (grown on demand), and the old p, m, v in
+  // the output buffers, which the pipeline updates in place.
+  Status prepare(const float* p, const float* m, const float* v, float* p_out, float* m_out, float* v_out,
+                 size_t n) {
     if (!pipeline_ || n > capacity_) {
       pipeline_.reset();
       PipelineOptions po;
@@ -34,6 +57,10 @@ class GpuOptimizer final : public OffloadOptimizer {
     if (p_out != p) std::memcpy(p_out, p, n * sizeof(float));
     if (m_out != m) std::memcpy(m_out, m, n * sizeof(float));
     if (v_out != v) std::memcpy(v_out, v, n * sizeof(float));
+    return Status::ok();
+  }
+
+  static AdamW constants(const AdamWStep& s, bool decay, int64_t step) {
     AdamW h;
     h.lr = s.lr;
     h.beta1 = s.beta1;
@@ -42,14 +69,8 @@ class GpuOptimizer final : public OffloadOptimizer {
     h.weight_decay = decay ? s.weight_decay : 0.0f;
     h.step = static_cast<int>(step);
     h.grad_scale = s.grad_scale;
-    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, h);
+    return h;
   }
-
- private:
-  std::unique_ptr<tier::gpu::Stager> stager_;
-  cudaStream_t compute_ = nullptr;
-  std::unique_ptr<LayerPipeline> pipeline_;
-  size_t capacity_ = 0;
 };
 
 }  // namespace

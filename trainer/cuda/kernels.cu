@@ -2,7 +2,6 @@
 // Compiled by nvcc as C++20; fp32 storage, fp32 math (bf16 only in the conversion kernels and
 // the AdamW working-copy output). Row kernels use one warp per row; column reductions split the
 // rows into chunks and add each chunk's partial sum atomically.
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -313,7 +312,16 @@ __global__ void sum_to_double_k(double* out, const float* in, size_t n) {
 
 // ---- optimizer, precision ----
 
-__global__ void adamw_k(float* p, const float* g, float* m, float* v, __nv_bfloat16* out, size_t n, float lr,
+// fp32 -> bf16 bits, round to nearest even in integer arithmetic: the same bits as the host's
+// tier::train::bf16_from_f32 (trainer/bf16.hpp) for every input, NaN included (quieted, sign and
+// upper payload kept), so a value rounded here or on the host is the same value.
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, uint16_t* out, size_t n, float lr,
                         float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale) {
   GRID_STRIDE(i, n) {
     const float gi = g[i] * gscale;
@@ -324,16 +332,17 @@ __global__ void adamw_k(float* p, const float* g, float* m, float* v, __nv_bfloa
     m[i] = mi;
     v[i] = vi;
     p[i] = pi;
-    if (out) out[i] = __float2bfloat16_rn(pi);
+    if (out) out[i] = bf16_bits(pi);
   }
 }
 
-__global__ void f32_to_bf16_k(__nv_bfloat16* out, const float* in, size_t n) {
-  GRID_STRIDE(i, n) out[i] = __float2bfloat16_rn(in[i]);
+__global__ void f32_to_bf16_k(uint16_t* out, const float* in, size_t n) {
+  GRID_STRIDE(i, n) out[i] = bf16_bits(in[i]);
 }
 
-__global__ void bf16_to_f32_k(float* out, const __nv_bfloat16* in, size_t n) {
-  GRID_STRIDE(i, n) out[i] = __bfloat162float(in[i]);
+// Exact: the bf16 bits are the upper half of the float.
+__global__ void bf16_to_f32_k(float* out, const uint16_t* in, size_t n) {
+  GRID_STRIDE(i, n) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
 }
 
 dim3 column_grid(int N, int OC) {
@@ -453,18 +462,18 @@ cudaError_t adamw(float* p, const float* g, float* m, float* v, uint16_t* bf16_o
   // Bias corrections in double, as the CPU optimizer (trainer/optimizer.cpp) computes them.
   const float bc1 = static_cast<float>(1.0 - std::pow(double(h.beta1), double(h.step)));
   const float bc2 = static_cast<float>(1.0 - std::pow(double(h.beta2), double(h.step)));
-  adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, reinterpret_cast<__nv_bfloat16*>(bf16_out), n, h.lr,
-                                           h.beta1, h.beta2, h.eps, h.weight_decay, bc1, bc2, h.grad_scale);
+  adamw_k<<<grid_for(n), kThreads, 0, s>>>(p, g, m, v, bf16_out, n, h.lr, h.beta1, h.beta2, h.eps,
+                                           h.weight_decay, bc1, bc2, h.grad_scale);
   return cudaGetLastError();
 }
 
 cudaError_t f32_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t s) {
-  f32_to_bf16_k<<<grid_for(n), kThreads, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(out), in, n);
+  f32_to_bf16_k<<<grid_for(n), kThreads, 0, s>>>(out, in, n);
   return cudaGetLastError();
 }
 
 cudaError_t bf16_to_f32(float* out, const uint16_t* in, size_t n, cudaStream_t s) {
-  bf16_to_f32_k<<<grid_for(n), kThreads, 0, s>>>(out, reinterpret_cast<const __nv_bfloat16*>(in), n);
+  bf16_to_f32_k<<<grid_for(n), kThreads, 0, s>>>(out, in, n);
   return cudaGetLastError();
 }
 

@@ -97,7 +97,9 @@ struct AdamW {
 // p, m, v and, when `bf16_out` is not null, the updated weight rounded to bf16 (working copy).
 cudaError_t adamw(float* p, const float* g, float* m, float* v, uint16_t* bf16_out, size_t n, const AdamW& h,
                   cudaStream_t stream);
-// Round to nearest even.
+// bf16 values are uint16_t bits (trainer/bf16.hpp). fp32 -> bf16 rounds to nearest even and
+// gives the same bits as the host's bf16_from_f32 for every input (NaN and denormals included);
+// bf16 -> fp32 is exact. So a shard converted on the device or on the host is the same shard.
 cudaError_t f32_to_bf16(uint16_t* out, const float* in, size_t n, cudaStream_t stream);
 cudaError_t bf16_to_f32(float* out, const uint16_t* in, size_t n, cudaStream_t stream);
 

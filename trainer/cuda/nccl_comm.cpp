@@ -74,6 +74,15 @@ Status NcclComm::reduce_scatter(const float* send, float* recv, size_t count, cu
   return from_nccl(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, s), "ncclReduceScatter");
 }
 
+Status NcclComm::all_gather_bf16(const uint16_t* send, uint16_t* recv, size_t count, cudaStream_t s) {
+  return from_nccl(ncclAllGather(send, recv, count, ncclBfloat16, comm_, s), "ncclAllGather bf16");
+}
+
+Status NcclComm::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count, cudaStream_t s) {
+  return from_nccl(ncclReduceScatter(send, recv, count, ncclBfloat16, ncclSum, comm_, s),
+                   "ncclReduceScatter bf16");
+}
+
 Status NcclComm::all_reduce(float* buf, size_t count, cudaStream_t s) {
   return from_nccl(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, s), "ncclAllReduce");
 }

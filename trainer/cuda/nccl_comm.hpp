@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -41,6 +42,13 @@ class NcclComm {
   [[nodiscard]] Status all_gather(const float* send, float* recv, size_t count, cudaStream_t s);
   // recv[i] = sum over ranks of their send[rank * count + i].
   [[nodiscard]] Status reduce_scatter(const float* send, float* recv, size_t count, cudaStream_t s);
+  // The same on bf16 values (uint16_t bits, trainer/bf16.hpp; ncclBfloat16), for --precision
+  // bf16. NCCL sums bf16 in its own order and rounds to bf16 along the way (in a ring, once per
+  // hop), so a bf16 reduce-scatter is not bit-identical to the host path's fp32 sum in rank
+  // order (trainer/comm.hpp).
+  [[nodiscard]] Status all_gather_bf16(const uint16_t* send, uint16_t* recv, size_t count, cudaStream_t s);
+  [[nodiscard]] Status reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count,
+                                           cudaStream_t s);
   // In-place sum across ranks (small buffers: losses, norms).
   [[nodiscard]] Status all_reduce(float* buf, size_t count, cudaStream_t s);
 

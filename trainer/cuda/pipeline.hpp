@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -31,8 +32,11 @@
 namespace tier::train::cuda {
 
 struct PipelineOptions {
-  size_t shard_floats = 0;  // the largest per-rank shard (padded layer / ranks)
+  size_t shard_floats = 0;  // the largest per-rank shard (padded layer / ranks), in elements
   int depth = 2;            // layers in flight per direction
+  // --precision bf16: each slot also gets bf16 shard and layer buffers, so fetch_bf16 and
+  // push_grad_bf16 move and reduce half the bytes (the compute still sees fp32 layers).
+  bool bf16 = false;
 };
 
 class LayerPipeline {
@@ -51,6 +55,10 @@ class LayerPipeline {
   // The buffer stays valid until `depth` more fetches; call done_with() after the layer's last
   // kernel was enqueued.
   [[nodiscard]] Result<float*> fetch(int layer, std::span<const float> shard);
+  // --precision bf16 (PipelineOptions::bf16): the same with a bf16 shard. The H2D and the
+  // all-gather move bf16; the layer is widened (exactly) into the returned fp32 buffer on the
+  // device before the compute stream may read it.
+  [[nodiscard]] Result<float*> fetch_bf16(int layer, std::span<const uint16_t> shard);
   // Records that the compute stream finished enqueuing its use of the layer's slot.
   [[nodiscard]] Status done_with(int layer);
 
@@ -60,6 +68,10 @@ class LayerPipeline {
   // After the compute stream wrote the layer's gradient: reduce-scatter it (sum over ranks)
   // and copy this rank's shard into `shard` (host, pinned). Completes when the Transfer does.
   [[nodiscard]] Result<tier::gpu::Transfer> push_grad(int layer, std::span<float> shard);
+  // --precision bf16: the compute stream rounds the layer's fp32 gradient to bf16 (the same bits
+  // as the host's f32_to_bf16), NCCL reduce-scatters it in bf16, and the bf16 shard goes to
+  // `shard` (host, pinned).
+  [[nodiscard]] Result<tier::gpu::Transfer> push_grad_bf16(int layer, std::span<uint16_t> shard);
 
   // ZeRO-Offload alternative for the optimizer: AdamW on the GPU over host shards (fp32 master
   // p, moments m, v, gradient g, all pinned): H2D, the fused kernel, D2H of p, m, v. Blocks
@@ -67,6 +79,10 @@ class LayerPipeline {
   // bf16 working copy of the updated parameters.
   [[nodiscard]] Status adamw(std::span<float> p, std::span<float> m, std::span<float> v,
                              std::span<const float> g, const AdamW& h, uint16_t* working_bf16 = nullptr);
+  // --precision bf16's update: the gradient `g` is bf16 (widened exactly on the device), and the
+  // new bf16 working copy of p comes back into `working` (host, same length) with p, m, v.
+  [[nodiscard]] Status adamw_bf16(std::span<float> p, std::span<float> m, std::span<float> v,
+                                  std::span<const uint16_t> g, const AdamW& h, std::span<uint16_t> working);
 
   cudaStream_t copy_stream() const;
   cudaStream_t comm_stream() const;

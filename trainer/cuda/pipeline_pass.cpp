@@ -12,6 +12,7 @@
 #include "trainer/cuda/cuda_backend.hpp"
 #include "trainer/cuda/nccl_comm.hpp"
 #include "trainer/cuda/pipeline.hpp"
+#include "trainer/bf16.hpp"
 #include "trainer/optimizer.hpp"
 
 #include "cuda_status.hpp"
@@ -38,11 +39,13 @@ class PipelineStream final : public LayerStream {
 
   const char* name() const override { return "nccl pipeline"; }
 
-  Status open(ShardStore& store, std::span<const size_t> shard_floats, int depth) override {
+  Status open(ShardStore& store, std::span<const size_t> shard_floats, int depth,
+              Precision precision) override {
     if (pipeline_) return Status(Code::kInvalidArgument, "pipeline stream opened twice");
     if (shard_floats.empty() || depth < 1)
       return Status(Code::kInvalidArgument, "pipeline stream needs layers and depth >= 1");
     shard_.assign(shard_floats.begin(), shard_floats.end());
+    bf16_ = precision == Precision::kBf16;
     tier::gpu::StagerOptions so;
     so.device = device_;
     so.allow_pageable = true;  // a refused registration costs speed, not correctness
@@ -67,6 +70,7 @@ class PipelineStream final : public LayerStream {
     PipelineOptions po;
     po.shard_floats = *std::max_element(shard_.begin(), shard_.end());
     po.depth = depth;
+    po.bf16 = bf16_;
     auto pl = LayerPipeline::create(*stager_, ranks_ > 1 ? nccl_.get() : nullptr, compute_, po);
     if (!pl) return pl.error();
     pipeline_ = std::move(*pl);
@@ -93,7 +97,8 @@ class PipelineStream final : public LayerStream {
       if (!s) return fail(std::move(s));
     }
     const int key = next_key_++;
-    auto dev = pipeline_->fetch(key, std::span<const float>(shard.data, shard.floats));
+    auto dev = bf16_ ? pipeline_->fetch_bf16(key, std::span<const uint16_t>(shard.bf16(), shard.floats))
+                     : pipeline_->fetch(key, std::span<const float>(shard.data, shard.floats));
     // Recorded after whatever of the fetch was enqueued on the copy stream, failed or not, so
     // the pin is never released under a copy that is still reading it.
     Status rec = cu(cudaEventRecord(f.copied, pipeline_->copy_stream()), "record parameter H2D");
@@ -148,13 +153,14 @@ class PipelineStream final : public LayerStream {
     } else {
       open_grad_ = -1;
     }
-    auto t = pipeline_->push_grad(key, std::span<float>(shard.data, shard.floats));
+    auto t = bf16_ ? pipeline_->push_grad_bf16(key, std::span<uint16_t>(shard.bf16(), shard.floats))
+                   : pipeline_->push_grad(key, std::span<float>(shard.data, shard.floats));
     if (!t) {
       // Part of the copy may have been enqueued: keep the pin until the device is idle.
       orphans_.push_back(std::move(shard));
       return t.error();
     }
-    pending_.push_back({std::move(*t), std::move(shard), sumsq});
+    pending_.push_back({std::move(*t), std::move(shard), sumsq, bf16_});
     // Release the pins whose copies are done, oldest first (they complete in push order).
     while (!pending_.empty() && pending_.front().copy.done()) {
       TIER_RETURN_IF_ERROR(settle(pending_.front()));
@@ -193,12 +199,15 @@ class PipelineStream final : public LayerStream {
     tier::gpu::Transfer copy;  // D2H into `pin`
     Pinned pin;
     double* sumsq = nullptr;
+    bool bf16 = false;  // the shard holds bf16 values
   };
 
   // Waits for the gradient's D2H, takes its sum of squares, releases its pin.
   static Status settle(Grad& g) {
     Status s = g.copy.wait();
-    if (s.is_ok() && g.sumsq != nullptr) *g.sumsq = sum_squares(g.pin.data, g.pin.floats);
+    if (s.is_ok() && g.sumsq != nullptr)
+      *g.sumsq =
+          g.bf16 ? sum_squares_bf16(g.pin.bf16(), g.pin.floats) : sum_squares(g.pin.data, g.pin.floats);
     g.pin = {};
     return s;
   }
@@ -206,6 +215,7 @@ class PipelineStream final : public LayerStream {
   std::unique_ptr<NcclComm> nccl_;
   cudaStream_t compute_ = nullptr;  // the backend's; not owned
   int device_ = 0, ranks_ = 1;
+  bool bf16_ = false;  // --precision bf16: parameter and gradient shards hold bf16 values
   std::unique_ptr<tier::gpu::Stager> stager_;
   std::unique_ptr<LayerPipeline> pipeline_;
   std::vector<size_t> shard_;   // floats per rank, per layer

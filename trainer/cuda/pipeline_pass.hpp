@@ -5,6 +5,10 @@
 //               layer; the backend's compute stream waits for the gather only.
 //   gradients:  grad buffer (compute) --NCCL reduce-scatter--> shard --D2H--> pinned grad shard.
 //
+// --precision bf16: the shards are bf16, and so are the H2D, the all-gather (ncclBfloat16) and
+// the reduce-scatter; the layer is widened to fp32 on the device after its gather, and the fp32
+// gradient rounded to bf16 on the compute stream before its reduce-scatter.
+//
 // Ownership and lifetimes:
 // - The stream owns its tier::gpu::Stager, bound at open() to the store's tierd client (its
 //   arenas are registered with CUDA) or, for resident state, detached with every private range
