@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tier/gpu.hpp"
+#include "trainer/cuda/adamw_params.hpp"
 #include "trainer/cuda/cuda_backend.hpp"
 #include "trainer/cuda/pipeline.hpp"
 
@@ -34,15 +35,7 @@ class GpuOptimizer final : public OffloadOptimizer {
     if (p_out != p) std::memcpy(p_out, p, n * sizeof(float));
     if (m_out != m) std::memcpy(m_out, m, n * sizeof(float));
     if (v_out != v) std::memcpy(v_out, v, n * sizeof(float));
-    AdamW h;
-    h.lr = s.lr;
-    h.beta1 = s.beta1;
-    h.beta2 = s.beta2;
-    h.eps = s.eps;
-    h.weight_decay = decay ? s.weight_decay : 0.0f;
-    h.step = static_cast<int>(step);
-    h.grad_scale = s.grad_scale;
-    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, h);
+    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, kernel_adamw(s, step, decay));
   }
 
  private:
