@@ -45,14 +45,14 @@ bool has_pattern(std::span<const std::byte> b, uint32_t seed) {
   return std::memcmp(want.data(), b.data(), b.size()) == 0;
 }
 
-// Drops every pool when the test case ends, so the daemon unlinks their shared-memory arenas
-// (tierd keeps arenas of live pools in /dev/shm across restarts by design). Declare it right
-// after the TestDaemon: it runs after the test's own clients are gone.
-struct DropPoolsAtEnd {
-  TestDaemon& d;
-  ~DropPoolsAtEnd() {
-    if (!d.running()) return;
-    auto c = Client::connect(d.socket());
+// A TestDaemon that drops every pool when the test case ends, so the daemon unlinks their
+// shared-memory arenas (tierd keeps arenas of live pools in /dev/shm across restarts by design).
+// The drop runs after the test's own clients (declared later) are gone, before tierd stops.
+struct DaemonDroppingPools : TestDaemon {
+  using TestDaemon::TestDaemon;
+  ~DaemonDroppingPools() {
+    if (!running()) return;
+    auto c = Client::connect(socket());
     if (!c) return;
     if (auto pools = (*c)->list_pools())
       for (const auto& p : *pools) (void)(*c)->drop_pool(p.name);
@@ -62,8 +62,7 @@ struct DropPoolsAtEnd {
 }  // namespace
 
 TEST_CASE("pools and tensors: create, open, list, delete, drop") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto c = connect_to(d);
   auto p = c->create_pool("job1", {.ram_quota = 64 << 20});
   REQUIRE(p.has_value());
@@ -117,8 +116,7 @@ TEST_CASE("pools and tensors: create, open, list, delete, drop") {
 }
 
 TEST_CASE("bytes written through a lease read back bit-exact, zero-copy, from another client") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto a = connect_to(d, "writer");
   auto b = connect_to(d, "reader");
   REQUIRE(a->create_pool("p", {.ram_quota = 64 << 20}).has_value());
@@ -158,8 +156,7 @@ TEST_CASE("bytes written through a lease read back bit-exact, zero-copy, from an
 }
 
 TEST_CASE("a batch of leases is granted whole or not at all") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto a = connect_to(d);
   auto other = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 64 << 20}).has_value());
@@ -198,8 +195,7 @@ TEST_CASE("a batch of leases is granted whole or not at all") {
 TEST_CASE("a batch larger than one reply still comes back whole") {
   DaemonOptions opts;
   opts.ram = "1G";
-  TestDaemon d(opts);
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d(opts);
   auto a = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 512ull << 20}).has_value());
   std::vector<uint64_t> ids;
@@ -214,8 +210,7 @@ TEST_CASE("a batch larger than one reply still comes back whole") {
 }
 
 TEST_CASE("conflicting leases fail fast, time out, or wait until released") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto a = connect_to(d);
   auto b = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 16 << 20}).has_value());
@@ -255,8 +250,7 @@ TEST_CASE("conflicting leases fail fast, time out, or wait until released") {
 }
 
 TEST_CASE("a client killed with -9 has its leases released") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto a = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*a, "p", "t", 4096);
@@ -286,8 +280,7 @@ TEST_CASE("a client killed with -9 has its leases released") {
 }
 
 TEST_CASE("many clients at once: threads with their own clients, one shared client, processes") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto admin = connect_to(d);
   REQUIRE(admin->create_pool("p", {.ram_quota = 128 << 20}).has_value());
   constexpr int kThreads = 8, kProcs = 4, kRounds = 50;
@@ -378,8 +371,7 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
 }
 
 TEST_CASE("a daemon killed mid-session turns calls into Unavailable, never a crash") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   // No reconnecting: every call must fail at once (tests/durability covers reconnects).
   auto cr = Client::connect(
       d.socket(), {.client_name = "no-reconnect", .reconnect_timeout = std::chrono::milliseconds(0)});
@@ -402,8 +394,7 @@ TEST_CASE("a daemon killed mid-session turns calls into Unavailable, never a cra
 }
 
 TEST_CASE("connect retries until a starting daemon accepts") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   d.stop();
   std::thread starter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -416,8 +407,7 @@ TEST_CASE("connect retries until a starting daemon accepts") {
 }
 
 TEST_CASE("status, topology and the tiering calls answer with a value or a clear Status") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto c = connect_to(d);
   auto s = c->status();
   REQUIRE(s.has_value());
@@ -440,8 +430,7 @@ TEST_CASE("status, topology and the tiering calls answer with a value or a clear
 }
 
 TEST_CASE("a thread waiting for a lease does not lock its sibling out of the shared client") {
-  TestDaemon d;
-  DropPoolsAtEnd janitor{d};
+  DaemonDroppingPools d;
   auto c = connect_to(d);
   REQUIRE(c->create_pool("p", {.ram_quota = 16 << 20}).has_value());
   uint64_t id = make_tensor(*c, "p", "t", 4096);

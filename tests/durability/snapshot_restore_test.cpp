@@ -67,16 +67,40 @@ size_t snapshot_dirs(const TestDaemon& d, const std::string& pool) {
   return n;
 }
 
+// fresh_boot() before the members of a class derived from it are made.
+struct FreshBoot {
+  FreshBoot() { fresh_boot(); }
+};
+
+// After a fresh boot: a tierd with 64 MiB of RAM and an NVMe tier, and a client `c` that made
+// `pool` (8 MiB RAM quota).
+struct PoolOnNvme : FreshBoot {
+  TempDir nvme{"restore"};
+  TestDaemon d{with_nvme(nvme, "64M")};
+  std::unique_ptr<Client> c = connect_to(d);
+
+  explicit PoolOnNvme(const std::string& pool) {
+    REQUIRE(c->create_pool(pool, {.ram_quota = 8 << 20}).has_value());
+  }
+
+  // kill -9 of tierd and a start again, with a reboot in between if `reboot`; `c` is then a
+  // new connection.
+  void restart(bool reboot) {
+    c.reset();
+    d.kill9();
+    if (reboot) fresh_boot();
+    d.start();
+    c = connect_to(d);
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
     "a pool rolls back to a kept, tagged snapshot: every tier, new tensors deleted, across restart and "
     "reboot") {
-  fresh_boot();
-  TempDir nvme("restore");
-  TestDaemon d(with_nvme(nvme, "64M"));
-  auto c = connect_to(d);
-  REQUIRE(c->create_pool("r", {.ram_quota = 8 << 20}).has_value());
+  PoolOnNvme f("r");
+  auto& c = f.c;  // a new connection after each f.restart()
   std::vector<std::string> names;
   for (int i = 0; i < 12; ++i) {
     names.push_back("t" + std::to_string(i));
@@ -109,7 +133,7 @@ TEST_CASE(
   CHECK(l->snapshots[0].tag == 20);
   CHECK(l->snapshots[1].snapshot_id == s3->snapshot_id);
   CHECK(l->snapshots[1].tag == 30);
-  CHECK(snapshot_dirs(d, "r") == 2);
+  CHECK(snapshot_dirs(f.d, "r") == 2);
 
   // After s3: version 4 of a few, and another new tensor.
   write_all(*c, "r", {"t0", "t7", "t11"}, 4);
@@ -148,19 +172,12 @@ TEST_CASE(
     REQUIRE(after->snapshots.size() == 1);
     CHECK(after->snapshots[0].snapshot_id == s2->snapshot_id);
 
-    c.reset();
-    d.kill9();  // a restart: arenas re-attached, and no stale NVMe copy of version 3 or 4 wins
-    d.start();
-    c = connect_to(d);
+    f.restart(false);  // arenas re-attached, and no stale NVMe copy of version 3 or 4 wins
     check_reads(*c, "r", v2);
 
     // Written back and dropped partly again, then a reboot: every arena gone.
     evict_some(*c, "r", {"t1", "t5", "t6"});
-    c.reset();
-    d.kill9();
-    fresh_boot();
-    d.start();
-    c = connect_to(d);
+    f.restart(true);
     check_reads(*c, "r", v2);
     auto rec = c->list_snapshots("r");
     REQUIRE(rec.has_value());
@@ -178,11 +195,8 @@ TEST_CASE(
 TEST_CASE(
     "a reboot leaves a pool recovered (a mix of points in time) until it is restored, and a damaged snapshot "
     "changes nothing") {
-  fresh_boot();
-  TempDir nvme("mix");
-  TestDaemon d(with_nvme(nvme, "64M"));
-  auto c = connect_to(d);
-  REQUIRE(c->create_pool("m", {.ram_quota = 8 << 20}).has_value());
+  PoolOnNvme f("m");
+  auto& c = f.c;  // a new connection after each f.restart()
   std::vector<std::string> names = {"a", "b", "c", "d"};
   std::map<std::string, uint64_t> v1;
   for (const auto& n : names) v1[n] = put(*c, "m", n, kSize, 1);
@@ -192,11 +206,7 @@ TEST_CASE(
   // version 2 (their NVMe copies) and c, d at version 1 (the snapshot): one pool, two points.
   auto v2 = write_all(*c, "m", names, 2);
   evict_some(*c, "m", {"a", "b"});
-  c.reset();
-  d.kill9();
-  fresh_boot();
-  d.start();
-  c = connect_to(d);
+  f.restart(true);
   check_reads(*c, "m", {{"a", v2["a"]}, {"b", v2["b"]}, {"c", v1["c"]}, {"d", v1["d"]}});
   auto l = c->list_snapshots("m");
   REQUIRE(l.has_value());
@@ -206,7 +216,7 @@ TEST_CASE(
   CHECK(l->snapshots[0].tag == 1);
 
   // One flipped byte in the snapshot's data: refused before anything changes.
-  std::string data = d.state_dir() + "/snapshots/m/" + std::to_string(s->snapshot_id) + "/data";
+  std::string data = f.d.state_dir() + "/snapshots/m/" + std::to_string(s->snapshot_id) + "/data";
   flip_bit(data, 2 * kSize + 100);  // in tensor c
   auto bad = c->restore_snapshot("m", s->snapshot_id);
   REQUIRE_FALSE(bad.has_value());

@@ -16,6 +16,7 @@
 #include "gpu_support.hpp"
 #include "trainer/backend.hpp"
 #include "trainer/cpu/cpu_backend.hpp"
+#include "trainer/cuda/adamw_params.hpp"
 #include "trainer/cuda/cuda_backend.hpp"
 #include "trainer/cuda/kernels.hpp"
 #include "trainer/model.hpp"
@@ -254,13 +255,7 @@ TEST_CASE("fused AdamW kernel matches the CPU AdamW and rounds its bf16 copy", "
   cudaMemcpy(dm, m.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dv, v.data(), n * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice);
-  tier::train::cuda::AdamW h{.lr = 1e-3f,
-                             .beta1 = cfg.beta1,
-                             .beta2 = cfg.beta2,
-                             .eps = cfg.eps,
-                             .weight_decay = cfg.weight_decay,
-                             .step = 3,
-                             .grad_scale = 0.5f};
+  const tier::train::cuda::AdamW h = tier::train::cuda::kernel_adamw(s, 3, true);
   REQUIRE(tier::train::cuda::adamw(dp, dg, dm, dv, db, n, h, nullptr) == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   std::vector<float> pg(n), mg(n), vg(n), bf(n);

@@ -13,8 +13,9 @@
 
 #include "gpu_support.hpp"
 #include "tier/gpu.hpp"
-#include "trainer/cuda/nccl_comm.hpp"
 #include "trainer/bf16.hpp"
+#include "trainer/cuda/adamw_params.hpp"
+#include "trainer/cuda/nccl_comm.hpp"
 #include "trainer/cuda/pipeline.hpp"
 #include "trainer/optimizer.hpp"
 
@@ -81,14 +82,7 @@ TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]
   const auto st = tier::train::make_step(cfg, 1e-3f, 2, 1.0f);
   tier::train::adamw_update_scalar(pw.data(), m.data(), v.data(), g.data(), pc.data(), mc.data(), vc.data(),
                                    n, st, true);
-  tier::train::cuda::AdamW h{.lr = 1e-3f,
-                             .beta1 = cfg.beta1,
-                             .beta2 = cfg.beta2,
-                             .eps = cfg.eps,
-                             .weight_decay = cfg.weight_decay,
-                             .step = 2,
-                             .grad_scale = 1.0f};
-  REQUIRE(p.adamw(pw, m, v, g, h).is_ok());
+  REQUIRE(p.adamw(pw, m, v, g, tier::train::cuda::kernel_adamw(st, 2, true)).is_ok());
   double err = 0;
   for (size_t i = 0; i < n; ++i)
     err = std::max({err, std::abs(double(pw[i]) - pc[i]), std::abs(double(m[i]) - mc[i]),
@@ -171,14 +165,7 @@ TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, 
   const auto st = tt::make_step(cfg, 1e-3f, 2, 1.0f);
   tt::adamw_update_bf16(pw.data(), m.data(), v.data(), g16.data(), pc.data(), mc.data(), vc.data(), wc.data(),
                         n, st, true);
-  tt::cuda::AdamW h{.lr = 1e-3f,
-                    .beta1 = cfg.beta1,
-                    .beta2 = cfg.beta2,
-                    .eps = cfg.eps,
-                    .weight_decay = cfg.weight_decay,
-                    .step = 2,
-                    .grad_scale = 1.0f};
-  REQUIRE(p.adamw_bf16(pw, m, v, g16, h, w).is_ok());
+  REQUIRE(p.adamw_bf16(pw, m, v, g16, tt::cuda::kernel_adamw(st, 2, true), w).is_ok());
   double err = 0;
   for (size_t i = 0; i < n; ++i)
     err = std::max({err, std::abs(double(pw[i]) - pc[i]), std::abs(double(m[i]) - mc[i]),

@@ -30,6 +30,24 @@ std::vector<float> randn(size_t n, uint64_t seed, float s = 1.0f) {
   return v;
 }
 
+// Layer `layer` of m as init_layer(m, layer, init_seed) makes it, plus noise·N(0,1) drawn from
+// `noise_seed` (larger weights, non-unit LayerNorm) so that every path carries gradient.
+std::vector<float> noisy_layer(const ModelConfig& m, int layer, uint64_t init_seed, float noise,
+                               uint64_t noise_seed) {
+  std::vector<float> params(m.layer_floats(layer));
+  init_layer(m, layer, init_seed, params);
+  Rng r(noise_seed);
+  for (auto& p : params) p += noise * r.normal();
+  return params;
+}
+
+// The sum of out[i]·w[i]: a scalar whose gradient with respect to `out` is w.
+double weighted_sum(const std::vector<float>& out, const std::vector<float>& w) {
+  double s = 0;
+  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * w[i];
+  return s;
+}
+
 // Compares analytic gradient `ana` of f at `x` against central differences on `count` sampled
 // coordinates. f returns a double; x is perturbed in place and restored.
 template <class F> void check_grad(const char* what, std::vector<float>& x, const std::vector<float>& ana,
@@ -70,9 +88,7 @@ TEST_CASE("gradient check: embed layer", "[trainer][gradcheck]") {
   std::vector<float> out(n);
   auto f = [&] {
     be->embed_forward(d, params.data(), tok.data(), out.data());
-    double s = 0;
-    for (size_t i = 0; i < n; ++i) s += static_cast<double>(out[i]) * R[i];
-    return s;
+    return weighted_sum(out, R);
   };
   std::vector<float> grads(params.size(), 0.0f);
   be->embed_backward(d, grads.data(), tok.data(), R.data());
@@ -87,20 +103,14 @@ TEST_CASE("gradient check: transformer block", "[trainer][gradcheck]") {
   const Attention att = GENERATE(Attention::kFlash, Attention::kReference);
   INFO((att == Attention::kFlash ? "flash attention" : "reference attention"));
   const Dims d = m.dims(2, 6, att);
-  std::vector<float> params(m.layer_floats(1));
-  init_layer(m, 1, 1, params);
-  // Larger weights and non-unit LayerNorm so every path carries gradient.
-  Rng r(11);
-  for (auto& p : params) p += 0.2f * r.normal();
+  std::vector<float> params = noisy_layer(m, 1, 1, 0.2f, 11);
   const size_t n = static_cast<size_t>(d.B) * d.T * d.C;
   auto x = randn(n, 5);
   const auto R = randn(n, 6);
   std::vector<float> acts(block_acts_floats(d)), y(n), scratch(block_scratch_floats(d));
   auto f = [&] {
     be->block_forward(d, params.data(), x.data(), carve_block_acts(acts.data(), d), y.data());
-    double s = 0;
-    for (size_t i = 0; i < n; ++i) s += static_cast<double>(y[i]) * R[i];
-    return s;
+    return weighted_sum(y, R);
   };
   f();
   std::vector<float> grads(params.size(), 0.0f), dx(n);
@@ -137,10 +147,7 @@ TEST_CASE("gradient check: head (final LayerNorm, tied output, cross-entropy)", 
   auto be = make_cpu_backend();
   const ModelConfig m = tiny_model();
   const Dims d = m.dims(2, 4);
-  std::vector<float> params(m.layer_floats(0));
-  init_layer(m, 0, 2, params);
-  Rng r(12);
-  for (auto& p : params) p += 0.3f * r.normal();
+  std::vector<float> params = noisy_layer(m, 0, 2, 0.3f, 12);
   const size_t n = static_cast<size_t>(d.B) * d.T * d.C;
   auto x = randn(n, 8);
   std::vector<int32_t> tgt = {0, 4, 12, 4, 7, 7, 2, 9};

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "tier/gpu.hpp"
+#include "trainer/cuda/adamw_params.hpp"
 #include "trainer/cuda/cuda_backend.hpp"
 #include "trainer/cuda/pipeline.hpp"
 #include "wire/errors.hpp"
@@ -22,7 +23,7 @@ class GpuOptimizer final : public OffloadOptimizer {
                 float* v_out, size_t n, const AdamWStep& s, bool decay, int64_t step) override {
     if (n == 0) return Status::ok();
     TIER_RETURN_IF_ERROR(prepare(p, m, v, p_out, m_out, v_out, n));
-    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, constants(s, decay, step));
+    return pipeline_->adamw({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, kernel_adamw(s, step, decay));
   }
 
   Status update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
@@ -30,7 +31,7 @@ class GpuOptimizer final : public OffloadOptimizer {
                      int64_t step) override {
     if (n == 0) return Status::ok();
     TIER_RETURN_IF_ERROR(prepare(p, m, v, p_out, m_out, v_out, n));
-    return pipeline_->adamw_bf16({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, constants(s, decay, step),
+    return pipeline_->adamw_bf16({p_out, n}, {m_out, n}, {v_out, n}, {g, n}, kernel_adamw(s, step, decay),
                                  {w_out, n});
   }
 
@@ -58,18 +59,6 @@ class GpuOptimizer final : public OffloadOptimizer {
     if (m_out != m) std::memcpy(m_out, m, n * sizeof(float));
     if (v_out != v) std::memcpy(v_out, v, n * sizeof(float));
     return Status::ok();
-  }
-
-  static AdamW constants(const AdamWStep& s, bool decay, int64_t step) {
-    AdamW h;
-    h.lr = s.lr;
-    h.beta1 = s.beta1;
-    h.beta2 = s.beta2;
-    h.eps = s.eps;
-    h.weight_decay = decay ? s.weight_decay : 0.0f;
-    h.step = static_cast<int>(step);
-    h.grad_scale = s.grad_scale;
-    return h;
   }
 };
 

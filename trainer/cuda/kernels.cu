@@ -197,15 +197,22 @@ __global__ void scale_k(float* p, float s, size_t n) { GRID_STRIDE(i, n) p[i] *=
 
 // ---- attention helpers ----
 
+// Element i of a [B, NH, T, HS] tensor (HS = C / NH) is element (b, t, h·HS + hs) of a token-major
+// tensor whose rows are `row` floats apart: returns that element's offset.
+__device__ __forceinline__ size_t token_major_offset(size_t i, int T, int C, int NH, size_t row) {
+  const int HS = C / NH;
+  const int hs = static_cast<int>(i % HS);
+  const int t = static_cast<int>((i / HS) % T);
+  const int h = static_cast<int>((i / (size_t(HS) * T)) % NH);
+  const size_t b = i / (size_t(HS) * T * NH);
+  return (b * T + t) * row + size_t(h) * HS + hs;
+}
+
 __global__ void split_heads_k(float* q, float* k, float* v, const float* qkv, int B, int T, int C, int NH) {
   const int HS = C / NH;
   const size_t n = size_t(B) * NH * T * HS;
   GRID_STRIDE(i, n) {
-    const int hs = static_cast<int>(i % HS);
-    const int t = static_cast<int>((i / HS) % T);
-    const int h = static_cast<int>((i / (size_t(HS) * T)) % NH);
-    const size_t b = i / (size_t(HS) * T * NH);
-    const size_t src = (b * T + t) * 3 * size_t(C) + size_t(h) * HS + hs;
+    const size_t src = token_major_offset(i, T, C, NH, 3 * size_t(C));
     q[i] = qkv[src];
     k[i] = qkv[src + C];
     v[i] = qkv[src + 2 * size_t(C)];
@@ -217,11 +224,7 @@ __global__ void merge_heads_qkv_k(float* dqkv, const float* dq, const float* dk,
   const int HS = C / NH;
   const size_t n = size_t(B) * NH * T * HS;
   GRID_STRIDE(i, n) {
-    const int hs = static_cast<int>(i % HS);
-    const int t = static_cast<int>((i / HS) % T);
-    const int h = static_cast<int>((i / (size_t(HS) * T)) % NH);
-    const size_t b = i / (size_t(HS) * T * NH);
-    const size_t dst = (b * T + t) * 3 * size_t(C) + size_t(h) * HS + hs;
+    const size_t dst = token_major_offset(i, T, C, NH, 3 * size_t(C));
     dqkv[dst] = dq[i];
     dqkv[dst + C] = dk[i];
     dqkv[dst + 2 * size_t(C)] = dv[i];
@@ -233,11 +236,7 @@ __global__ void permute_heads_k(float* out, const float* in, int B, int T, int C
   const int HS = C / NH;
   const size_t n = size_t(B) * NH * T * HS;
   GRID_STRIDE(i, n) {
-    const int hs = static_cast<int>(i % HS);
-    const int t = static_cast<int>((i / HS) % T);
-    const int h = static_cast<int>((i / (size_t(HS) * T)) % NH);
-    const size_t b = i / (size_t(HS) * T * NH);
-    const size_t btc = (b * T + t) * size_t(C) + size_t(h) * HS + hs;
+    const size_t btc = token_major_offset(i, T, C, NH, size_t(C));
     if (to_btc) out[btc] = in[i];
     else out[i] = in[btc];
   }
