@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "gpu_support.hpp"
@@ -34,17 +35,50 @@ std::vector<float> device_get(const float* d, size_t n, cudaStream_t s) {
   return h;
 }
 
+// A detached stager and a compute stream for the one-rank pipeline cases; a pipeline made on
+// them must be destroyed first (declared after).
+struct Device {
+  std::unique_ptr<tier::gpu::Stager> stager;
+  cudaStream_t compute = nullptr;
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  ~Device() {
+    if (compute) (void)cudaStreamDestroy(compute);
+  }
+};
+
+std::unique_ptr<Device> open_device() {
+  auto d = std::make_unique<Device>();
+  auto st = tier::gpu::Stager::create_detached();
+  REQUIRE(st.has_value());
+  d->stager = std::move(*st);
+  REQUIRE(cudaStreamCreateWithFlags(&d->compute, cudaStreamNonBlocking) == cudaSuccess);
+  return d;
+}
+
+// The compute stream writes `g` into layer 5's gradient buffer; `push` (push_grad or
+// push_grad_bf16 of layer 5) brings it back to the host, waited for.
+template <class Push> void push_gradient(tier::train::cuda::LayerPipeline& p, const std::vector<float>& g,
+                                         cudaStream_t compute, Push push) {
+  auto gbuf = p.grad_buffer(5, g.size());
+  REQUIRE(gbuf.has_value());
+  REQUIRE(cudaMemcpyAsync(*gbuf, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice, compute) ==
+          cudaSuccess);
+  auto t = push();
+  REQUIRE(t.has_value());
+  REQUIRE(t->wait().is_ok());
+}
+
 }  // namespace
 
 TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]") {
   if (!tier::test::have_cuda_device()) return;
-  auto stager = tier::gpu::Stager::create_detached();
-  REQUIRE(stager.has_value());
-  cudaStream_t compute = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  const auto dev = open_device();
+  cudaStream_t compute = dev->compute;
   const size_t n = 300007;
-  auto pl =
-      tier::train::cuda::LayerPipeline::create(**stager, nullptr, compute, {.shard_floats = n, .depth = 2});
+  auto pl = tier::train::cuda::LayerPipeline::create(*dev->stager, nullptr, compute,
+                                                     {.shard_floats = n, .depth = 2});
   REQUIRE(pl.has_value());
   auto& p = **pl;
 
@@ -52,7 +86,7 @@ TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]
   std::vector<std::vector<float>> shards;
   for (int l = 0; l < 3; ++l) {
     shards.push_back(ramp(n, static_cast<float>(l), 1.0f));
-    REQUIRE((*stager)->register_range(std::as_writable_bytes(std::span<float>(shards.back()))).is_ok());
+    REQUIRE(dev->stager->register_range(std::as_writable_bytes(std::span<float>(shards.back()))).is_ok());
   }
   for (int l = 0; l < 3; ++l) {
     auto full = p.fetch(l, shards[l]);
@@ -64,15 +98,9 @@ TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]
 
   // Gradient: the compute stream writes the buffer, push_grad lands it in the host shard.
   std::vector<float> grad_host(n, -1.0f);
-  REQUIRE((*stager)->register_range(std::as_writable_bytes(std::span<float>(grad_host))).is_ok());
-  auto gbuf = p.grad_buffer(5, n);
-  REQUIRE(gbuf.has_value());
+  REQUIRE(dev->stager->register_range(std::as_writable_bytes(std::span<float>(grad_host))).is_ok());
   const std::vector<float> g = ramp(n, -0.5f, 1.0f);
-  REQUIRE(cudaMemcpyAsync(*gbuf, g.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute) ==
-          cudaSuccess);
-  auto t = p.push_grad(5, grad_host);
-  REQUIRE(t.has_value());
-  REQUIRE(t->wait().is_ok());
+  push_gradient(p, g, compute, [&] { return p.push_grad(5, grad_host); });
   CHECK(grad_host == g);
 
   // GPU AdamW over host shards vs the CPU AdamW.
@@ -89,10 +117,9 @@ TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]
                     std::abs(double(v[i]) - vc[i])});
   CHECK(err <= 1e-6);
   pl->reset();
-  cudaStreamDestroy(compute);
 }
 
-TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters without MPI", "[gpu]") {
+TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters fp32 and bf16 without MPI", "[gpu][bf16]") {
   if (!tier::test::have_cuda_device()) return;
   auto comm = tier::train::cuda::NcclComm::create(0, 1, 0);
   REQUIRE(comm.has_value());
@@ -108,6 +135,20 @@ TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters without MPI", 
   REQUIRE(cudaMemset(b, 0, n * sizeof(float)) == cudaSuccess);
   REQUIRE((*comm)->reduce_scatter(a, b, n, nullptr).is_ok());
   CHECK(device_get(b, n, nullptr) == h);
+
+  // The same in bf16 (ncclBfloat16) on the bits of n bf16 values, which fill half the buffers.
+  std::vector<uint16_t> h16(n), got(n);
+  for (size_t i = 0; i < n; ++i) h16[i] = static_cast<uint16_t>(0x3f80 + i % 127);
+  auto* a16 = reinterpret_cast<uint16_t*>(a);
+  auto* b16 = reinterpret_cast<uint16_t*>(b);
+  REQUIRE(cudaMemcpy(a16, h16.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE((*comm)->all_gather_bf16(a16, b16, n, nullptr).is_ok());
+  REQUIRE(cudaMemcpy(got.data(), b16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(got == h16);
+  REQUIRE(cudaMemset(b16, 0, n * sizeof(uint16_t)) == cudaSuccess);
+  REQUIRE((*comm)->reduce_scatter_bf16(a16, b16, n, nullptr).is_ok());
+  REQUIRE(cudaMemcpy(got.data(), b16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(got == h16);
   cudaFree(a);
   cudaFree(b);
 }
@@ -115,13 +156,11 @@ TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters without MPI", 
 TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, AdamW of a bf16 gradient",
           "[gpu][bf16]") {
   if (!tier::test::have_cuda_device()) return;
-  auto stager = tier::gpu::Stager::create_detached();
-  REQUIRE(stager.has_value());
-  cudaStream_t compute = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  const auto dev = open_device();
+  cudaStream_t compute = dev->compute;
   const size_t n = 300007;
   namespace tt = tier::train;
-  auto pl = tt::cuda::LayerPipeline::create(**stager, nullptr, compute,
+  auto pl = tt::cuda::LayerPipeline::create(*dev->stager, nullptr, compute,
                                             {.shard_floats = n, .depth = 2, .bf16 = true});
   REQUIRE(pl.has_value());
   auto& p = **pl;
@@ -144,14 +183,8 @@ TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, 
 
   // An fp32 gradient on the device comes back as the host's rounding of it.
   std::vector<uint16_t> grad_host(n, 0xdead);
-  auto gbuf = p.grad_buffer(5, n);
-  REQUIRE(gbuf.has_value());
   const std::vector<float> g = ramp(n, -0.5f, 1.0f);
-  REQUIRE(cudaMemcpyAsync(*gbuf, g.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute) ==
-          cudaSuccess);
-  auto t = p.push_grad_bf16(5, grad_host);
-  REQUIRE(t.has_value());
-  REQUIRE(t->wait().is_ok());
+  push_gradient(p, g, compute, [&] { return p.push_grad_bf16(5, grad_host); });
   std::vector<uint16_t> g16(n);
   tt::f32_to_bf16(g.data(), g16.data(), n);
   CHECK(grad_host == g16);
@@ -175,35 +208,13 @@ TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, 
   tt::f32_to_bf16(pw.data(), w_of_p.data(), n);
   CHECK(w == w_of_p);
   // A bf16 fetch on a pipeline made for fp32 is refused.
-  auto fp32 = tt::cuda::LayerPipeline::create(**stager, nullptr, compute, {.shard_floats = 16, .depth = 1});
+  auto fp32 =
+      tt::cuda::LayerPipeline::create(*dev->stager, nullptr, compute, {.shard_floats = 16, .depth = 1});
   REQUIRE(fp32.has_value());
   CHECK((*fp32)->fetch_bf16(0, std::span<const uint16_t>(shards[0].data(), 16)).error().code() ==
         tier::Code::kInvalidArgument);
   fp32->reset();
   pl->reset();
-  cudaStreamDestroy(compute);
-}
-
-TEST_CASE("one-rank NCCL communicator gathers and reduce-scatters bf16", "[gpu][bf16]") {
-  if (!tier::test::have_cuda_device()) return;
-  auto comm = tier::train::cuda::NcclComm::create(0, 1, 0);
-  REQUIRE(comm.has_value());
-  const size_t n = 4096;
-  std::vector<uint16_t> h(n), got(n);
-  for (size_t i = 0; i < n; ++i) h[i] = static_cast<uint16_t>(0x3f80 + i % 127);
-  uint16_t *a = nullptr, *b = nullptr;
-  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&a), n * sizeof(uint16_t)) == cudaSuccess);
-  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&b), n * sizeof(uint16_t)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(a, h.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice) == cudaSuccess);
-  REQUIRE((*comm)->all_gather_bf16(a, b, n, nullptr).is_ok());
-  REQUIRE(cudaMemcpy(got.data(), b, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
-  CHECK(got == h);
-  REQUIRE(cudaMemset(b, 0, n * sizeof(uint16_t)) == cudaSuccess);
-  REQUIRE((*comm)->reduce_scatter_bf16(a, b, n, nullptr).is_ok());
-  REQUIRE(cudaMemcpy(got.data(), b, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
-  CHECK(got == h);
-  cudaFree(a);
-  cudaFree(b);
 }
 
 TEST_CASE("NCCL communicator without a device says so", "[gpu]") {

@@ -69,6 +69,27 @@ std::vector<double> run(TrainOptions o, Comm& comm, Backend& be, ShardStore& sto
   return l;
 }
 
+// The same with the state in pool `pool` of the tierd at `socket`, through the NCCL layer
+// pipeline or the host path.
+std::vector<double> run_in_tierd(const TrainOptions& o, Comm& comm, Backend& be, const std::string& socket,
+                                 const std::string& pool, bool pipeline) {
+  TierStoreOptions to;
+  to.socket = socket;
+  to.pool = pool;
+  auto store = make_tier_store(to);
+  INFO((store ? std::string("ok") : store.error().to_string()));
+  REQUIRE(store.has_value());
+  std::unique_ptr<LayerStream> ls;
+  if (pipeline) {
+    auto l = cuda::make_pipeline_stream(be, comm);
+    REQUIRE(l.has_value());
+    ls = std::move(*l);
+  }
+  std::vector<double> got = run(o, comm, be, **store, ls.get());
+  ls.reset();  // before the store: its stager is bound to the store's client
+  return got;
+}
+
 void check_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -86,6 +107,12 @@ std::unique_ptr<Comm> one_rank() {
   REQUIRE((*c)->size() == 1);
   return std::move(*c);
 }
+
+// The cases that keep the state in tierd: one on a temporary socket, and the one-rank comm.
+struct OneRankWithDaemon {
+  tier::test::TestDaemon daemon;
+  std::unique_ptr<Comm> comm = one_rank();
+};
 
 }  // namespace
 
@@ -141,11 +168,10 @@ TEST_CASE("1 rank of tiny through the layer pipeline matches the CPU backend", "
   }
 }
 
-TEST_CASE("1 rank of tiny through the layer pipeline with the state in tierd", "[gpu][trainer]") {
+TEST_CASE_METHOD(OneRankWithDaemon, "1 rank of tiny through the layer pipeline with the state in tierd",
+                 "[gpu][trainer]") {
   if (!tier::test::have_cuda_device()) return;
-  tier::test::TestDaemon daemon;
   REQUIRE(daemon.running());
-  auto comm = one_rank();
   TrainOptions o = tiny_options();
   o.buffers = 2;
   std::vector<double> want;
@@ -171,12 +197,11 @@ TEST_CASE("1 rank of tiny through the layer pipeline with the state in tierd", "
   check_close(got, want, 2e-3);
 }
 
-TEST_CASE("tier-train --checkpoint-activations on the GPU: host path, pipeline, offloaded to tierd",
-          "[gpu][trainer][checkpoint]") {
+TEST_CASE_METHOD(OneRankWithDaemon,
+                 "tier-train --checkpoint-activations on the GPU: host path, pipeline, offloaded to tierd",
+                 "[gpu][trainer][checkpoint]") {
   if (!tier::test::have_cuda_device()) return;
-  tier::test::TestDaemon daemon;
   REQUIRE(daemon.running());
-  auto comm = one_rank();
   TrainOptions o = tiny_options();
   o.model.layers = 3;  // blocks 1 and 2 would use block 3's activations if nothing recomputed
   o.buffers = 2;
@@ -205,23 +230,9 @@ TEST_CASE("tier-train --checkpoint-activations on the GPU: host path, pipeline, 
     check_close(got, want, 1e-4);
   }
   oc.offload_checkpoints = true;
-  TierStoreOptions to;
-  to.socket = daemon.socket();
-  to.pool = "gpu-checkpoint";
   for (const bool pipeline : {false, true}) {
     INFO((pipeline ? "pipeline" : "host path"));
-    auto store = make_tier_store(to);
-    INFO((store ? std::string("ok") : store.error().to_string()));
-    REQUIRE(store.has_value());
-    std::unique_ptr<LayerStream> ls;
-    if (pipeline) {
-      auto l = cuda::make_pipeline_stream(*be, *comm);
-      REQUIRE(l.has_value());
-      ls = std::move(*l);
-    }
-    const std::vector<double> got = run(oc, *comm, *be, **store, ls.get());
-    ls.reset();  // before the store: its stager is bound to the store's client
-    check_close(got, want, 1e-4);
+    check_close(run_in_tierd(oc, *comm, *be, daemon.socket(), "gpu-checkpoint", pipeline), want, 1e-4);
   }
   CHECK(cuda::backend_error(*be).empty());
 }
@@ -231,12 +242,11 @@ TEST_CASE("tier-train --checkpoint-activations on the GPU: host path, pipeline, 
 // reduce-scatters), and the GPU AdamW writing the bf16 working copy, with the state in tierd.
 // Each against the CPU backend's bf16 run (same bf16 state and rounding; fp32 GEMMs on both, so
 // only the gradient kernels' summation order differs) and the CPU's fp32 curve.
-TEST_CASE("tier-train --precision bf16 --checkpoint-activations on the GPU follows the CPU",
-          "[gpu][trainer][bf16]") {
+TEST_CASE_METHOD(OneRankWithDaemon,
+                 "tier-train --precision bf16 --checkpoint-activations on the GPU follows the CPU",
+                 "[gpu][trainer][bf16]") {
   if (!tier::test::have_cuda_device()) return;
-  tier::test::TestDaemon daemon;
   REQUIRE(daemon.running());
-  auto comm = one_rank();
   TrainOptions o = tiny_options();
   o.buffers = 2;
   o.checkpoint_activations = true;
@@ -257,25 +267,13 @@ TEST_CASE("tier-train --precision bf16 --checkpoint-activations on the GPU follo
   auto gpu_opt = cuda::make_gpu_optimizer(*be, &err);
   INFO(err);
   REQUIRE(gpu_opt != nullptr);
-  TierStoreOptions to;
-  to.socket = daemon.socket();
   for (const bool pipeline : {false, true})
     for (const bool gpu_adamw : {false, true}) {
       INFO((pipeline ? "pipeline" : "host path") << (gpu_adamw ? ", GPU AdamW" : ", CPU AdamW"));
       TrainOptions og = o;
       og.optimizer = gpu_adamw ? gpu_opt.get() : nullptr;
-      to.pool = std::string("gpu-bf16-") + (pipeline ? "p" : "h") + (gpu_adamw ? "g" : "c");
-      auto store = make_tier_store(to);
-      INFO((store ? std::string("ok") : store.error().to_string()));
-      REQUIRE(store.has_value());
-      std::unique_ptr<LayerStream> ls;
-      if (pipeline) {
-        auto l = cuda::make_pipeline_stream(*be, *comm);
-        REQUIRE(l.has_value());
-        ls = std::move(*l);
-      }
-      const std::vector<double> got = run(og, *comm, *be, **store, ls.get());
-      ls.reset();  // before the store: its stager is bound to the store's client
+      const std::string pool = std::string("gpu-bf16-") + (pipeline ? "p" : "h") + (gpu_adamw ? "g" : "c");
+      const std::vector<double> got = run_in_tierd(og, *comm, *be, daemon.socket(), pool, pipeline);
       check_close(got, bf16, 2e-3);
       check_close(got, fp32, 1e-2);
     }
