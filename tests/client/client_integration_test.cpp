@@ -161,6 +161,7 @@ TEST_CASE("a batch of leases is granted whole or not at all") {
   auto other = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 64 << 20}).has_value());
   std::vector<uint64_t> ids;
+  ids.reserve(4);
   for (int i = 0; i < 4; ++i) ids.push_back(make_tensor(*a, "p", "t" + std::to_string(i), 4096));
 
   auto held = other->lease(ids[2], LeaseMode::kWrite);
@@ -199,6 +200,7 @@ TEST_CASE("a batch larger than one reply still comes back whole") {
   auto a = connect_to(d);
   REQUIRE(a->create_pool("p", {.ram_quota = 512ull << 20}).has_value());
   std::vector<uint64_t> ids;
+  ids.reserve(1500);
   for (int i = 0; i < 1500; ++i) ids.push_back(make_tensor(*a, "p", "t" + std::to_string(i), 64));
   auto ls = a->lease_batch(ids, LeaseMode::kRead);
   REQUIRE(ls.has_value());
@@ -285,6 +287,7 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
   REQUIRE(admin->create_pool("p", {.ram_quota = 128 << 20}).has_value());
   constexpr int kThreads = 8, kProcs = 4, kRounds = 50;
   std::vector<uint64_t> own;
+  own.reserve(kThreads + kProcs);
   for (int i = 0; i < kThreads + kProcs; ++i)
     own.push_back(make_tensor(*admin, "p", "own" + std::to_string(i), 8192));
   uint64_t shared_id = make_tensor(*admin, "p", "shared", 8192);
@@ -345,6 +348,7 @@ TEST_CASE("many clients at once: threads with their own clients, one shared clie
   }
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads / 2);
   for (int t = 0; t < kThreads / 2; ++t)
     threads.emplace_back([&, t] {
       auto c = Client::connect(d.socket());

@@ -35,6 +35,7 @@ std::map<std::string, uint64_t> write_all(Client& c, const std::string& pool,
 
 void evict_some(Client& c, const std::string& pool, const std::vector<std::string>& names) {
   std::vector<uint64_t> ids;
+  ids.reserve(names.size());
   for (const auto& n : names) ids.push_back(c.open_tensor(pool, n)->id);
   REQUIRE(c.evict(pool, ids).is_ok());
 }

@@ -300,13 +300,15 @@ TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][tr
     return out;
   };
   // fp32, then bf16 (--backend cuda's default: bf16 all-gathers and reduce-scatters in NCCL).
-  for (const std::string precision : {" --precision fp32", ""}) {
-    INFO("precision:" << (precision.empty() ? " the default (bf16)" : precision));
-    const auto want =
-        losses(bin + args + " --backend cpu" + (precision.empty() ? " --precision bf16" : precision));
+  const std::string cpu = bin + args + " --backend cpu";
+  const std::string nccl = std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin + args +
+                           " --backend cuda --collectives nccl";
+  for (const char* precision : {" --precision fp32", ""}) {
+    const std::string p = precision;
+    INFO("precision:" << (p.empty() ? " the default (bf16)" : p));
+    const auto want = losses(cpu + (p.empty() ? " --precision bf16" : p));
     REQUIRE(want.size() == 5);
-    const auto got = losses(std::string(tier::test::kMpirun) + " -np 2 -x OMP_NUM_THREADS=1 " + bin + args +
-                            " --backend cuda --collectives nccl" + precision);
+    const auto got = losses(nccl + p);
     check_close(got, want, 3e-2);
   }
 }

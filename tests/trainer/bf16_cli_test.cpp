@@ -35,7 +35,9 @@ TEST_CASE("tier-train --precision bf16 is not refused with the GPU paths", "[tra
   // Without a GPU these runs stop at the device (exit 2 saying why), not at the precision.
   for (const std::string gpu :
        {" --backend cuda", " --backend cuda --collectives nccl --optimizer gpu", " --optimizer gpu"}) {
-    const TrainRun r = run_trainer(1, kTiny + " --precision bf16" + gpu);
+    std::string args = kTiny + " --precision bf16";
+    args += gpu;
+    const TrainRun r = run_trainer(1, args);
     INFO(gpu << ": " << r.stderr_text);
     CHECK(r.stderr_text.find("is not supported with") == std::string::npos);
     if (r.exit_code != 0) CHECK(r.stderr_text.find("cuda") != std::string::npos);

@@ -31,7 +31,7 @@ Status mpi_bcast(void* data, size_t bytes) {
 
 }  // namespace
 
-Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, int device, Broadcast bcast) {
+Result<std::unique_ptr<NcclComm>> NcclComm::create(int rank, int size, int device, const Broadcast& bcast) {
   if (size < 1 || rank < 0 || rank >= size)
     return fail(Code::kInvalidArgument,
                 "bad NCCL rank " + std::to_string(rank) + " of " + std::to_string(size));

@@ -30,7 +30,7 @@ class NcclComm {
   // MPI_Bcast on MPI_COMM_WORLD is used (MPI must be initialized, and no other thread may be
   // in MPI at the same time unless MPI runs in MPI_THREAD_MULTIPLE).
   [[nodiscard]] static Result<std::unique_ptr<NcclComm>> create(int rank, int size, int device,
-                                                                Broadcast bcast = {});
+                                                                const Broadcast& bcast = {});
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
