@@ -67,6 +67,10 @@ struct Config {
   double ram_dirty_background = 0.25;
   // Bytes each NVMe directory may use; empty: 90% of its filesystem's free space.
   std::string nvme_capacity;
+  // Threads that checksum spilled and fetched extents (0: the I/O loop's thread hashes). One
+  // hashes about 4.7 GB/s here (docs/nvme.md): size it to the tier's devices, about one per
+  // 4 GB/s of NVMe bandwidth. At most 256.
+  uint32_t nvme_hash_threads = 2;
   // Per-uid quotas over all the pools a uid owns; "" = unlimited. RAM: bytes or % of the RAM
   // tier, checked on usage before each allocation. NVMe: bytes, reserved from pool NVMe quotas.
   std::string uid_ram_quota, uid_nvme_quota;

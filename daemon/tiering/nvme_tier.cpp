@@ -26,6 +26,7 @@ using tiering::nvme_bytes;
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& catalog, RamTier& ram) {
   nvme::EngineOptions o;
+  o.hash_threads = cfg.nvme_hash_threads;
   for (const auto& d : cfg.nvme) {
     nvme::DirConfig dc;
     dc.path = d.path;

@@ -42,6 +42,7 @@ max_clients = 10
 max_leases_per_client = 99
 remove_arenas_on_exit = true
 log_level = "debug"
+nvme_hash_threads = 8
 )");
   REQUIRE(c);
   CHECK(c->socket == "/tmp/x.sock");
@@ -62,6 +63,7 @@ log_level = "debug"
   CHECK(c->max_leases_per_client == 99);
   CHECK(c->remove_arenas_on_exit);
   CHECK(c->log_level == "debug");
+  CHECK(c->nvme_hash_threads == 8);
 }
 
 TEST_CASE("config: errors name the problem") {
@@ -86,6 +88,8 @@ TEST_CASE("config: errors name the problem") {
   expect_err("nvme = [ { path = \"/a\", speed = 3 } ]", "nvme.speed");
   expect_err("status_interval_ms = 5", "status_interval_ms");
   expect_err("log_level = \"loud\"", "log_level");
+  expect_err("nvme_hash_threads = -1", "nvme_hash_threads");
+  expect_err("nvme_hash_threads = 257", "nvme_hash_threads");
   expect_err("state_dir = \"\"", "state_dir");
   expect_err("ram = \"1G\"\nram = \"2G\"", "line 2");
   expect_err("[section]\nx = 1", "unknown config key 'section'");
@@ -105,6 +109,7 @@ TEST_CASE("config: the shipped example parses and equals the defaults") {
   CHECK(c->pool_quota == d.pool_quota);
   CHECK(c->alignment == d.alignment);
   CHECK(c->max_leases_per_client == d.max_leases_per_client);
+  CHECK(c->nvme_hash_threads == d.nvme_hash_threads);
   // The commented nvme example is itself valid.
   std::string uncommented = ss.str();
   for (std::string from : {"# nvme = [", "#   { path = \"/mnt/nvme0/tierd\", numa_node = 0 },",

@@ -594,3 +594,32 @@ TEST_CASE("running out of file descriptors refuses clients but keeps serving") {
   CHECK(ok);
   CHECK(d.log().find("out of file descriptors") != std::string::npos);
 }
+
+// nvme_hash_threads reaches the NVMe engine: the daemon runs that many more threads (its
+// HashPool's) with 6 than with 0, everything else alike.
+TEST_CASE("config: nvme_hash_threads sets the NVMe tier's checksum workers") {
+  auto threads_with = [](int hash_threads) {
+    char tmpl[] = "/tmp/tierd-hash.XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    const std::string dir = tmpl;
+    {
+      std::ofstream cfg(dir + "/c.toml");
+      cfg << "nvme_capacity = \"64M\"\nnvme_hash_threads = " << hash_threads << "\n";
+    }
+    std::filesystem::create_directory(dir + "/nvme");
+    int n = -1;
+    {
+      TestDaemon d(opts({"--config", dir + "/c.toml", "--nvme-dir", dir + "/nvme"}));
+      REQUIRE(d.running());
+      n = 0;
+      for ([[maybe_unused]] const auto& e :
+           std::filesystem::directory_iterator("/proc/" + std::to_string(d.pid()) + "/task"))
+        ++n;
+    }
+    std::filesystem::remove_all(dir);
+    return n;
+  };
+  const int none = threads_with(0), six = threads_with(6);
+  INFO("threads with 0 hash threads: " << none << ", with 6: " << six);
+  CHECK(six - none == 6);
+}
