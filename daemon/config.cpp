@@ -1,6 +1,7 @@
 #include "daemon/config.hpp"
 #include "daemon/metrics_http.hpp"
 
+#include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include "tier/types.hpp"
@@ -106,8 +107,9 @@ Status check_nvme_listed_once(const std::vector<NvmeDir>& dirs, const std::strin
   const std::filesystem::path norm = std::filesystem::path(path).lexically_normal();
   for (const NvmeDir& d : dirs)
     if (std::filesystem::path(d.path).lexically_normal() == norm)
-      return Status(Code::kInvalidArgument, "nvme directory '" + path + "' (" + where_text +
-                                                ") is listed twice: its space would count twice");
+      return Status(Code::kInvalidArgument,
+                    fmt::format("nvme directory '{}' ({}) is listed twice: its space would count twice", path,
+                                where_text));
   return Status::ok();
 }
 

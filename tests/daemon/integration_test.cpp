@@ -139,6 +139,7 @@ TEST_CASE("many clients at once") {
   constexpr int kThreads = 8, kIters = 200;
   std::atomic<int> failures{0};
   std::vector<std::thread> ts;
+  ts.reserve(kThreads);
   for (int i = 0; i < kThreads; ++i) {
     ts.emplace_back([&, i] {
       auto c = RawClient::connect(d.socket());
