@@ -11,6 +11,7 @@
 
 #include "nvme/test_util.hpp"
 #include "run_helper.hpp"
+#include "spilling_daemon.hpp"
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
 
@@ -94,27 +95,21 @@ TEST_CASE("tier-train --precision bf16 with the state on NVMe gives the resident
           "[trainer][mpi][tier][nvme][bf16]") {
   // 0.83 M parameters, 25 MB of bf16 state (30 B/param double-buffered) against a 14 MiB RAM
   // quota: every step spills and fetches bf16 and fp32 shards. Same rank count, same arithmetic.
-  const tier::nvme::testing::TempDir dir;
-  REQUIRE(!dir.path().empty());
-  tier::test::DaemonOptions o;
-  o.ram = "64M";
-  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", dir.path()};
-  tier::test::TestDaemon daemon(o);
-  REQUIRE(daemon.running());
+  const tier::test::SpillingDaemon spill;
+  REQUIRE(spill.running());
   const std::string model =
       "--layers 4 --dim 128 --heads 4 --seq 16 --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1 "
       "--precision bf16";
   const TrainRun ref = run_trainer(1, model);
   REQUIRE(ref.exit_code == 0);
-  const std::string tier =
-      model + " --state tier --ram-quota 14M --nvme-quota 256M --socket " + daemon.socket();
+  const std::string tier = model + spill.tier_args();
   for (const std::string& extra : {std::string(" --job b1"), std::string(" --job b1o --overlap-optimizer")}) {
     const TrainRun got = run_trainer(1, tier + extra);
     INFO(extra << ": " << got.stderr_text);
     REQUIRE(got.exit_code == 0);
     CHECK(got.losses == ref.losses);
   }
-  auto c = tier::Client::connect(daemon.socket());
+  auto c = tier::Client::connect(spill.daemon.socket());
   REQUIRE(c.has_value());
   auto m = (*c)->metrics();
   REQUIRE(m.has_value());

@@ -12,6 +12,7 @@
 
 #include "nvme/test_util.hpp"
 #include "run_helper.hpp"
+#include "spilling_daemon.hpp"
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
 #include "trainer/trainer.hpp"
@@ -151,17 +152,11 @@ TEST_CASE("tier-train --offload-checkpoints with the pool on NVMe: bit-identical
           "[trainer][mpi][tier][nvme][checkpoint]") {
   // A RAM quota below the state (as in zero3_test's NVMe case): checkpoints and shards spill
   // and come back; the checkpoints' overwrite leases and discards must not lose a byte.
-  const tier::nvme::testing::TempDir nvme;
-  REQUIRE(!nvme.path().empty());
-  tier::test::DaemonOptions o;
-  o.ram = "64M";
-  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme.path()};
-  tier::test::TestDaemon daemon(o);
-  REQUIRE(daemon.running());
+  const tier::test::SpillingDaemon spill;
+  REQUIRE(spill.running());
   const std::string model =
-      "--layers 4 --dim 128 --heads 4 --seq 16 --steps 4 --batch 4 --lr 3e-3 --seed 3 --val-every -1 "
-      "--state tier --ram-quota 14M --nvme-quota 256M --socket " +
-      daemon.socket();
+      "--layers 4 --dim 128 --heads 4 --seq 16 --steps 4 --batch 4 --lr 3e-3 --seed 3 --val-every -1" +
+      spill.tier_args();
   DumpedRun ref, got;
   run_dumped(ref, 1, model + " --job plain");
   run_dumped(got, 1, model + " --job ck" + kCkpt + " --offload-checkpoints");

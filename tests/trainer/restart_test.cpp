@@ -16,6 +16,7 @@
 
 #include "nvme/test_util.hpp"
 #include "run_helper.hpp"
+#include "spilling_daemon.hpp"
 #include "support/daemon_fixture.hpp"
 
 using tier::test::run_trainer;
@@ -44,12 +45,7 @@ void check_losses(const std::map<long, double>& want, const TrainRun& r) {
 
 // The daemon of a restart case: RAM only, or a 64 MiB RAM tier over NVMe in `nvme_dir`.
 tier::test::DaemonOptions restart_daemon(bool on_nvme, const std::string& nvme_dir) {
-  tier::test::DaemonOptions o;
-  if (on_nvme) {
-    o.ram = "64M";
-    o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme_dir};
-  }
-  return o;
+  return on_nvme ? tier::test::spilling_daemon_options(nvme_dir) : tier::test::DaemonOptions{};
 }
 
 // tiny in RAM; on NVMe 4 blocks of width 128, whose double-buffered state is over a 14 MiB RAM

@@ -7,6 +7,7 @@
 
 #include "nvme/test_util.hpp"
 #include "run_helper.hpp"
+#include "spilling_daemon.hpp"
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
 
@@ -59,26 +60,18 @@ TEST_CASE("with the state on NVMe (RAM quota below it) training matches one resi
   // 4 blocks of width 128: 0.83 M parameters, 23 MB of state per rank with double buffering,
   // against a 14 MiB RAM quota (the update pins two layers of seven shards at once): every
   // step spills and fetches a good part of it.
-  // Removed however the test ends: NVMe files are preallocated by the GiB.
-  const tier::nvme::testing::TempDir dir;
-  REQUIRE(!dir.path().empty());
-  const std::string nvme = dir.path();
-  tier::test::DaemonOptions o;
-  o.ram = "64M";
-  o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
-  tier::test::TestDaemon daemon(o);
-  REQUIRE(daemon.running());
+  const tier::test::SpillingDaemon spill;
+  REQUIRE(spill.running());
   const std::string model =
       "--layers 4 --dim 128 --heads 4 --seq 16 --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1";
   const TrainRun ref = run_trainer(1, model);
   REQUIRE(ref.exit_code == 0);
-  const std::string tier =
-      model + " --state tier --ram-quota 14M --nvme-quota 256M --socket " + daemon.socket();
+  const std::string tier = model + spill.tier_args();
   require_same(ref, run_trainer(1, tier + " --job n1"), 1e-6);
   require_same(ref, run_trainer(1, tier + " --job n1o --overlap-optimizer"), 1e-6);
   require_same(ref, run_trainer(2, tier + " --job n2"), 1e-5);
 
-  auto c = tier::Client::connect(daemon.socket());
+  auto c = tier::Client::connect(spill.daemon.socket());
   REQUIRE(c.has_value());
   auto m = (*c)->metrics();
   REQUIRE(m.has_value());
