@@ -337,12 +337,6 @@ void print_summary(const RunSummary& r, const ShardStore& store) {
                static_cast<unsigned long long>(r.activation_bytes));
 }
 
-// The first option a bf16 run does not support, or null (also checked by train()).
-const char* bf16_unsupported(const TrainOptions& o) {
-  if (o.precision != Precision::kBf16) return nullptr;
-  return o.reshard ? "--reshard" : !o.dump_dir.empty() ? "--dump" : nullptr;
-}
-
 // --precision fp32|bf16, for the run and its --plan alike (docs/trainer.md, "Mixed precision").
 // Without it: bf16 with --backend cuda, fp32 otherwise. Once every option is parsed, a run
 // refuses the options bf16 does not support (exit 2).
@@ -354,7 +348,7 @@ void add_precision_option(CLI::App& app, TrainOptions& o, PlanOptions& po, Cli& 
   app.final_callback([&] {
     const std::string& p = c.precision.empty() ? (c.backend == "cuda" ? "bf16" : "fp32") : c.precision;
     o.precision = po.precision = p == "bf16" ? Precision::kBf16 : Precision::kFp32;
-    if (const char* what = bf16_unsupported(o); what && !c.do_plan) die(nullptr, bf16_refusal(what), 2);
+    if (tier::Status s = check_precision(o); !s && !c.do_plan) die(nullptr, s.message(), 2);
   });
 }
 

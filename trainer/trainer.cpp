@@ -83,22 +83,14 @@ uint64_t run_config_hash(const TrainOptions& o, int ranks) {
   return h;
 }
 
-namespace {
-// What --precision bf16 refuses, by option name (tier-train checks the same options before it
-// starts; this guards other callers of train()).
 Status check_precision(const TrainOptions& o) {
   if (o.precision == Precision::kFp32) return {};
   const char* what = o.reshard ? "--reshard" : !o.dump_dir.empty() ? "--dump" : nullptr;
   if (what == nullptr) return {};
-  return Status(Code::kInvalidArgument, bf16_refusal(what));
-}
-}  // namespace
-
-std::string bf16_refusal(const char* option) {
-  return fmt::format(
-      "--precision bf16 is not supported with {}: it reads and writes fp32 state; run it with "
-      "--precision fp32 (docs/trainer.md)",
-      option);
+  return Status(Code::kInvalidArgument,
+                fmt::format("--precision bf16 is not supported with {}: it reads and writes fp32 state; "
+                            "run it with --precision fp32 (docs/trainer.md)",
+                            what));
 }
 
 // One training step, the way its parts run:

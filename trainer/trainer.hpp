@@ -140,8 +140,10 @@ size_t activation_floats(const Dims& d, int layers, bool checkpoint, bool offloa
 [[nodiscard]] Result<RunSummary> train(const TrainOptions& opts, const Dataset& data, Comm& comm,
                                        Backend& backend, ShardStore& store, std::FILE* out);
 
-// Why --precision bf16 refuses `option` (e.g. "--dump"): the message tier-train prints.
-std::string bf16_refusal(const char* option);
+// kInvalidArgument naming the first option --precision bf16 does not run with (--reshard and
+// --dump, which read and write fp32 state); ok otherwise. train() checks it, and tier-train
+// before it starts.
+[[nodiscard]] Status check_precision(const TrainOptions& opts);
 
 // The hash a commit marker carries: the model, rank count, batch, seq, seed and buffering.
 uint64_t run_config_hash(const TrainOptions& opts, int ranks);
