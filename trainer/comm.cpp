@@ -36,6 +36,12 @@ bool launched_by_mpi() {
     if (std::getenv(v) != nullptr) return true;
   return false;
 }
+// A collective over one rank: its result is its input, copied to recv (unless it is there).
+Status one_rank_result(void* recv, const void* send, size_t bytes) {
+  if (recv != send) std::memmove(recv, send, bytes);
+  return {};
+}
+
 Status mpi_status(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return {};
   char msg[MPI_MAX_ERROR_STRING];
@@ -159,40 +165,28 @@ void Comm::run() {
 }
 
 Status Comm::start_allgather(const float* send, float* recv, size_t count, Request& req) {
-  if (size_ == 1) {
-    if (recv != send) std::memmove(recv, send, count * sizeof(float));
-    return {};
-  }
+  if (size_ == 1) return one_rank_result(recv, send, count * sizeof(float));
   return mpi_status(MPI_Iallgather(send, static_cast<int>(count), MPI_FLOAT, recv, static_cast<int>(count),
                                    MPI_FLOAT, MPI_COMM_WORLD, &req.req),
                     "MPI_Iallgather");
 }
 
 Status Comm::start_reduce_scatter(const float* send, float* recv, size_t count, Request& req) {
-  if (size_ == 1) {
-    if (recv != send) std::memmove(recv, send, count * sizeof(float));
-    return {};
-  }
+  if (size_ == 1) return one_rank_result(recv, send, count * sizeof(float));
   return mpi_status(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                                               MPI_COMM_WORLD, &req.req),
                     "MPI_Ireduce_scatter_block");
 }
 
 Status Comm::start_allgather_bf16(const uint16_t* send, uint16_t* recv, size_t count, Request& req) {
-  if (size_ == 1) {
-    if (recv != send) std::memmove(recv, send, count * sizeof(uint16_t));
-    return {};
-  }
+  if (size_ == 1) return one_rank_result(recv, send, count * sizeof(uint16_t));
   return mpi_status(MPI_Iallgather(send, static_cast<int>(count), MPI_UINT16_T, recv, static_cast<int>(count),
                                    MPI_UINT16_T, MPI_COMM_WORLD, &req.req),
                     "MPI_Iallgather");
 }
 
 Status Comm::start_alltoall_bf16(const uint16_t* send, uint16_t* chunks, size_t count, Request& req) {
-  if (size_ == 1) {
-    if (chunks != send) std::memmove(chunks, send, count * sizeof(uint16_t));
-    return {};
-  }
+  if (size_ == 1) return one_rank_result(chunks, send, count * sizeof(uint16_t));
   return mpi_status(MPI_Ialltoall(send, static_cast<int>(count), MPI_UINT16_T, chunks,
                                   static_cast<int>(count), MPI_UINT16_T, MPI_COMM_WORLD, &req.req),
                     "MPI_Ialltoall");
