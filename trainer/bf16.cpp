@@ -1,21 +1,16 @@
 #include "trainer/bf16.hpp"
 
+#include "chunked_simd.hpp"
+
 namespace tier::train {
 
 namespace {
 
 // Per OpenMP task: large enough to amortize the fork. The loops are written for the compiler
-// to vectorize (the NaN test becomes a select); each has an AVX2 variant chosen at run time,
-// so the build needs no -march flag.
+// to vectorize (the NaN test becomes a select).
 constexpr size_t kChunk = 1 << 15;
 
-#define TT_BF16_LOOP(body)                                                                             \
-  const long n_chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                  \
-  _Pragma("omp parallel for schedule(static) if (n_chunks > 1)") for (long c = 0; c < n_chunks; ++c) { \
-    const size_t lo = static_cast<size_t>(c) * kChunk;                                                 \
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                               \
-    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) body;                                         \
-  }
+#define TT_BF16_LOOP(body) TT_CHUNKED_SIMD(n, kChunk, body)
 
 __attribute__((target("avx2"))) void to_bf16_avx2(const float* src, bf16_t* dst, size_t n) {
   TT_BF16_LOOP(dst[i] = bf16_from_f32(src[i]))
@@ -25,11 +20,6 @@ __attribute__((target("avx2"))) void to_f32_avx2(const bf16_t* src, float* dst, 
   TT_BF16_LOOP(dst[i] = bf16_to_f32(src[i]))
 }
 void to_f32_generic(const bf16_t* src, float* dst, size_t n) { TT_BF16_LOOP(dst[i] = bf16_to_f32(src[i])) }
-
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
-}
 
 }  // namespace
 

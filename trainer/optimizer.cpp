@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "trainer/bf16.hpp"
+#include "chunked_simd.hpp"
 
 namespace tier::train {
 
@@ -22,19 +23,23 @@ AdamWStep make_step(const AdamWConfig& c, float lr, int64_t t, float grad_scale)
 
 namespace {
 
-// The element update, shared by every path. Written so that the compiler vectorizes it.
-#define TT_ADAMW_BODY(i)                                             \
-  {                                                                  \
-    const float gi = g[i] * gs;                                      \
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;                   \
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;              \
-    const float mhat = mi / c1;                                      \
-    const float vhat = vi / c2;                                      \
-    const float pi = p[i];                                           \
-    p_out[i] = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi); \
-    m_out[i] = mi;                                                   \
-    v_out[i] = vi;                                                   \
+// The element update, shared by every path (fp32 and bf16). Written so that the compiler
+// vectorizes it. GRAD is element i's fp32 gradient; AFTER runs last, with the new weight `po`.
+#define TT_ADAMW_ELEMENT(i, GRAD, AFTER)                                   \
+  {                                                                        \
+    const float gi = (GRAD) * gs;                                          \
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;                         \
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;                    \
+    const float mhat = mi / c1;                                            \
+    const float vhat = vi / c2;                                            \
+    const float pi = p[i];                                                 \
+    const float po = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi); \
+    p_out[i] = po;                                                         \
+    m_out[i] = mi;                                                         \
+    v_out[i] = vi;                                                         \
+    AFTER;                                                                 \
   }
+#define TT_ADAMW_BODY(i) TT_ADAMW_ELEMENT(i, g[i], (void)0)
 // The step's scalars as locals: the outputs may alias nothing the compiler can prove, so
 // reading them through `s` inside the loop would block vectorization.
 #define TT_ADAMW_LOCALS                                                                             \
@@ -44,17 +49,11 @@ namespace {
 // Chunk size per OpenMP task: large enough to amortize the fork, small enough to balance.
 constexpr size_t kChunk = 1 << 14;
 
-// The whole update over [0, n): chunks across OpenMP threads, each a SIMD loop. Both variants
-// below expand it; only their target attribute differs, so the compiler vectorizes each for
-// its own instruction set.
-#define TT_ADAMW_CHUNKS(BODY)                                                                      \
-  TT_ADAMW_LOCALS;                                                                                 \
-  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);                                \
-  _Pragma("omp parallel for schedule(static) if (chunks > 1)") for (long c = 0; c < chunks; ++c) { \
-    const size_t lo = static_cast<size_t>(c) * kChunk;                                             \
-    const size_t hi = lo + kChunk < n ? lo + kChunk : n;                                           \
-    _Pragma("omp simd") for (size_t i = lo; i < hi; ++i) BODY(i)                                   \
-  }
+// The whole update over [0, n) (trainer/chunked_simd.hpp). Both variants below expand it; only
+// their target attribute differs, so the compiler vectorizes each for its own instruction set.
+#define TT_ADAMW_CHUNKS(BODY) \
+  TT_ADAMW_LOCALS;            \
+  TT_CHUNKED_SIMD(n, kChunk, BODY(i))
 #define TT_ADAMW_LOOP TT_ADAMW_CHUNKS(TT_ADAMW_BODY)
 
 __attribute__((target("avx2"))) void update_avx2(const float* p, const float* m, const float* v,
@@ -69,20 +68,7 @@ void update_generic(const float* p, const float* m, const float* v, const float*
 }
 
 // bf16: the gradient widened (exactly), the fp32 update, and the rounded working copy.
-#define TT_ADAMW_BF16_BODY(i)                                              \
-  {                                                                        \
-    const float gi = bf16_to_f32(g[i]) * gs;                               \
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;                         \
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;                    \
-    const float mhat = mi / c1;                                            \
-    const float vhat = vi / c2;                                            \
-    const float pi = p[i];                                                 \
-    const float po = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi); \
-    p_out[i] = po;                                                         \
-    m_out[i] = mi;                                                         \
-    v_out[i] = vi;                                                         \
-    w_out[i] = bf16_from_f32(po);                                          \
-  }
+#define TT_ADAMW_BF16_BODY(i) TT_ADAMW_ELEMENT(i, bf16_to_f32(g[i]), w_out[i] = bf16_from_f32(po))
 #define TT_ADAMW_BF16_LOOP TT_ADAMW_CHUNKS(TT_ADAMW_BF16_BODY)
 
 __attribute__((target("avx2"))) void update_bf16_avx2(const float* p, const float* m, const float* v,
@@ -96,11 +82,6 @@ void update_bf16_generic(const float* p, const float* m, const float* v, const u
                          float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s,
                          float wd) {
   TT_ADAMW_BF16_LOOP
-}
-
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
-  return yes;
 }
 
 }  // namespace
