@@ -99,6 +99,15 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
   }
 }
 
+// The CUDA backend on device 0: fp32 GEMMs when `exact`, else bf16 tensor-core GEMMs.
+std::unique_ptr<Backend> cuda_backend(bool exact) {
+  std::string err;
+  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = exact}, &err);
+  INFO(err);
+  REQUIRE(be != nullptr);
+  return be;
+}
+
 std::unique_ptr<Comm> one_rank() {
   int argc = 0;
   char** argv = nullptr;
@@ -139,10 +148,7 @@ TEST_CASE("1 rank of tiny through the layer pipeline matches the CPU backend", "
 
   for (const bool exact : {true, false}) {
     DYNAMIC_SECTION((exact ? "fp32 GEMMs" : "bf16 GEMMs")) {
-      std::string err;
-      auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = exact}, &err);
-      INFO(err);
-      REQUIRE(be != nullptr);
+      auto be = cuda_backend(exact);
       // The host path on the same backend: the pipeline changes only how the bytes move.
       std::vector<double> host;
       {
@@ -180,21 +186,8 @@ TEST_CASE_METHOD(OneRankWithDaemon, "1 rank of tiny through the layer pipeline w
     auto store = make_resident_store();
     want = run(o, *comm, *cpu, *store, nullptr);
   }
-  std::string err;
-  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
-  INFO(err);
-  REQUIRE(be != nullptr);
-  TierStoreOptions to;
-  to.socket = daemon.socket();
-  to.pool = "gpu-pipeline";
-  auto store = make_tier_store(to);
-  INFO((store ? std::string("ok") : store.error().to_string()));
-  REQUIRE(store.has_value());
-  auto ls = cuda::make_pipeline_stream(*be, *comm);
-  REQUIRE(ls.has_value());
-  const std::vector<double> got = run(o, *comm, *be, **store, ls->get());
-  ls->reset();  // before the store: its stager is bound to the store's client
-  check_close(got, want, 2e-3);
+  auto be = cuda_backend(true);
+  check_close(run_in_tierd(o, *comm, *be, daemon.socket(), "gpu-pipeline", true), want, 2e-3);
 }
 
 TEST_CASE_METHOD(OneRankWithDaemon,
@@ -205,10 +198,7 @@ TEST_CASE_METHOD(OneRankWithDaemon,
   TrainOptions o = tiny_options();
   o.model.layers = 3;  // blocks 1 and 2 would use block 3's activations if nothing recomputed
   o.buffers = 2;
-  std::string err;
-  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
-  INFO(err);
-  REQUIRE(be != nullptr);
+  auto be = cuda_backend(true);
   std::vector<double> want;  // every block's activations kept, host path
   {
     auto store = make_resident_store();
@@ -260,10 +250,8 @@ TEST_CASE_METHOD(OneRankWithDaemon,
     bf16 = run(o, *comm, *cpu, *store16, nullptr);
   }
   check_close(bf16, fp32, 1e-2);
+  auto be = cuda_backend(true);
   std::string err;
-  auto be = cuda::make_cuda_backend({.device = 0, .exact_gemm = true}, &err);
-  INFO(err);
-  REQUIRE(be != nullptr);
   auto gpu_opt = cuda::make_gpu_optimizer(*be, &err);
   INFO(err);
   REQUIRE(gpu_opt != nullptr);
