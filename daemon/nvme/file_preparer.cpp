@@ -46,17 +46,18 @@ std::string FilePreparer::data_path(uint32_t index) const {
 void FilePreparer::start(uint32_t index) {
   std::lock_guard lk(mu_);
   if (ready_ == index || want_ == index || error_index_ == index) return;
+  want_locked(index);
+  cv_.notify_all();
+}
+
+void FilePreparer::want_locked(uint32_t index) {
   want_ = index;
   if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
-  cv_.notify_all();
 }
 
 Result<int> FilePreparer::take(uint32_t index) {
   std::unique_lock lk(mu_);
-  if (ready_ != index && error_index_ != index && want_ != index) {
-    want_ = index;
-    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
-  }
+  if (ready_ != index && error_index_ != index && want_ != index) want_locked(index);
   urgent_ = true;
   cv_.notify_all();
   cv_.wait(lk, [&] { return ready_ == index || error_index_ == index; });

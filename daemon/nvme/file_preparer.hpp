@@ -58,6 +58,8 @@ class FilePreparer {
 
  private:
   void run();
+  // Makes `index` the file to prepare next, starting the worker on first use. Holds mu_.
+  void want_locked(uint32_t index);
   Status prepare(uint32_t index, int& fd_out);
   // Waits while the engine is busy and nobody needs the file now; false when stopping.
   bool may_write();
