@@ -63,8 +63,8 @@ Result<Plan> make_plan(const PlanOptions& in) {
   p.params = m.num_params();
   p.ranks = o.nodes * o.gpus_per_node;
 
-  // State: the tensors a run creates in each node's pool (fp32 params, grads and AdamW
-  // moments, `buffers` copies; offloaded checkpoints), as tierd charges them.
+  // State: the tensors a run creates in each node's pool (params, grads, AdamW moments and,
+  // bf16, fp32 masters, in `buffers` copies; offloaded checkpoints), as tierd charges them.
   p.state_node = static_cast<double>(p.mem.node.total());
   p.state_total = p.state_node * o.nodes;
   p.state_rank = static_cast<double>(p.mem.rank.total());
