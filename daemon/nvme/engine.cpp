@@ -390,6 +390,8 @@ void Engine::io_done(uint64_t op_id, size_t ext, size_t chunk, int64_t result) {
   } else if (!op.write && !part.failed) {
     if (c.bounce) std::memcpy(op.base + part.pos + c.pos, c.bounce.get(), c.len);
     c.done = true;
+  } else if (op.write) {
+    note_written(e, static_cast<uint64_t>(result));
   }
   c.bounce.reset();
   --part.pending;
@@ -425,14 +427,31 @@ void Engine::start_sync(uint64_t op_id) {
   }
 }
 
+// Write-behind flush (EngineOptions::flush_behind_bytes): a file that has taken that many
+// bytes of writes since its last sync was issued gets one with no spill waiting on it. Spills
+// still wait only for a sync issued after their writes completed (start_sync), so durability is
+// unchanged; what changes is how much the device has left to persist when that sync comes.
+void Engine::note_written(const Extent& e, uint64_t bytes) {
+  uint64_t key = (uint64_t{e.dir} << 32) | e.file;
+  FileSync& f = syncs_[key];
+  f.unsynced += bytes;
+  if (opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes && !f.in_flight &&
+      f.waiting.empty())
+    sync_due_.push_back(key);
+}
+
 void Engine::issue_syncs() {
   auto due = std::move(sync_due_);
   sync_due_.clear();
   for (uint64_t key : due) {
     FileSync& f = syncs_[key];
-    if (f.in_flight || f.waiting.empty()) continue;
+    if (f.in_flight) continue;
+    const bool behind = opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes;
+    if (f.waiting.empty() && !behind) continue;
+    if (f.waiting.empty()) ++counters_.behind_syncs;
     f.covered = std::move(f.waiting);
     f.waiting.clear();
+    f.unsynced = 0;
     f.in_flight = true;
     auto dir = static_cast<uint16_t>(key >> 32);
     auto file = static_cast<uint32_t>(key & 0xffffffffu);
@@ -454,11 +473,21 @@ void Engine::sync_done(uint64_t key, int64_t result) {
     err = Status::from_errno(static_cast<int>(-result),
                              fmt::format("fdatasync {}", store_->dir(dir).file_path(file)));
     log_error("nvme: {}", err.message());
-    // Writes that completed while the failed sync ran may have been written back by it, their
-    // error consumed by it: a later sync could report success for bytes that never landed.
+    // Any write to the file that completed before or while the failed sync ran may have been
+    // written back by it, its error consumed by it: a later sync could report success for bytes
+    // that never landed. So every spill with writes to the file fails, not only those the sync
+    // covered: the waiting ones, and those still writing (a write-behind sync covers no spill).
     done.insert(done.end(), f.waiting.begin(), f.waiting.end());
     f.waiting.clear();
-  } else if (!f.waiting.empty()) {
+    for (auto& [id, op] : ops_) {
+      if (!op->write || !op->error.is_ok()) continue;
+      for (const Extent& e : op->loc.extents)
+        if (((uint64_t{e.dir} << 32) | e.file) == key) {
+          op->error = err;
+          break;
+        }
+    }
+  } else if (!f.waiting.empty() || (opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes)) {
     sync_due_.push_back(key);
   }
   for (uint64_t op_id : done) {

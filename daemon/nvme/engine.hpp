@@ -71,6 +71,13 @@ struct EngineOptions {
   // Write each new data file once (zeros) before use, one file ahead, while the engine is
   // idle, so spills never convert unwritten extents (O_DIRECT directories; file_preparer.hpp).
   bool prepare_files = true;
+  // Write-behind flush: once this many bytes of spill writes to one data file have completed
+  // since its last fdatasync was issued, the engine issues one more on its own, while the spill
+  // goes on. A device with a volatile write cache (an NVMe drive without power-loss protection,
+  // a virtio disk over the host's page cache) then persists a long spill as it streams, and the
+  // fdatasync the spill waits for at its end finds only the tail to write back, not the whole
+  // burst. 0: only the syncs spills wait for (group commit).
+  uint64_t flush_behind_bytes = uint64_t{64} << 20;
   // Test hook: wraps each directory's backend (e.g. in a FaultBackend). May be empty.
   WrapBackend wrap_backend;
 };
@@ -93,6 +100,7 @@ struct EngineStats {
   std::vector<DirStats> dirs;
   uint64_t spills = 0, fetches = 0, spill_bytes = 0, fetch_bytes = 0;
   uint64_t io_errors = 0, checksum_failures = 0;
+  uint64_t behind_syncs = 0;  // write-behind fdatasyncs issued (flush_behind_bytes), no spill waiting
   // Seconds during which at least one spill or fetch was in flight. (spill_bytes + fetch_bytes)
   // / busy_s is the bandwidth the tier delivers when busy: what prefetch timing should use.
   double busy_s = 0;
@@ -168,6 +176,7 @@ class Engine {
   void settle(uint64_t op_id);  // an op's I/O and hashes are done: sync a spill, else finish
   void start_sync(uint64_t op_id);
   void issue_syncs();
+  void note_written(const Extent& e, uint64_t bytes);  // a spill's write completed: write-behind
   void sync_done(uint64_t key, int64_t result);
   void finish(uint64_t op_id);
 
@@ -176,6 +185,7 @@ class Engine {
     bool in_flight = false;
     std::vector<uint64_t> waiting;  // spills whose writes to the file completed: the next sync
     std::vector<uint64_t> covered;  // spills the sync in flight covers
+    uint64_t unsynced = 0;          // bytes of writes completed since the last sync was issued
   };
 
   EngineOptions opts_;

@@ -336,3 +336,71 @@ TEST_CASE("engine: a failed fdatasync fails the spill, frees its extents, keeps 
   CHECK(f->is_ok());
   CHECK(std::memcmp(a.data(), back.data(), a.size()) == 0);
 }
+
+// Write-behind flush (EngineOptions::flush_behind_bytes): a 4 MiB spill of 16 requests whose last
+// write is held back. With a 1 MiB interval the engine issues an fdatasync on its own while that
+// write is outstanding; the spill is still reported only after a sync issued after its last write.
+TEST_CASE(
+    "engine: a long spill gets write-behind fdatasyncs while it streams, and is reported once durable") {
+  TempDir dir;
+  EngineOptions o = options({dir.sub("a")});
+  const uint64_t interval = GENERATE(uint64_t{0}, uint64_t{1} << 20);
+  o.flush_behind_bytes = interval;
+  FaultyEngine fe(o);
+  Spills s;
+  Buffer a(4u << 20);
+  a.fill(80);
+  const uint64_t requests = a.size() / o.request_size;
+  fe.set_rules({{FaultKind::kHold, IoOp::kWrite, requests, 0}});
+  s.start(*fe.e, 1, a.cspan());
+  REQUIRE(pump(*fe.e, [&] { return fe.holding() == 1 && fe.bytes_written() == a.size() - o.request_size; }));
+  // Let any write-behind sync complete while the last write is still held back.
+  REQUIRE(pump(*fe.e, [&] { return fe.syncs() == fe.e->stats().behind_syncs; }));
+  fe.e->poll();
+  CHECK(s.reported.empty());
+  if (interval == 0) {
+    CHECK(fe.e->stats().behind_syncs == 0);
+  } else {
+    CHECK(fe.e->stats().behind_syncs >= 1);
+    CHECK(fe.syncs() >= 1);
+    CHECK(fe.faults[0]->volatile_bytes() < a.size() - o.request_size);  // the burst is persisting
+  }
+  fe.set_rules({});
+  fe.release_held();
+  REQUIRE(pump(*fe.e, [&] { return s.reported.size() == 1; }));
+  REQUIRE(s.reported.at(1).has_value());
+  CHECK(fe.syncs() == fe.e->stats().behind_syncs + 1);  // and one the spill waited for
+  CHECK(fe.faults[0]->volatile_bytes() == 0);
+  // A power loss right after the report forgets nothing.
+  auto lost = fe.faults[0]->power_loss();
+  REQUIRE(lost.has_value());
+  CHECK(*lost == 0);
+}
+
+// A failed fdatasync may have consumed the write-back error of any write to its file that
+// completed before it, including writes of a spill that was not waiting on it (a write-behind
+// sync covers no spill): that spill must fail, or a later sync would report its lost bytes durable.
+TEST_CASE("engine: a failed write-behind fdatasync fails the spill still writing to that file") {
+  TempDir dir;
+  EngineOptions o = options({dir.sub("a")});
+  o.flush_behind_bytes = 1u << 20;
+  FaultyEngine fe(o);
+  Spills s;
+  Buffer a(4u << 20);
+  a.fill(81);
+  uint64_t used = fe.e->stats().used;
+  const uint64_t requests = a.size() / o.request_size;
+  fe.set_rules({{FaultKind::kHold, IoOp::kWrite, requests, 0}, {FaultKind::kEio, IoOp::kSync, 1, 0}});
+  s.start(*fe.e, 1, a.cspan());
+  REQUIRE(pump(*fe.e, [&] { return fe.holding() == 1 && fe.e->stats().io_errors == 1; }));
+  CHECK(s.reported.empty());  // its last write is still held back
+  fe.set_rules({});
+  fe.release_held();
+  REQUIRE(pump(*fe.e, [&] { return s.reported.size() == 1; }));
+  const Result<NvmeLocation>& r = s.reported.at(1);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == Code::kIo);
+  CHECK_THAT(r.error().message(), Catch::Contains("spill of tensor 1") && Catch::Contains("fdatasync"));
+  CHECK(fe.e->stats().used == used);  // its extents were freed
+  CHECK(fe.e->stats().behind_syncs >= 1);
+}
