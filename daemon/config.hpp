@@ -71,6 +71,11 @@ struct Config {
   // hashes about 4.7 GB/s here (docs/nvme.md): size it to the tier's devices, about one per
   // 4 GB/s of NVMe bandwidth. At most 256.
   uint32_t nvme_hash_threads = 2;
+  // Write-behind flush: after this many bytes of spill writes to one NVMe data file, tierd
+  // issues an fdatasync without waiting for it, so that a long spill is persisted as it
+  // streams and the flush it waits for at its end has only the tail left (docs/nvme.md). Bytes
+  // ("64M", or an integer); "0" turns it off.
+  std::string nvme_flush_behind = "64M";
   // Per-uid quotas over all the pools a uid owns; "" = unlimited. RAM: bytes or % of the RAM
   // tier, checked on usage before each allocation. NVMe: bytes, reserved from pool NVMe quotas.
   std::string uid_ram_quota, uid_nvme_quota;

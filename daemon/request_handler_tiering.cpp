@@ -125,9 +125,17 @@ std::string RequestHandler::tier_metrics_text() const {
   o += "# HELP tierd_nvme_registered_buffers 1 when the arenas are io_uring fixed buffers for this directory "
        "(prefault = true).\n"
        "# TYPE tierd_nvme_registered_buffers gauge\n";
-  for (const auto& d : state_.tiering->engine().stats().dirs)
+  const nvme::EngineStats es = state_.tiering->engine().stats();
+  uint64_t syncs = 0;
+  for (const auto& d : es.dirs) {
     o += fmt::format("tierd_nvme_registered_buffers{{path=\"{}\"}} {}\n", label_escape(d.path),
                      d.registered_buffers ? 1 : 0);
+    syncs += d.syncs;
+  }
+  metric("tierd_nvme_syncs_total", "fdatasyncs of NVMe data files completed (spills' and write-behind).",
+         syncs);
+  metric("tierd_nvme_flush_behind_syncs_total",
+         "Write-behind fdatasyncs issued while spills streamed (nvme_flush_behind).", es.behind_syncs);
   metric("tierd_cleaned_bytes_total",
          "Bytes written back ahead of need while the NVMe device was idle (ram_dirty_background).",
          t.cleaned_bytes);
@@ -136,7 +144,6 @@ std::string RequestHandler::tier_metrics_text() const {
   metric("tierd_fetches_skipped_total",
          "Overwrite leases on tensors only on NVMe, placed in RAM without a read.", t.fetches_skipped);
   metric("tierd_writeback_errors_total", "Write-backs that failed.", t.writeback_errors);
-  nvme::EngineStats es = state_.tiering->engine().stats();
   metric("tierd_nvme_checksum_failures_total", "Extents whose checksum did not match.", es.checksum_failures);
   return o;
 }

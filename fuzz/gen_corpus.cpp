@@ -187,6 +187,7 @@ void config_corpus() {
   put_text(t, "bad_size", "ram = \"lots\"\n");
   put_text(t, "types", "ram = 17\nwatchdog = \"yes\"\nnvme = 3\n");
   put_text(t, "hash_threads", "nvme_hash_threads = 8\nnvme_hash_threads = 257\n");
+  put_text(t, "flush_behind", "nvme_flush_behind = \"16M\"\nnvme_flush_behind = \"5%\"\n");
   put_text(t, "nvme_twice",
            "nvme = [ { path = \"/mnt/nvme0/tier\" }, { path = \"/mnt/nvme0//tier/.\", numa_node = 1 } ]\n");
   std::error_code ec;

@@ -43,6 +43,7 @@ max_leases_per_client = 99
 remove_arenas_on_exit = true
 log_level = "debug"
 nvme_hash_threads = 8
+nvme_flush_behind = "16M"
 )");
   REQUIRE(c);
   CHECK(c->socket == "/tmp/x.sock");
@@ -64,6 +65,7 @@ nvme_hash_threads = 8
   CHECK(c->remove_arenas_on_exit);
   CHECK(c->log_level == "debug");
   CHECK(c->nvme_hash_threads == 8);
+  CHECK(c->nvme_flush_behind == "16M");
 }
 
 TEST_CASE("config: errors name the problem") {
@@ -90,6 +92,9 @@ TEST_CASE("config: errors name the problem") {
   expect_err("log_level = \"loud\"", "log_level");
   expect_err("nvme_hash_threads = -1", "nvme_hash_threads");
   expect_err("nvme_hash_threads = 257", "nvme_hash_threads");
+  expect_err("nvme_flush_behind = \"10%\"", "nvme_flush_behind");
+  expect_err("nvme_flush_behind = -1", "nvme_flush_behind");
+  expect_err("nvme_flush_behind = \"fast\"", "nvme_flush_behind");
   expect_err("state_dir = \"\"", "state_dir");
   expect_err("ram = \"1G\"\nram = \"2G\"", "line 2");
   expect_err("[section]\nx = 1", "unknown config key 'section'");
@@ -110,6 +115,7 @@ TEST_CASE("config: the shipped example parses and equals the defaults") {
   CHECK(c->alignment == d.alignment);
   CHECK(c->max_leases_per_client == d.max_leases_per_client);
   CHECK(c->nvme_hash_threads == d.nvme_hash_threads);
+  CHECK(c->nvme_flush_behind == d.nvme_flush_behind);
   // The commented nvme example is itself valid.
   std::string uncommented = ss.str();
   for (std::string from : {"# nvme = [", "#   { path = \"/mnt/nvme0/tierd\", numa_node = 0 },",

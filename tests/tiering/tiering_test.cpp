@@ -527,6 +527,41 @@ TEST_CASE("a full NVMe tier (nvme_capacity) gives a clear error and loses nothin
   }
 }
 
+// nvme_flush_behind reaches the engine: evicting a 64 MiB tensor (64 writes of 1 MiB, at most 32
+// in flight) with a 1 MiB interval makes tierd flush while the write-back streams; "0" never
+// does. Either way the copy comes back bit-exact and every spill still waits for its own sync.
+TEST_CASE("nvme_flush_behind: write-behind fdatasyncs during a long write-back, none when 0") {
+  for (const char* interval : {"1M", "0"}) {
+    INFO("nvme_flush_behind = " << interval);
+    TempDir nvme;
+    TestDaemon d(nvme_opts(nvme.path, "256M", std::string("nvme_flush_behind = \"") + interval + "\"\n"));
+    auto c = connect_to(d);
+    REQUIRE(c->create_pool("p"));
+    auto t = c->create_tensor("p", desc("w", 64u << 20));
+    REQUIRE(t);
+    uint64_t h = write_tensor(*c, t->id, 11);
+    uint64_t id = t->id;
+    REQUIRE(c->evict("p", {&id, 1}).is_ok());
+    CHECK(tiers_of(*c, "p", "w") == kTierNvme);
+    const uint64_t behind = metric_value(*c, "tierd_nvme_flush_behind_syncs_total");
+    const uint64_t syncs = metric_value(*c, "tierd_nvme_syncs_total");
+    if (std::string(interval) == "0") CHECK(behind == 0);
+    else CHECK(behind >= 1);
+    CHECK(syncs >= behind + 1);
+    CHECK(read_hash(*c, id) == h);
+  }
+}
+
+TEST_CASE("a bad nvme_flush_behind stops tierd at start with the key named") {
+  TempDir nvme;
+  DaemonOptions o = nvme_opts(nvme.path, "16M", "nvme_flush_behind = \"5%\"\n");
+  o.wait_ready = false;
+  TestDaemon d(o);
+  CHECK_FALSE(d.wait_ready(5000));
+  CHECK_FALSE(d.running());
+  CHECK_THAT(d.log(), Catch::Contains("nvme_flush_behind"));
+}
+
 TEST_CASE("the tmpfs fallback (NVMe dir under /dev/shm) works end to end") {
   TempDir nvme("/dev/shm");
   TestDaemon d(nvme_opts(nvme.path, "8M"));
