@@ -72,3 +72,42 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures w
   // The bench cleans up after itself.
   CHECK(std::filesystem::is_empty(dir.path()));
 }
+
+// --no-ceiling (what tools/bench-deepnvme's tierd side runs): the engine's figures only, with no
+// raw ceiling loops between its samples, so baseline and ratio are 0 and no candidate is named.
+TEST_CASE("tier-bench nvme --no-ceiling measures the engine alone; it needs --only-bandwidth") {
+  std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
+  if (!std::filesystem::exists(bench)) {
+    WARN("skipped: " << bench << " is not built");
+    return;
+  }
+  tier::nvme::testing::TempDir dir;
+  CHECK(WEXITSTATUS(
+            ::system((bench + " nvme --no-ceiling --dir " + dir.path() + " >/dev/null 2>&1").c_str())) == 2);
+  std::string cmd = bench +
+                    " nvme --json --only-bandwidth --no-ceiling --no-fresh --samples 1 --sizes 1M,4M" +
+                    " --flush-behind 1M --dir " + dir.path() + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::map<std::string, int> seen;
+  char line[4096];
+  while (fgets(line, sizeof line, p)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    REQUIRE((j.is_object() && j.contains("name")));
+    std::string name = j.at("name");
+    ++seen[name];
+    if (name == "nvme.spill" || name == "nvme.fetch") {
+      CHECK(double(j.at("value")) > 0);
+      CHECK(double(j.at("baseline")) == 0);
+      CHECK(double(j.at("ratio")) == 0);
+      CHECK_FALSE(j.contains("baseline_name"));
+    }
+  }
+  int status = ::pclose(p);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(seen["nvme.spill"] == 2);
+  CHECK(seen["nvme.fetch"] == 2);
+  CHECK(seen.size() == 3);  // and nvme.spill_syncs: no fresh tier, no daemon plan
+  CHECK(std::filesystem::is_empty(dir.path()));
+}

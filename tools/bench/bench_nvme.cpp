@@ -165,6 +165,7 @@ EngineOptions engine_options(const BenchOptions& o, const std::string& dir, cons
   eo.request_size = kRequestSize;
   eo.format = true;
   eo.prepare_files = !o.no_prepare;
+  if (o.flush_behind >= 0) eo.flush_behind_bytes = static_cast<uint64_t>(o.flush_behind);
   return eo;
 }
 
@@ -214,8 +215,11 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
   MemRegion regions[] = {{src.get(), total}, {dst.get(), total}};
   e.register_memory(regions);  // as the daemon registers its arenas
   RawFile rf;
-  if (!rf.open(dir + "/baseline.raw", total, 64)) return false;
+  if (!o.no_ceiling && !rf.open(dir + "/baseline.raw", total, 64)) return false;
   RawCeiling ceiling(rf, o.quick);
+  // The ceiling's samples, or with --no-ceiling none (its figures are then 0).
+  auto ceiling_sample = [&](uint64_t n) { return o.no_ceiling || ceiling.sample(src.get(), dst.get(), n); };
+  auto ratio = [](double v, double base) { return base > 0 ? v / base : 0.0; };
   std::vector<NvmeLocation> locs;
   // Steady state: the engine's extents have been written before (a training job rewrites the
   // same tensors step after step), as the raw file's blocks have.
@@ -239,10 +243,10 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
       bool ok;
       if (s % 2 == 0) {
         a = engine_spill(e, src.get(), n, size, locs);
-        ok = ceiling.sample(src.get(), dst.get(), n);
+        ok = ceiling_sample(n);
         d = engine_fetch(e, dst.get(), size, locs);
       } else {
-        ok = ceiling.sample(src.get(), dst.get(), n);
+        ok = ceiling_sample(n);
         a = engine_spill(e, src.get(), n, size, locs);
         d = engine_fetch(e, dst.get(), size, locs);
       }
@@ -256,8 +260,8 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     }
     RawCeiling::Best w = ceiling.best(true), r = ceiling.best(false);
     double vs = median(es), vf = median(ef);
-    emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", w.bw / 1e9, vs / w.bw}, w.name);
-    emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", r.bw / 1e9, vf / r.bw}, r.name);
+    emit(o, {"nvme.spill", size, vs / 1e9, "GB/s", w.bw / 1e9, ratio(vs, w.bw)}, w.name);
+    emit(o, {"nvme.fetch", size, vf / 1e9, "GB/s", r.bw / 1e9, ratio(vf, r.bw)}, r.name);
     const double tensors = static_cast<double>(n) / static_cast<double>(size);  // n: a multiple of size
     double per_tensor = static_cast<double>(syncs() - syncs_before) / (samples * tensors);
     emit(o, {"nvme.spill_syncs", size, per_tensor, "syncs/tensor", 1.0, per_tensor});
@@ -282,14 +286,14 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     double vfirst = median(first);
     emit(o,
          {"nvme.spill.first", size, vfirst / 1e9, "GB/s", write_ceiling[size] / 1e9,
-          vfirst / write_ceiling[size]},
+          ratio(vfirst, write_ceiling[size])},
          write_winner[size]);
   }
   if (st.prepared > 0) {
     // What a fresh tier costs at start-up: one data file per directory written with zeros,
     // whatever the tier's capacity (later files are prepared while the engine is idle).
     double bw = static_cast<double>(st.prepared) / median(startup_s);
-    emit(o, {"nvme.prepare", st.prepared, bw / 1e9, "GB/s", raw.write_bw / 1e9, bw / raw.write_bw},
+    emit(o, {"nvme.prepare", st.prepared, bw / 1e9, "GB/s", raw.write_bw / 1e9, ratio(bw, raw.write_bw)},
          write_winner[sizes.back()]);
   }
   e.register_memory({});  // src and dst are freed next: they must not stay registered

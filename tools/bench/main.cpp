@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--samples", o.samples, "nvme suite: samples per spill/fetch figure (default 3)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--only-bandwidth", o.only_bandwidth, "nvme suite: spill/fetch figures only (no daemon plan)");
+  CLI::Option* only_bandwidth = app.add_flag("--only-bandwidth", o.only_bandwidth,
+                                             "nvme suite: spill/fetch figures only (no daemon plan)");
   app.add_option("--stripe-dir", o.stripe_dirs,
                  "nvme suite: another directory (device) the engine stripes over; repeatable. The raw "
                  "ceiling stays that of --dir alone, so the ratio shows the scaling");
@@ -63,6 +64,14 @@ int main(int argc, char** argv) {
                "nvme suite: skip the fresh-tier figures (each needs a new data file)");
   app.add_flag("--no-prepare", o.no_prepare,
                "nvme suite: do not prepare data files (spills write into unwritten extents, as before)");
+  app.add_flag("--no-ceiling", o.no_ceiling,
+               "nvme suite: measure the engine only, without the raw ceiling's loops between its "
+               "samples (for tools/bench-deepnvme, which measures the ceiling as a side of its own)")
+      ->needs(only_bandwidth);
+  std::string flush_behind;
+  app.add_option("--flush-behind", flush_behind,
+                 "nvme suite: the engine's write-behind flush interval (bytes, e.g. 64M; 0 = off; "
+                 "default: the engine's)");
   app.add_flag("--quick", o.quick, "fewer sizes and repetitions (for tests; figures are noisier)");
   try {
     app.parse(argc, argv);
@@ -78,6 +87,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.sizes.push_back(*v);
+  }
+  if (!flush_behind.empty()) {
+    auto v = tier::parse_size(flush_behind);
+    if (!v) {
+      std::fprintf(stderr, "tier-bench: --flush-behind: '%s' is not a size\n", flush_behind.c_str());
+      return 2;
+    }
+    o.flush_behind = static_cast<int64_t>(*v);
   }
   try {
     if (suite == "ram") return run_ram(o);

@@ -25,9 +25,9 @@ struct BenchOptions {
   bool only_bandwidth = false;  // --only-bandwidth: nvme spill/fetch figures only, no daemon plan
   std::vector<std::string> stripe_dirs;  // --stripe-dir: more NVMe directories for the engine
   bool no_prepare = false;               // --no-prepare: the engine's data files are fallocate'd only
-  bool no_fresh = false;
-  int64_t sync_batch = -1;  // --sync-batch: the engine's sync_batch_bytes (-1: its default) // --no-fresh: no
-                            // nvme.spill.first / nvme.prepare figures
+  bool no_fresh = false;                 // --no-fresh: no nvme.spill.first / nvme.prepare figures
+  int64_t flush_behind = -1;             // --flush-behind: the engine's flush_behind_bytes (-1: its default)
+  bool no_ceiling = false;  // --no-ceiling: the engine's figures only, no raw ceiling (baseline 0)
 };
 
 // One result line. `bytes` is omitted when unset.

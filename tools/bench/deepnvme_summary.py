@@ -1,0 +1,111 @@
+"""The tables of tools/bench-deepnvme, from the JSON lines its two sides printed.
+
+Usage: python3 deepnvme_summary.py FIGURES.jsonl
+
+Each input line is one figure of one side, tagged by the script with "round" and "side":
+  tierd     tier-bench nvme: nvme.spill, nvme.spill.first, nvme.fetch (with the raw ceiling as
+            "baseline" and the winning candidate as "baseline_name"), nvme.prepare
+  deepnvme  tools/bench/deepnvme_side.py: deepnvme.write.first, deepnvme.write, deepnvme.read
+
+Two tables on stdout:
+  1. medians over the rounds of each figure, and the ratios of those medians;
+  2. the ratio of each pair (the two sides of one size in one round, run back to back), as the
+     median of the pairs, their range, and how many pairs were at or above 1.0.
+A ratio is tierd / DeepNVMe: spill against DeepNVMe's rewrite (its steady state), the fresh
+tier's first spill against the same rewrite, fetch against DeepNVMe's read.
+"""
+import json
+import math
+import statistics
+import sys
+from collections import Counter, defaultdict
+
+# (label, tierd figure, DeepNVMe figure)
+RATIOS = (("spill", "nvme.spill", "deepnvme.write"),
+          ("fresh", "nvme.spill.first", "deepnvme.write"),
+          ("fetch", "nvme.fetch", "deepnvme.read"))
+
+
+def size_text(b):
+    return "%d GiB" % (b >> 30) if b >= 1 << 30 else "%d MiB" % (b >> 20)
+
+
+def load(path):
+    """{(name, bytes): {round: value}}, {(name, bytes): [ceiling]}, {(name, bytes): Counter}."""
+    vals = defaultdict(dict)
+    ceiling = defaultdict(list)
+    won = defaultdict(Counter)
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                j = json.loads(line)
+                key = (j["name"], int(j["bytes"]))
+                vals[key][int(j.get("round", 0))] = float(j["value"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise SystemExit("deepnvme_summary: %s:%d: not a figure (%s)" % (path, n, e))
+            if j["name"] in ("nvme.spill", "nvme.fetch") and j.get("baseline_name"):
+                ceiling[key].append(float(j["baseline"]))
+                won[key][j["baseline_name"]] += 1
+    return vals, ceiling, won
+
+
+def median(v):
+    return statistics.median(v) if v else math.nan
+
+
+def pair_ratios(vals, mine, theirs, size):
+    """Ratios of the rounds in which both sides measured `size`, in round order."""
+    a, b = vals.get((mine, size), {}), vals.get((theirs, size), {})
+    return [a[r] / b[r] for r in sorted(a.keys() & b.keys()) if b[r] > 0]
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write(__doc__)
+        return 2
+    vals, ceiling, won = load(argv[1])
+    sizes = sorted({b for (n, b) in vals if n == "nvme.spill"})
+    if not sizes:
+        print("deepnvme_summary: no nvme.spill figure in %s" % argv[1], file=sys.stderr)
+        return 1
+    rounds = max(len(v) for v in vals.values())
+
+    def med(name, b):
+        return median(list(vals.get((name, b), {}).values()))
+
+    print("GB/s, medians of %d rounds; ratio = tierd / DeepNVMe (>= 1.0: tierd at least as fast)" % rounds)
+    print()
+    print("| size | tierd spill | tierd spill, fresh tier | DeepNVMe write | DeepNVMe first write | spill ratio "
+          "| fresh ratio | tierd fetch | DeepNVMe read | fetch ratio | raw write (winner) | raw read (winner) |")
+    print("| --- " * 12 + "|")
+    for b in sizes:
+        s, sf = med("nvme.spill", b), med("nvme.spill.first", b)
+        w, wf = med("deepnvme.write", b), med("deepnvme.write.first", b)
+        f, r = med("nvme.fetch", b), med("deepnvme.read", b)
+        rw, rr = median(ceiling[("nvme.spill", b)]), median(ceiling[("nvme.fetch", b)])
+        ww = won[("nvme.spill", b)].most_common(1)[0][0] if won[("nvme.spill", b)] else "-"
+        wr = won[("nvme.fetch", b)].most_common(1)[0][0] if won[("nvme.fetch", b)] else "-"
+        print("| %s | %.2f | %.2f | %.2f | %.2f | **%.2f** | **%.2f** | %.2f | %.2f | **%.2f** | %.2f (%s) | %.2f (%s) |" %
+              (size_text(b), s, sf, w, wf, s / w, sf / w, f, r, f / r, rw, ww, rr, wr))
+    print()
+    print("Pairs (one size, one round, the two sides back to back): median ratio [lowest-highest], "
+          "pairs at or above 1.0")
+    print()
+    print("| size | " + " | ".join("%s ratio" % label for label, _, _ in RATIOS) + " |")
+    print("| --- " * (1 + len(RATIOS)) + "|")
+    for b in sizes:
+        cells = []
+        for _, mine, theirs in RATIOS:
+            p = pair_ratios(vals, mine, theirs, b)
+            cells.append("%.2f [%.2f-%.2f], %d/%d" % (median(p), min(p), max(p), sum(x >= 1.0 for x in p), len(p))
+                         if p else "-")
+        print("| %s | %s |" % (size_text(b), " | ".join(cells)))
+    prep = [x for (n, b), v in vals.items() if n == "nvme.prepare" for x in v.values()]
+    if prep:
+        print()
+        print("start-up preparation of a fresh tier's first data file: %.2f GB/s (median)" % median(prep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
