@@ -9,8 +9,9 @@ pinned buffers are.
 
 Per size, three figures, each one JSON line on stdout (GB/s = 1e9 bytes per second):
   deepnvme.write.first   the files' first write (created by this run: allocating writes)
-  deepnvme.write         a rewrite of the same files (blocks already written: steady state)
-  deepnvme.read          a read of them
+  deepnvme.write         a rewrite of the same files (blocks already written: steady state);
+                         the median of --samples rewrites, each followed by a read
+  deepnvme.read          a read of them (the median of --samples)
 Files are removed at the end of the run, not between sizes (on a filesystem mounted with
 -o discard a removal makes the device discard in the background, slowing what follows).
 Nothing is flushed: DeepNVMe's writes end at their completion.
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -37,6 +39,7 @@ def main():
     ap.add_argument("--total", default="512M", help="bytes moved per size (at least one tensor)")
     ap.add_argument("--block-size", type=int, default=MiB)
     ap.add_argument("--queue-depth", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=1, help="rewrites and reads per size (their medians)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op parallelism (ZeRO-Infinity: 1)")
     args = ap.parse_args()
 
@@ -75,8 +78,14 @@ def main():
                 assert done == n, "aio completed %d of %d" % (done, n)
                 return n * size / (time.perf_counter() - t0) / 1e9
 
-            for name, write in (("deepnvme.write.first", True), ("deepnvme.write", True), ("deepnvme.read", False)):
-                print(json.dumps({"name": name, "bytes": size, "value": round(run(write), 4), "unit": "GB/s"}), flush=True)
+            first = run(True)
+            writes, reads = [], []
+            for _ in range(args.samples):  # a rewrite then a read, as tier-bench's spill then fetch
+                writes.append(run(True))
+                reads.append(run(False))
+            for name, value in (("deepnvme.write.first", first), ("deepnvme.write", statistics.median(writes)),
+                                ("deepnvme.read", statistics.median(reads))):
+                print(json.dumps({"name": name, "bytes": size, "value": round(value, 4), "unit": "GB/s"}), flush=True)
     finally:
         handle.free_cpu_locked_tensor(buf)
         shutil.rmtree(work, ignore_errors=True)

@@ -7,15 +7,19 @@ Each input line is one figure of one side, tagged by the script with "round" and
             "baseline" and the winning candidate as "baseline_name"), nvme.prepare
   deepnvme  tools/bench/deepnvme_side.py: deepnvme.write.first, deepnvme.write, deepnvme.read
 
-Two tables on stdout:
+Three tables on stdout:
   1. medians over the rounds of each figure, and the ratios of those medians;
   2. the ratio of each pair (the two sides of one size in one round, run back to back), as the
-     median of the pairs, their range, and how many pairs were at or above 1.0.
+     median of the pairs, their range, and how many pairs were at or above 1.0;
+  3. every size's pairs pooled: their geometric mean ratio and its 95% bootstrap interval (the
+     disk's noise spreads single pairs by a third; an interval above 1.0 says tierd is faster
+     beyond that noise).
 A ratio is tierd / DeepNVMe: spill against DeepNVMe's rewrite (its steady state), the fresh
 tier's first spill against the same rewrite, fetch against DeepNVMe's read.
 """
 import json
 import math
+import random
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -59,6 +63,21 @@ def pair_ratios(vals, mine, theirs, size):
     return [a[r] / b[r] for r in sorted(a.keys() & b.keys()) if b[r] > 0]
 
 
+BOOTSTRAP = 10000
+
+
+def pooled(ratios):
+    """'g [lo-hi] (n pairs)': the geometric mean of the ratios and its 95% percentile bootstrap
+    interval (fixed seed, so the same figures print the same text)."""
+    if not ratios:
+        return "-"
+    logs = [math.log(x) for x in ratios if x > 0]
+    rng = random.Random(1)
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(BOOTSTRAP))
+    lo, hi = means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
+    return "%.2f [%.2f-%.2f] (%d pairs)" % (math.exp(statistics.fmean(logs)), math.exp(lo), math.exp(hi), len(logs))
+
+
 def main(argv):
     if len(argv) != 2:
         sys.stderr.write(__doc__)
@@ -100,6 +119,14 @@ def main(argv):
             cells.append("%.2f [%.2f-%.2f], %d/%d" % (median(p), min(p), max(p), sum(x >= 1.0 for x in p), len(p))
                          if p else "-")
         print("| %s | %s |" % (size_text(b), " | ".join(cells)))
+    print()
+    print("All sizes pooled: geometric mean of the pair ratios, 95%% bootstrap interval (%d resamples)" % BOOTSTRAP)
+    print()
+    print("| | " + " | ".join("%s ratio" % label for label, _, _ in RATIOS) + " | fresh / DeepNVMe first write |")
+    print("| --- " * (2 + len(RATIOS)) + "|")
+    cells = [pooled([x for b in sizes for x in pair_ratios(vals, mine, theirs, b)]) for _, mine, theirs in RATIOS]
+    cells.append(pooled([x for b in sizes for x in pair_ratios(vals, "nvme.spill.first", "deepnvme.write.first", b)]))
+    print("| all sizes | " + " | ".join(cells) + " |")
     prep = [x for (n, b), v in vals.items() if n == "nvme.prepare" for x in v.values()]
     if prep:
         print()
