@@ -22,7 +22,8 @@ def run(lines):
 
 
 def fig(rnd, side, name, size, value, baseline=None, winner=None):
-    j = {"round": rnd, "side": side, "name": name, "bytes": size, "value": value, "unit": "GB/s"}
+    j = {"round": rnd, "side": side, "first": rnd % 2 == 1, "name": name, "bytes": size, "value": value,
+         "unit": "GB/s"}
     if baseline is not None:
         j.update(baseline=baseline, ratio=value / baseline, baseline_name=winner)
     return json.dumps(j) + "\n"
@@ -81,6 +82,9 @@ def main():
     # Fresh tier against DeepNVMe's first write: 2.0 three times, 1.0 three times: sqrt(2).
     assert pooled[4].startswith("1.41 ["), pooled
     assert "preparation of a fresh tier's first data file: 1.50 GB/s" in out, out
+    # Odd rounds went first: spills 2.0, 2.4 (1 MiB) and 1.8, 1.8 (64 MiB); second: 3.0 and 1.8.
+    assert "nvme.spill 1.90 first, 2.40 second" in out, out
+    assert "deepnvme.write 2.00 first, 2.00 second" in out, out
 
     bad = run(lines[:3] + ["{not json\n"])
     assert bad.returncode != 0 and "not a figure" in bad.stderr + bad.stdout, (bad.stdout, bad.stderr)

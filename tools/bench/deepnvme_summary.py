@@ -7,13 +7,15 @@ Each input line is one figure of one side, tagged by the script with "round" and
             "baseline" and the winning candidate as "baseline_name"), nvme.prepare
   deepnvme  tools/bench/deepnvme_side.py: deepnvme.write.first, deepnvme.write, deepnvme.read
 
-Three tables on stdout:
+Three tables and a line on stdout:
   1. medians over the rounds of each figure, and the ratios of those medians;
   2. the ratio of each pair (the two sides of one size in one round, run back to back), as the
      median of the pairs, their range, and how many pairs were at or above 1.0;
   3. every size's pairs pooled: their geometric mean ratio and its 95% bootstrap interval (the
      disk's noise spreads single pairs by a third; an interval above 1.0 says tierd is faster
-     beyond that noise).
+     beyond that noise);
+  4. for each side, its median figures when it went first in its pair and when second (lines
+     tagged "first"; a large difference means one side's leftovers slowed the other).
 A ratio is tierd / DeepNVMe: spill against DeepNVMe's rewrite (its steady state), the fresh
 tier's first spill against the same rewrite, fetch against DeepNVMe's read.
 """
@@ -35,10 +37,12 @@ def size_text(b):
 
 
 def load(path):
-    """{(name, bytes): {round: value}}, {(name, bytes): [ceiling]}, {(name, bytes): Counter}."""
+    """{(name, bytes): {round: value}}, {(name, bytes): [ceiling]}, {(name, bytes): Counter},
+    {(name, went first in its pair): [value]}."""
     vals = defaultdict(dict)
     ceiling = defaultdict(list)
     won = defaultdict(Counter)
+    order = defaultdict(list)  # (name, went first) -> values
     with open(path) as f:
         for n, line in enumerate(f, 1):
             try:
@@ -47,10 +51,12 @@ def load(path):
                 vals[key][int(j.get("round", 0))] = float(j["value"])
             except (ValueError, KeyError, TypeError) as e:
                 raise SystemExit("deepnvme_summary: %s:%d: not a figure (%s)" % (path, n, e))
+            if "first" in j:
+                order[(j["name"], bool(j["first"]))].append(float(j["value"]))
             if j["name"] in ("nvme.spill", "nvme.fetch") and j.get("baseline_name"):
                 ceiling[key].append(float(j["baseline"]))
                 won[key][j["baseline_name"]] += 1
-    return vals, ceiling, won
+    return vals, ceiling, won, order
 
 
 def median(v):
@@ -82,7 +88,7 @@ def main(argv):
     if len(argv) != 2:
         sys.stderr.write(__doc__)
         return 2
-    vals, ceiling, won = load(argv[1])
+    vals, ceiling, won, order = load(argv[1])
     sizes = sorted({b for (n, b) in vals if n == "nvme.spill"})
     if not sizes:
         print("deepnvme_summary: no nvme.spill figure in %s" % argv[1], file=sys.stderr)
@@ -127,6 +133,14 @@ def main(argv):
     cells = [pooled([x for b in sizes for x in pair_ratios(vals, mine, theirs, b)]) for _, mine, theirs in RATIOS]
     cells.append(pooled([x for b in sizes for x in pair_ratios(vals, "nvme.spill.first", "deepnvme.write.first", b)]))
     print("| all sizes | " + " | ".join(cells) + " |")
+    if order:
+        # Whether a side ran faster when it went first in its pair or second, right after the
+        # other side: a large difference means one side's leftovers slowed the other's figures.
+        print()
+        print("Order (all sizes, GB/s, median): " + "; ".join(
+            "%s %.2f first, %.2f second" % (name, median(order[(name, True)]), median(order[(name, False)]))
+            for name in ("nvme.spill", "deepnvme.write", "nvme.fetch", "deepnvme.read")
+            if order[(name, True)] and order[(name, False)]))
     prep = [x for (n, b), v in vals.items() if n == "nvme.prepare" for x in v.values()]
     if prep:
         print()
