@@ -417,7 +417,7 @@ void Engine::start_sync(uint64_t op_id) {
   op.syncing = true;
   std::vector<uint64_t> keys;
   for (const Extent& e : op.loc.extents) {
-    uint64_t key = (uint64_t{e.dir} << 32) | e.file;
+    uint64_t key = sync_key(e);
     if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
     keys.push_back(key);
     FileSync& f = syncs_[key];
@@ -432,12 +432,14 @@ void Engine::start_sync(uint64_t op_id) {
 // still wait only for a sync issued after their writes completed (start_sync), so durability is
 // unchanged; what changes is how much the device has left to persist when that sync comes.
 void Engine::note_written(const Extent& e, uint64_t bytes) {
-  uint64_t key = (uint64_t{e.dir} << 32) | e.file;
+  uint64_t key = sync_key(e);
   FileSync& f = syncs_[key];
   f.unsynced += bytes;
-  if (opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes && !f.in_flight &&
-      f.waiting.empty())
-    sync_due_.push_back(key);
+  if (behind_due(f) && !f.in_flight && f.waiting.empty()) sync_due_.push_back(key);
+}
+
+bool Engine::behind_due(const FileSync& f) const {
+  return opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes;
 }
 
 void Engine::issue_syncs() {
@@ -446,8 +448,7 @@ void Engine::issue_syncs() {
   for (uint64_t key : due) {
     FileSync& f = syncs_[key];
     if (f.in_flight) continue;
-    const bool behind = opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes;
-    if (f.waiting.empty() && !behind) continue;
+    if (f.waiting.empty() && !behind_due(f)) continue;
     if (f.waiting.empty()) ++counters_.behind_syncs;
     f.covered = std::move(f.waiting);
     f.waiting.clear();
@@ -482,12 +483,12 @@ void Engine::sync_done(uint64_t key, int64_t result) {
     for (auto& [id, op] : ops_) {
       if (!op->write || !op->error.is_ok()) continue;
       for (const Extent& e : op->loc.extents)
-        if (((uint64_t{e.dir} << 32) | e.file) == key) {
+        if (sync_key(e) == key) {
           op->error = err;
           break;
         }
     }
-  } else if (!f.waiting.empty() || (opts_.flush_behind_bytes > 0 && f.unsynced >= opts_.flush_behind_bytes)) {
+  } else if (!f.waiting.empty() || behind_due(f)) {
     sync_due_.push_back(key);
   }
   for (uint64_t op_id : done) {

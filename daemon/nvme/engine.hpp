@@ -187,6 +187,9 @@ class Engine {
     std::vector<uint64_t> covered;  // spills the sync in flight covers
     uint64_t unsynced = 0;          // bytes of writes completed since the last sync was issued
   };
+  bool behind_due(const FileSync& f) const;  // flush_behind_bytes written since its last sync
+  // syncs_' key of the data file an extent lies in.
+  static uint64_t sync_key(const Extent& e) { return (uint64_t{e.dir} << 32) | e.file; }
 
   EngineOptions opts_;
   std::unique_ptr<ExtentStore> store_;
