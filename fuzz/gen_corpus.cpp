@@ -199,7 +199,7 @@ void config_corpus() {
 void request_corpus() {
   using namespace tier::wire;
   const std::string t = "fuzz_request";
-  auto seq = [](uint8_t uid_sel, std::vector<std::vector<std::byte>> msgs) {
+  auto seq = [](uint8_t uid_sel, const std::vector<std::vector<std::byte>>& msgs) {
     return fuzzreq::frame(uid_sel, msgs);
   };
   auto hello = req(MsgType::kHello, HelloReq{kVersion, 1, 0, "fuzz"}, 1);

@@ -261,7 +261,7 @@ TEST_CASE("engine: a spill is reported only once durable, and a power loss keeps
     REQUIRE(e.adopt(loc).is_ok());
     Buffer dst(loc.size);
     std::optional<Status> r;
-    e.fetch(loc, dst.span(), [&](Status st) { r = st; });
+    e.fetch(loc, dst.span(), [&](const Status& st) { r = st; });
     while (!r) e.wait();
     CHECK(r->is_ok());
     CHECK(XXH3_64bits(dst.data(), dst.size()) == XXH3_64bits(src[id].data(), src[id].size()));
@@ -331,7 +331,7 @@ TEST_CASE("engine: a failed fdatasync fails the spill, frees its extents, keeps 
   CHECK(fe.e->stats().used == used);  // the new extents were freed, the old copy kept
   fe.set_rules({});
   std::optional<Status> f;
-  fe.e->fetch(la, back.span(), [&](Status st) { f = st; });
+  fe.e->fetch(la, back.span(), [&](const Status& st) { f = st; });
   REQUIRE(pump(*fe.e, [&] { return f.has_value(); }));
   CHECK(f->is_ok());
   CHECK(std::memcmp(a.data(), back.data(), a.size()) == 0);

@@ -361,6 +361,7 @@ TEST_CASE("an idle device writes planned tensors back ahead of need and keeps th
   CHECK(metric_value(*c, "tierd_cleaned_bytes_total") == 0);
   // p: read in order by a plan (cursor at a0); the last two uses overwrite a6, a7.
   std::vector<PlanUse> uses;
+  uses.reserve(8);
   for (int i = 0; i < 8; ++i) uses.push_back({planned[i], i >= 6});
   REQUIRE(c->set_plan("p", uses).is_ok());
   // 32 MiB of planned tensors are dirty; six of them (24 MiB) are read later, above 16 MiB.
@@ -763,10 +764,11 @@ namespace {
 // The whole pages inside `b` (a partial first or last page may be shared with a neighbour).
 std::span<std::byte> inner_pages(std::span<std::byte> b) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto lo = (reinterpret_cast<uintptr_t>(b.data()) + page - 1) / page * page;
-  const auto hi = (reinterpret_cast<uintptr_t>(b.data()) + b.size()) / page * page;
+  const auto at = reinterpret_cast<uintptr_t>(b.data());
+  const auto lo = (at + page - 1) / page * page;
+  const auto hi = (at + b.size()) / page * page;
   REQUIRE(hi > lo);
-  return {reinterpret_cast<std::byte*>(lo), hi - lo};
+  return b.subspan(lo - at, hi - lo);
 }
 
 // How many of the pages of `b` (page-aligned) are in the arena's page cache (mincore).
