@@ -85,6 +85,11 @@ def main():
     # Odd rounds went first: spills 2.0, 2.4 (1 MiB) and 1.8, 1.8 (64 MiB); second: 3.0 and 1.8.
     assert "nvme.spill 1.90 first, 2.40 second" in out, out
     assert "deepnvme.write 2.00 first, 2.00 second" in out, out
+    # Pairs that followed a tierd side (tierd first: rounds 1 and 3): spill 1.0, 1.2, 0.9, 0.9;
+    # those that followed a DeepNVMe side (round 2): 1.5 and 0.9.
+    after_tierd, after_deepnvme = row(out, "a tierd side"), row(out, "a DeepNVMe side")
+    assert after_tierd[1].startswith("0.99 [") and after_tierd[1].endswith("(4 pairs)"), after_tierd
+    assert after_deepnvme[1].startswith("1.16 [") and after_deepnvme[1].endswith("(2 pairs)"), after_deepnvme
 
     bad = run(lines[:3] + ["{not json\n"])
     assert bad.returncode != 0 and "not a figure" in bad.stderr + bad.stdout, (bad.stdout, bad.stderr)

@@ -7,15 +7,16 @@ Each input line is one figure of one side, tagged by the script with "round" and
             "baseline" and the winning candidate as "baseline_name"), nvme.prepare
   deepnvme  tools/bench/deepnvme_side.py: deepnvme.write.first, deepnvme.write, deepnvme.read
 
-Three tables and a line on stdout:
+Four tables and a line on stdout:
   1. medians over the rounds of each figure, and the ratios of those medians;
   2. the ratio of each pair (the two sides of one size in one round, run back to back), as the
      median of the pairs, their range, and how many pairs were at or above 1.0;
   3. every size's pairs pooled: their geometric mean ratio and its 95% bootstrap interval (the
      disk's noise spreads single pairs by a third; an interval above 1.0 says tierd is faster
      beyond that noise);
-  4. for each side, its median figures when it went first in its pair and when second (lines
-     tagged "first"; a large difference means one side's leftovers slowed the other).
+  4. with lines tagged "first": the pairs pooled by the kind of side both sides followed, and
+     each side's median figures when it went first and when second (a large difference means
+     one side's leftovers slowed the next).
 A ratio is tierd / DeepNVMe: spill against DeepNVMe's rewrite (its steady state), the fresh
 tier's first spill against the same rewrite, fetch against DeepNVMe's read.
 """
@@ -38,11 +39,12 @@ def size_text(b):
 
 def load(path):
     """{(name, bytes): {round: value}}, {(name, bytes): [ceiling]}, {(name, bytes): Counter},
-    {(name, went first in its pair): [value]}."""
+    {(name, went first in its pair): [value]}, {(bytes, round): tierd's side went first}."""
     vals = defaultdict(dict)
     ceiling = defaultdict(list)
     won = defaultdict(Counter)
     order = defaultdict(list)  # (name, went first) -> values
+    tierd_first = {}  # (bytes, round) -> whether tierd's side went first in that pair
     with open(path) as f:
         for n, line in enumerate(f, 1):
             try:
@@ -53,20 +55,22 @@ def load(path):
                 raise SystemExit("deepnvme_summary: %s:%d: not a figure (%s)" % (path, n, e))
             if "first" in j:
                 order[(j["name"], bool(j["first"]))].append(float(j["value"]))
+                if j["name"] == "nvme.spill":
+                    tierd_first[key[1], int(j.get("round", 0))] = bool(j["first"])
             if j["name"] in ("nvme.spill", "nvme.fetch") and j.get("baseline_name"):
                 ceiling[key].append(float(j["baseline"]))
                 won[key][j["baseline_name"]] += 1
-    return vals, ceiling, won, order
+    return vals, ceiling, won, order, tierd_first
 
 
 def median(v):
     return statistics.median(v) if v else math.nan
 
 
-def pair_ratios(vals, mine, theirs, size):
-    """Ratios of the rounds in which both sides measured `size`, in round order."""
+def pair_ratios(vals, mine, theirs, size, keep=lambda r: True):
+    """Ratios of the rounds in which both sides measured `size` (and keep(round)), in round order."""
     a, b = vals.get((mine, size), {}), vals.get((theirs, size), {})
-    return [a[r] / b[r] for r in sorted(a.keys() & b.keys()) if b[r] > 0]
+    return [a[r] / b[r] for r in sorted(a.keys() & b.keys()) if b[r] > 0 and keep(r)]
 
 
 BOOTSTRAP = 10000
@@ -88,7 +92,7 @@ def main(argv):
     if len(argv) != 2:
         sys.stderr.write(__doc__)
         return 2
-    vals, ceiling, won, order = load(argv[1])
+    vals, ceiling, won, order, tierd_first = load(argv[1])
     sizes = sorted({b for (n, b) in vals if n == "nvme.spill"})
     if not sizes:
         print("deepnvme_summary: no nvme.spill figure in %s" % argv[1], file=sys.stderr)
@@ -133,6 +137,19 @@ def main(argv):
     cells = [pooled([x for b in sizes for x in pair_ratios(vals, mine, theirs, b)]) for _, mine, theirs in RATIOS]
     cells.append(pooled([x for b in sizes for x in pair_ratios(vals, "nvme.spill.first", "deepnvme.write.first", b)]))
     print("| all sizes | " + " | ".join(cells) + " |")
+    if tierd_first:
+        # The script alternates the order from pair to pair, so both sides of a pair follow the
+        # side that ended the previous pair: tierd's when tierd went first, DeepNVMe's otherwise.
+        print()
+        print("By the kind of side both sides of a pair followed (pooled over sizes):")
+        print()
+        print("| pairs that followed | " + " | ".join("%s ratio" % label for label, _, _ in RATIOS) + " |")
+        print("| --- " * (1 + len(RATIOS)) + "|")
+        for label, first in (("a tierd side", True), ("a DeepNVMe side", False)):
+            cells = [pooled([x for b in sizes for x in pair_ratios(
+                vals, mine, theirs, b, lambda r, b=b: tierd_first.get((b, r)) is first)])
+                for _, mine, theirs in RATIOS]
+            print("| %s | %s |" % (label, " | ".join(cells)))
     if order:
         # Whether a side ran faster when it went first in its pair or second, right after the
         # other side: a large difference means one side's leftovers slowed the other's figures.
