@@ -12,12 +12,16 @@
 
 #include "test_util.hpp"
 
+// Whether tier-bench was built (it is optional); says so when it was not.
+static bool built(const std::string& bench) {
+  if (std::filesystem::exists(bench)) return true;
+  WARN("skipped: " << bench << " is not built");
+  return false;
+}
+
 TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures with their baselines") {
-  std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
-  if (!std::filesystem::exists(bench)) {
-    WARN("skipped: " << bench << " is not built");
-    return;
-  }
+  const std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
+  if (!built(bench)) return;
   tier::nvme::testing::TempDir dir;
   std::string cmd = bench + " nvme --quick --json --dir " + dir.path() + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -76,11 +80,8 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures w
 // --no-ceiling (what tools/bench-deepnvme's tierd side runs): the engine's figures only, with no
 // raw ceiling loops between its samples, so baseline and ratio are 0 and no candidate is named.
 TEST_CASE("tier-bench nvme --no-ceiling measures the engine alone; it needs --only-bandwidth") {
-  std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
-  if (!std::filesystem::exists(bench)) {
-    WARN("skipped: " << bench << " is not built");
-    return;
-  }
+  const std::string bench = std::string(TIER_BIN_DIR) + "/tier-bench";
+  if (!built(bench)) return;
   tier::nvme::testing::TempDir dir;
   CHECK(WEXITSTATUS(
             ::system((bench + " nvme --no-ceiling --dir " + dir.path() + " >/dev/null 2>&1").c_str())) == 2);
