@@ -188,9 +188,12 @@ Status apply_table(const toml::table& tbl, Config& c) {
       st = get_u32(key, v, c.nvme_hash_threads, 0);
       if (st && c.nvme_hash_threads > 256) return bad_type(key, v, "an integer in [0, 256]");
     } else if (key == "nvme_flush_behind") {
-      st = get_size(key, v, c.nvme_flush_behind);
-      if (st && c.nvme_flush_behind.ends_with('%'))
-        return bad_type(key, v, "a size in bytes such as \"64M\" (\"0\": off), not a percentage");
+      std::string text;
+      if (st = get_size(key, v, text); st) {
+        auto bytes = parse_size(text);  // without a total to take it of, a percentage is refused
+        if (!bytes) return bad_type(key, v, "a size in bytes such as \"64M\" (\"0\": off), not a percentage");
+        c.nvme_flush_behind = *bytes;
+      }
     } else if (key == "uid_ram_quota") st = get_size(key, v, c.uid_ram_quota);
     else if (key == "uid_nvme_quota") st = get_size(key, v, c.uid_nvme_quota);
     else if (key == "max_connections_per_uid") st = get_u32(key, v, c.max_connections_per_uid, 1);

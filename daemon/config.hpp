@@ -73,9 +73,9 @@ struct Config {
   uint32_t nvme_hash_threads = 2;
   // Write-behind flush: after this many bytes of spill writes to one NVMe data file, tierd
   // issues an fdatasync without waiting for it, so that a long spill is persisted as it
-  // streams and the flush it waits for at its end has only the tail left (docs/nvme.md). Bytes
-  // ("64M", or an integer); "0" turns it off.
-  std::string nvme_flush_behind = "64M";
+  // streams and the flush it waits for at its end has only the tail left (docs/nvme.md). Bytes,
+  // written "64M" or as an integer; 0 turns it off.
+  uint64_t nvme_flush_behind = uint64_t{64} << 20;
   // Per-uid quotas over all the pools a uid owns; "" = unlimited. RAM: bytes or % of the RAM
   // tier, checked on usage before each allocation. NVMe: bytes, reserved from pool NVMe quotas.
   std::string uid_ram_quota, uid_nvme_quota;

@@ -27,9 +27,7 @@ using tiering::nvme_bytes;
 Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& catalog, RamTier& ram) {
   nvme::EngineOptions o;
   o.hash_threads = cfg.nvme_hash_threads;
-  auto behind = parse_size(cfg.nvme_flush_behind);
-  if (!behind) return fail(Code::kInvalidArgument, "nvme_flush_behind: " + behind.error().message());
-  o.flush_behind_bytes = *behind;
+  o.flush_behind_bytes = cfg.nvme_flush_behind;
   for (const auto& d : cfg.nvme) {
     nvme::DirConfig dc;
     dc.path = d.path;

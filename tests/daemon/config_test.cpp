@@ -65,7 +65,7 @@ nvme_flush_behind = "16M"
   CHECK(c->remove_arenas_on_exit);
   CHECK(c->log_level == "debug");
   CHECK(c->nvme_hash_threads == 8);
-  CHECK(c->nvme_flush_behind == "16M");
+  CHECK(c->nvme_flush_behind == 16u << 20);
 }
 
 TEST_CASE("config: errors name the problem") {
