@@ -59,6 +59,13 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures w
   CHECK(seen["nvme.spill.first"] == 2);  // a fresh tier's first write, once per size
   CHECK(seen["nvme.prepare"] == 1);      // its start-up preparation (one data file)
   CHECK(seen["nvme.spill_syncs"] == 2);  // spills are synced: at least one flush, at most one each
+  // 1 MiB requests: one per 1 MiB tensor, 16 per 16 MiB one (the last size printed).
+  CHECK(seen["nvme.spill_requests"] == 2);
+  if (last.contains("nvme.spill_requests")) {
+    CHECK(last["nvme.spill_requests"].at("baseline") == 16.0);
+    CHECK(last["nvme.spill_requests"].at("value") >= 16.0);
+    CHECK(last["nvme.spill_requests"].at("value") < 16.5);
+  }
   if (last.contains("nvme.spill_syncs")) {
     CHECK(last["nvme.spill_syncs"].at("value") > 0.0);
     CHECK(last["nvme.spill_syncs"].at("value") <= 1.0);
@@ -85,9 +92,15 @@ TEST_CASE("tier-bench nvme --no-ceiling measures the engine alone; it needs --on
   tier::nvme::testing::TempDir dir;
   CHECK(WEXITSTATUS(
             ::system((bench + " nvme --no-ceiling --dir " + dir.path() + " >/dev/null 2>&1").c_str())) == 2);
+  // The engine's request size and queue depth are refused outside what it can run.
+  for (const char* bad :
+       {"--request-size 3000", "--request-size 0", "--request-size 128M", "--queue-depth 0"})
+    CHECK(WEXITSTATUS(
+              ::system((bench + " nvme --only-bandwidth " + bad + " --dir " + dir.path() + " >/dev/null 2>&1")
+                           .c_str())) == 2);
   std::string cmd = bench +
                     " nvme --json --only-bandwidth --no-ceiling --no-fresh --samples 1 --sizes 1M,4M" +
-                    " --flush-behind 1M --dir " + dir.path() + " 2>&1";
+                    " --flush-behind 1M --queue-depth 8 --request-size 4M --dir " + dir.path() + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::map<std::string, int> seen;
@@ -103,12 +116,18 @@ TEST_CASE("tier-bench nvme --no-ceiling measures the engine alone; it needs --on
       CHECK(double(j.at("ratio")) == 0);
       CHECK_FALSE(j.contains("baseline_name"));
     }
+    if (name == "nvme.spill_requests") {  // --request-size 4M: one request per 1 or 4 MiB tensor
+      CHECK(double(j.at("baseline")) == 1.0);
+      CHECK(double(j.at("value")) >= 1.0);
+      CHECK(double(j.at("value")) < 1.1);
+    }
   }
   int status = ::pclose(p);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(seen["nvme.spill"] == 2);
   CHECK(seen["nvme.fetch"] == 2);
-  CHECK(seen.size() == 3);  // and nvme.spill_syncs: no fresh tier, no daemon plan
+  CHECK(seen["nvme.spill_requests"] == 2);
+  CHECK(seen.size() == 4);  // and nvme.spill_syncs: no fresh tier, no daemon plan
   CHECK(std::filesystem::is_empty(dir.path()));
 }

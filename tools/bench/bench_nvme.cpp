@@ -17,6 +17,9 @@
 //                             zeros, docs/nvme.md) in GB/s, vs the raw write ceiling.
 //   nvme.spill_syncs          fdatasyncs per spilled tensor (group commit shares one per data
 //                             file among the spills of a batch); baseline 1, one per tensor.
+//   nvme.spill_requests       write requests per spilled tensor; baseline the fewest the
+//                             engine's request size allows (--request-size, --queue-depth set
+//                             the engine's; tierd's defaults otherwise).
 //   nvme.daemon_plan.*        a cyclic plan over a working set twice the RAM tier, through a
 //                             private tierd (--nvme-dir on the same directory) via libtier:
 //                             lease, compute, release. tierd's own policy (Belady eviction and
@@ -62,8 +65,6 @@ namespace {
 using namespace tier::nvme;
 namespace pol = tier::policy;
 
-constexpr uint32_t kQueueDepth = 32;
-constexpr uint32_t kRequestSize = 1u << 20;
 constexpr uint64_t kMiB = 1u << 20;
 
 // Blocks until `fd` is readable or `seconds` pass (sub-millisecond precision).
@@ -161,8 +162,8 @@ EngineOptions engine_options(const BenchOptions& o, const std::string& dir, cons
   eo.dirs.push_back({dir + "/" + sub, (o.quick ? 512 : 4096) * kMiB, -1});
   for (const std::string& d : o.stripe_dirs)
     eo.dirs.push_back({stripe_root(d).append("/").append(sub), 4096 * kMiB, -1});
-  eo.queue_depth = kQueueDepth;
-  eo.request_size = kRequestSize;
+  eo.queue_depth = o.queue_depth;
+  eo.request_size = o.request_size;
   eo.format = true;
   eo.prepare_files = !o.no_prepare;
   if (o.flush_behind >= 0) eo.flush_behind_bytes = static_cast<uint64_t>(o.flush_behind);
@@ -237,17 +238,29 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
       for (const DirStats& d : e.stats().dirs) n += d.syncs;
       return n;
     };
+    auto requests = [&e] {
+      uint64_t n = 0;
+      for (const DirStats& d : e.stats().dirs) n += d.requests;
+      return n;
+    };
     const uint64_t syncs_before = syncs();
+    uint64_t spill_requests = 0;  // the spills' write requests (their syncs are requests too)
+    auto spill = [&] {
+      const uint64_t r0 = requests(), s0 = syncs();
+      double t = engine_spill(e, src.get(), n, size, locs);
+      spill_requests += (requests() - r0) - (syncs() - s0);
+      return t;
+    };
     for (int s = 0; s < samples; ++s) {
       double a, d;
       bool ok;
       if (s % 2 == 0) {
-        a = engine_spill(e, src.get(), n, size, locs);
+        a = spill();
         ok = ceiling_sample(n);
         d = engine_fetch(e, dst.get(), size, locs);
       } else {
         ok = ceiling_sample(n);
-        a = engine_spill(e, src.get(), n, size, locs);
+        a = spill();
         d = engine_fetch(e, dst.get(), size, locs);
       }
       if (a < 0 || d < 0 || !ok || !free_all(e, locs)) return false;
@@ -265,6 +278,12 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     const double tensors = static_cast<double>(n) / static_cast<double>(size);  // n: a multiple of size
     double per_tensor = static_cast<double>(syncs() - syncs_before) / (samples * tensors);
     emit(o, {"nvme.spill_syncs", size, per_tensor, "syncs/tensor", 1.0, per_tensor});
+    // How the engine split each tensor: write requests per tensor against the fewest its request
+    // size allows (more when a tensor spans several extents or a short write was resubmitted).
+    const double per_spill = static_cast<double>(spill_requests) / (samples * tensors);
+    const uint64_t fewest_requests = (size + o.request_size - 1) / o.request_size;  // rounded up
+    const auto fewest = static_cast<double>(fewest_requests);
+    emit(o, {"nvme.spill_requests", size, per_spill, "requests/tensor", fewest, per_spill / fewest});
     raw.write_bw = w.bw;
     raw.read_bw = r.bw;
     write_ceiling[size] = w.bw;

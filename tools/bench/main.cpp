@@ -72,6 +72,13 @@ int main(int argc, char** argv) {
   app.add_option("--flush-behind", flush_behind,
                  "nvme suite: the engine's write-behind flush interval (bytes, e.g. 64M; 0 = off; "
                  "default: the engine's)");
+  app.add_option("--queue-depth", o.queue_depth,
+                 "nvme suite: the engine's requests in flight per directory (default 32, as tierd's)")
+      ->check(CLI::Range(1u, 4096u));
+  std::string request_size;
+  app.add_option(
+      "--request-size", request_size,
+      "nvme suite: the engine's bytes per request, 4 KiB multiples up to 64M (default 1M, as tierd's)");
   app.add_flag("--quick", o.quick, "fewer sizes and repetitions (for tests; figures are noisier)");
   try {
     app.parse(argc, argv);
@@ -95,6 +102,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.flush_behind = static_cast<int64_t>(*v);
+  }
+  if (!request_size.empty()) {
+    auto v = tier::parse_size(request_size);
+    if (!v || *v == 0 || *v % 4096 != 0 || *v > (uint64_t{64} << 20)) {
+      std::fprintf(stderr, "tier-bench: --request-size: '%s' is not a size in 4 KiB multiples up to 64M\n",
+                   request_size.c_str());
+      return 2;
+    }
+    o.request_size = static_cast<uint32_t>(*v);
   }
   try {
     if (suite == "ram") return run_ram(o);
