@@ -32,6 +32,12 @@ TestDaemon::TestDaemon(DaemonOptions opts) : opts_(std::move(opts)) {
   state_dir_ = dir_ + "/state";
   log_path_ = dir_ + "/tierd.log";
   std::filesystem::create_directories(state_dir_);
+  if (!opts_.config.empty()) {
+    const std::string cfg = dir_ + "/tierd.toml";
+    std::ofstream(cfg) << opts_.config;
+    opts_.extra_args.push_back("--config");
+    opts_.extra_args.push_back(cfg);
+  }
   start();
 }
 

@@ -15,6 +15,10 @@ struct DaemonOptions {
   std::vector<std::string> extra_args;  // appended to the command line
   std::vector<std::string> env;         // "NAME=value" added to the daemon's environment
   bool wait_ready = true;               // wait until the socket accepts connections
+  // TOML for `--config`: when not empty, written to tierd.toml in the fixture's own directory
+  // (private to this daemon, removed with it; a shared path would let tests running at the same
+  // time start each other's configuration).
+  std::string config;
 
   // A daemon started with `--config PATH`.
   static DaemonOptions with_config(const std::string& path, bool wait_ready = true) {

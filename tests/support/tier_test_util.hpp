@@ -14,7 +14,6 @@
 #include <cstring>
 #include <random>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,19 +40,14 @@ struct TempDir {
   TempDir& operator=(const TempDir&) = delete;
 };
 
-// A daemon with the NVMe directory `nvme` and `ram` of RAM tier; `config` is extra TOML, written
-// next to `nvme`.
+// A daemon with the NVMe directory `nvme` and `ram` of RAM tier; `config` is extra TOML (the
+// fixture writes it into its own directory).
 inline DaemonOptions nvme_opts(const std::string& nvme, const std::string& ram,
                                const std::string& config = "") {
   DaemonOptions o;
   o.ram = ram;
   o.extra_args = {"--remove-arenas-on-exit", "--nvme-dir", nvme};
-  if (!config.empty()) {
-    std::string cfg = nvme + "/../tierd-test.toml";
-    std::ofstream(cfg) << config;
-    o.extra_args.push_back("--config");
-    o.extra_args.push_back(cfg);
-  }
+  o.config = config;
   return o;
 }
 
