@@ -231,7 +231,8 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
         .append(job)
         .append(" >")
         .append(out)
-        .append(" 2>/dev/null");
+        .append(" 2>")
+        .append(out + ".err");
     const pid_t mpirun = fork();
     REQUIRE(mpirun >= 0);
     if (mpirun == 0) {
@@ -246,7 +247,16 @@ TEST_CASE("kill -9 of a rank at a random instant and --resume give the uninterru
     }
     usleep(std::uniform_int_distribution<int>(0, 40'000)(rng));
     auto kids = children_of(mpirun);
-    REQUIRE(kids.size() >= 2);
+    if (kids.size() < 2) {  // say why: the job not started, failed, or already done
+      int st = 0;
+      const bool ended = waitpid(mpirun, &st, WNOHANG) == mpirun;
+      INFO("round " << round << ": mpirun "
+                    << (ended ? "had exited, wait status " + std::to_string(st) : std::string("was running"))
+                    << " with " << kids.size() << " children; its stdout:\n"
+                    << read_file(out) << "\nits stderr:\n"
+                    << read_file(out + ".err"));
+      REQUIRE(kids.size() >= 2);
+    }
     const pid_t victim = kids[std::uniform_int_distribution<size_t>(0, kids.size() - 1)(rng)];
     kill(victim, SIGKILL);
     int st = 0;
