@@ -67,6 +67,7 @@ void TestDaemon::start() {
     }
     for (const auto& e : opts_.env) putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     execv(argv[0], argv.data());
