@@ -5,7 +5,7 @@ I/O went through the cap; and leave no mount, loop device, backing file or cgrou
 options are refused with exit code 2. No timing is asserted.
 
 Usage: bench_stripes_test.py BUILD_DIR. Exits 77 (skipped) where the tool cannot run: not root, no
-loop devices, no block cgroup controller, or tier-bench not built."""
+loop device can be attached, no block cgroup can be made, or tier-bench not built."""
 import glob
 import json
 import os
@@ -22,9 +22,9 @@ def skip(why):
 
 def leftovers():
     """What a run of the tool could leave behind: its backing files, loop devices, cgroups, dirs."""
-    images = glob.glob("/dev/shm/bench-stripes.*")
+    images = glob.glob("/dev/shm/bench-stripes*")
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    cgroups = glob.glob("/sys/fs/cgroup/bench-stripes.*") + glob.glob("/sys/fs/cgroup/blkio/bench-stripes.*")
+    cgroups = glob.glob("/sys/fs/cgroup/bench-stripes*") + glob.glob("/sys/fs/cgroup/blkio/bench-stripes*")
     return images + [l for l in loops.splitlines() if "bench-stripes." in l] + cgroups + glob.glob("/tmp/bench-stripes.*")
 
 
@@ -42,17 +42,45 @@ def refusals(build):
     assert h.returncode == 0 and "Usage: tools/bench-stripes" in h.stdout, h
 
 
+def can_attach_loop():
+    """Whether this machine lets us attach a loop device (a container may have /dev/loop-control
+    and still refuse)."""
+    img = "/dev/shm/bench-stripes-probe.%d.img" % os.getpid()
+    try:
+        with open(img, "wb") as f:
+            f.truncate(1 << 20)
+        r = subprocess.run(["losetup", "--find", "--show", img], capture_output=True, text=True)
+        if r.returncode != 0:
+            return False
+        subprocess.run(["losetup", "-d", r.stdout.strip()], check=False)
+        return True
+    finally:
+        os.unlink(img)
+
+
+def can_make_cgroup(parent):
+    """Whether a child cgroup can be made under `parent` (a container may mount it read-only)."""
+    probe = os.path.join(parent, "bench-stripes-probe.%d" % os.getpid())
+    try:
+        os.mkdir(probe)
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
+
+
 def main():
     build = sys.argv[1]
     refusals(build)
     if os.geteuid() != 0:
         skip("needs root (loop devices, mounts, cgroups)")
-    if not os.path.exists("/dev/loop-control"):
-        skip("no loop devices (/dev/loop-control)")
+    if not os.path.exists("/dev/loop-control") or not can_attach_loop():
+        skip("loop devices cannot be attached here")
     v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers") and \
         "io" in open("/sys/fs/cgroup/cgroup.controllers").read().split()
-    if not v2 and not os.access("/sys/fs/cgroup/blkio/cgroup.procs", os.W_OK):
-        skip("no block cgroup controller (v2 io or v1 blkio)")
+    parent = "/sys/fs/cgroup" if v2 else "/sys/fs/cgroup/blkio"
+    if not (v2 or os.access("/sys/fs/cgroup/blkio/cgroup.procs", os.W_OK)) or not can_make_cgroup(parent):
+        skip("no block cgroup controller (v2 io or v1 blkio) to make a cgroup in")
     if not os.access(os.path.join(build, "bin", "tier-bench"), os.X_OK):
         skip("tier-bench is not built")
     before = leftovers()
