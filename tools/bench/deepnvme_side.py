@@ -14,7 +14,10 @@ Per size, three figures, each one JSON line on stdout (GB/s = 1e9 bytes per seco
   deepnvme.read          a read of them (the median of --samples)
 Files are removed at the end of the run, not between sizes (on a filesystem mounted with
 -o discard a removal makes the device discard in the background, slowing what follows).
-Nothing is flushed: DeepNVMe's writes end at their completion.
+Nothing is flushed: DeepNVMe's writes end at their completion. With --sync every file is
+fdatasync'd after the wait, inside the timing (what the durability of a tierd spill would cost
+this layout), and the write figures are named deepnvme.write.synced and
+deepnvme.write.first.synced.
 """
 import argparse
 import json
@@ -41,6 +44,7 @@ def main():
     ap.add_argument("--queue-depth", type=int, default=32)
     ap.add_argument("--samples", type=int, default=1, help="rewrites and reads per size (their medians)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op parallelism (ZeRO-Infinity: 1)")
+    ap.add_argument("--sync", action="store_true", help="fdatasync every file after its writes, timed")
     args = ap.parse_args()
 
     from deepspeed.ops.op_builder.async_io import AsyncIOBuilder  # built by tools/bench-deepnvme
@@ -76,6 +80,13 @@ def main():
                     assert rc == 0, "aio submit failed for %s" % path
                 done = handle.wait()
                 assert done == n, "aio completed %d of %d" % (done, n)
+                if write and args.sync:
+                    for path in paths:
+                        fd = os.open(path, os.O_RDONLY)
+                        try:
+                            os.fdatasync(fd)
+                        finally:
+                            os.close(fd)
                 return n * size / (time.perf_counter() - t0) / 1e9
 
             first = run(True)
@@ -83,7 +94,9 @@ def main():
             for _ in range(args.samples):  # a rewrite then a read, as tier-bench's spill then fetch
                 writes.append(run(True))
                 reads.append(run(False))
-            for name, value in (("deepnvme.write.first", first), ("deepnvme.write", statistics.median(writes)),
+            synced = ".synced" if args.sync else ""
+            for name, value in (("deepnvme.write.first" + synced, first),
+                                ("deepnvme.write" + synced, statistics.median(writes)),
                                 ("deepnvme.read", statistics.median(reads))):
                 print(json.dumps({"name": name, "bytes": size, "value": round(value, 4), "unit": "GB/s"}), flush=True)
     finally:
