@@ -91,6 +91,22 @@ def main():
     assert after_tierd[1].startswith("0.99 [") and after_tierd[1].endswith("(4 pairs)"), after_tierd
     assert after_deepnvme[1].startswith("1.16 [") and after_deepnvme[1].endswith("(2 pairs)"), after_deepnvme
 
+    assert "made durable" not in out, out
+
+    # --durable: DeepNVMe's writes carry "synced"; the tables say so, and a run that mixes synced
+    # and unsynced writes is refused (its ratios would compare unlike things).
+    def synced(line):
+        j = json.loads(line)
+        if j["name"].startswith("deepnvme.write"):
+            j["synced"] = True
+        return json.dumps(j) + "\n"
+    durable = run([synced(l) for l in lines])
+    assert durable.returncode == 0, durable.stderr
+    assert "DeepNVMe made durable (--durable)" in durable.stdout, durable.stdout
+    assert row(durable.stdout, "all sizes")[1] == pooled[1], durable.stdout  # same figures, same ratios
+    mixed = run([synced(l) if i < 6 else l for i, l in enumerate(lines)])
+    assert mixed.returncode != 0 and "mixes DeepNVMe writes" in mixed.stderr + mixed.stdout, mixed
+
     bad = run(lines[:3] + ["{not json\n"])
     assert bad.returncode != 0 and "not a figure" in bad.stderr + bad.stdout, (bad.stdout, bad.stderr)
     none = run([fig(1, "deepnvme", "deepnvme.write", MiB, 2.0)])

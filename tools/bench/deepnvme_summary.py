@@ -6,6 +6,8 @@ Each input line is one figure of one side, tagged by the script with "round" and
   tierd     tier-bench nvme: nvme.spill, nvme.spill.first, nvme.fetch (with the raw ceiling as
             "baseline" and the winning candidate as "baseline_name"), nvme.prepare
   deepnvme  tools/bench/deepnvme_side.py: deepnvme.write.first, deepnvme.write, deepnvme.read
+            (the writes with "synced": true when every file was fdatasync'd, --durable; a run
+            may not mix synced and unsynced writes)
 
 Four tables and a line on stdout:
   1. medians over the rounds of each figure, and the ratios of those medians;
@@ -45,6 +47,7 @@ def load(path):
     won = defaultdict(Counter)
     order = defaultdict(list)  # (name, went first) -> values
     tierd_first = {}  # (bytes, round) -> whether tierd's side went first in that pair
+    synced = set()  # whether DeepNVMe's writes were fdatasync'd, over every write line
     with open(path) as f:
         for n, line in enumerate(f, 1):
             try:
@@ -53,6 +56,8 @@ def load(path):
                 vals[key][int(j.get("round", 0))] = float(j["value"])
             except (ValueError, KeyError, TypeError) as e:
                 raise SystemExit("deepnvme_summary: %s:%d: not a figure (%s)" % (path, n, e))
+            if j["name"].startswith("deepnvme.write"):
+                synced.add(bool(j.get("synced", False)))
             if "first" in j:
                 order[(j["name"], bool(j["first"]))].append(float(j["value"]))
                 if j["name"] == "nvme.spill":
@@ -60,7 +65,9 @@ def load(path):
             if j["name"] in ("nvme.spill", "nvme.fetch") and j.get("baseline_name"):
                 ceiling[key].append(float(j["baseline"]))
                 won[key][j["baseline_name"]] += 1
-    return vals, ceiling, won, order, tierd_first
+    if len(synced) > 1:
+        raise SystemExit("deepnvme_summary: %s mixes DeepNVMe writes with and without fdatasync" % path)
+    return vals, ceiling, won, order, tierd_first, synced == {True}
 
 
 def median(v):
@@ -92,7 +99,7 @@ def main(argv):
     if len(argv) != 2:
         sys.stderr.write(__doc__)
         return 2
-    vals, ceiling, won, order, tierd_first = load(argv[1])
+    vals, ceiling, won, order, tierd_first, durable = load(argv[1])
     sizes = sorted({b for (n, b) in vals if n == "nvme.spill"})
     if not sizes:
         print("deepnvme_summary: no nvme.spill figure in %s" % argv[1], file=sys.stderr)
@@ -103,6 +110,8 @@ def main(argv):
         return median(list(vals.get((name, b), {}).values()))
 
     print("GB/s, medians of %d rounds; ratio = tierd / DeepNVMe (>= 1.0: tierd at least as fast)" % rounds)
+    if durable:
+        print("DeepNVMe made durable (--durable): every file fdatasync'd after its writes, inside the timing")
     print()
     print("| size | tierd spill | tierd spill, fresh tier | DeepNVMe write | DeepNVMe first write | spill ratio "
           "| fresh ratio | tierd fetch | DeepNVMe read | fetch ratio | raw write (winner) | raw read (winner) |")
