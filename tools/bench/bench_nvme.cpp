@@ -162,8 +162,8 @@ EngineOptions engine_options(const BenchOptions& o, const std::string& dir, cons
   eo.dirs.push_back({dir + "/" + sub, (o.quick ? 512 : 4096) * kMiB, -1});
   for (const std::string& d : o.stripe_dirs)
     eo.dirs.push_back({stripe_root(d).append("/").append(sub), 4096 * kMiB, -1});
-  eo.queue_depth = o.queue_depth;
-  eo.request_size = o.request_size;
+  if (o.queue_depth > 0) eo.queue_depth = o.queue_depth;
+  if (o.request_size > 0) eo.request_size = o.request_size;
   eo.format = true;
   eo.prepare_files = !o.no_prepare;
   if (o.flush_behind >= 0) eo.flush_behind_bytes = static_cast<uint64_t>(o.flush_behind);
@@ -281,7 +281,8 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     // How the engine split each tensor: write requests per tensor against the fewest its request
     // size allows (more when a tensor spans several extents or a short write was resubmitted).
     const double per_spill = static_cast<double>(spill_requests) / (samples * tensors);
-    const uint64_t fewest_requests = (size + o.request_size - 1) / o.request_size;  // rounded up
+    const uint64_t request = e.stats().dirs.front().request_size;     // what the engine runs with
+    const uint64_t fewest_requests = (size + request - 1) / request;  // rounded up
     const auto fewest = static_cast<double>(fewest_requests);
     emit(o, {"nvme.spill_requests", size, per_spill, "requests/tensor", fewest, per_spill / fewest});
     raw.write_bw = w.bw;

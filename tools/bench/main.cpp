@@ -3,6 +3,7 @@
 // Exit status: 0 ok, 1 a suite failed (message on stderr), 2 usage.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "suites.hpp"
@@ -73,12 +74,12 @@ int main(int argc, char** argv) {
                  "nvme suite: the engine's write-behind flush interval (bytes, e.g. 64M; 0 = off; "
                  "default: the engine's)");
   app.add_option("--queue-depth", o.queue_depth,
-                 "nvme suite: the engine's requests in flight per directory (default 32, as tierd's)")
+                 "nvme suite: the engine's requests in flight per directory (default: tierd's, 32)")
       ->check(CLI::Range(1u, 4096u));
   std::string request_size;
   app.add_option(
       "--request-size", request_size,
-      "nvme suite: the engine's bytes per request, 4 KiB multiples up to 64M (default 1M, as tierd's)");
+      "nvme suite: the engine's bytes per request, 4 KiB multiples up to 64M (default: tierd's, 1M)");
   app.add_flag("--quick", o.quick, "fewer sizes and repetitions (for tests; figures are noisier)");
   try {
     app.parse(argc, argv);
@@ -87,12 +88,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tier-bench: %s\nRun 'tier-bench --help' for usage.\n", e.what());
     return 2;
   }
-  for (const std::string& text : sizes) {
+  // A size in whole 4 KiB pages, at most `max`; says why not (then nullopt).
+  auto pages = [](const char* option, const std::string& text, uint64_t max) -> std::optional<uint64_t> {
     auto v = tier::parse_size(text);
-    if (!v || *v == 0 || *v % 4096 != 0) {
-      std::fprintf(stderr, "tier-bench: --sizes: '%s' is not a size in 4 KiB multiples\n", text.c_str());
-      return 2;
-    }
+    if (v && *v > 0 && *v % 4096 == 0 && *v <= max) return *v;
+    std::fprintf(stderr, "tier-bench: %s: '%s' is not a size in 4 KiB multiples%s\n", option, text.c_str(),
+                 max == UINT64_MAX ? "" : (" up to " + tier::format_size(max)).c_str());
+    return std::nullopt;
+  };
+  for (const std::string& text : sizes) {
+    auto v = pages("--sizes", text, UINT64_MAX);
+    if (!v) return 2;
     o.sizes.push_back(*v);
   }
   if (!flush_behind.empty()) {
@@ -104,12 +110,8 @@ int main(int argc, char** argv) {
     o.flush_behind = static_cast<int64_t>(*v);
   }
   if (!request_size.empty()) {
-    auto v = tier::parse_size(request_size);
-    if (!v || *v == 0 || *v % 4096 != 0 || *v > (uint64_t{64} << 20)) {
-      std::fprintf(stderr, "tier-bench: --request-size: '%s' is not a size in 4 KiB multiples up to 64M\n",
-                   request_size.c_str());
-      return 2;
-    }
+    auto v = pages("--request-size", request_size, uint64_t{64} << 20);
+    if (!v) return 2;
     o.request_size = static_cast<uint32_t>(*v);
   }
   try {

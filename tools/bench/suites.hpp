@@ -27,8 +27,8 @@ struct BenchOptions {
   bool no_prepare = false;               // --no-prepare: the engine's data files are fallocate'd only
   bool no_fresh = false;                 // --no-fresh: no nvme.spill.first / nvme.prepare figures
   int64_t flush_behind = -1;             // --flush-behind: the engine's flush_behind_bytes (-1: its default)
-  uint32_t queue_depth = 32;             // --queue-depth: the engine's requests in flight per directory
-  uint32_t request_size = 1u << 20;      // --request-size: the engine's bytes per request
+  uint32_t queue_depth = 0;              // --queue-depth: the engine's requests in flight (0: its default)
+  uint32_t request_size = 0;             // --request-size: the engine's bytes per request (0: its default)
   bool no_ceiling = false;  // --no-ceiling: the engine's figures only, no raw ceiling (baseline 0)
 };
 
