@@ -68,8 +68,8 @@ struct Config {
   // Bytes each NVMe directory may use; empty: 90% of its filesystem's free space.
   std::string nvme_capacity;
   // Threads that checksum spilled and fetched extents (0: the I/O loop's thread hashes). One
-  // hashes about 4.7 GB/s here (docs/nvme.md): size it to the tier's devices, about one per
-  // 4 GB/s of NVMe bandwidth. At most 256.
+  // hashes about as fast as a core reads memory (tier-bench nvme's nvme.hash; docs/benchmarks.md):
+  // size it to the tier's devices, about one per 8 GB/s of NVMe bandwidth. At most 256.
   uint32_t nvme_hash_threads = 2;
   // Write-behind flush: after this many bytes of spill writes to one NVMe data file, tierd
   // issues an fdatasync without waiting for it, so that a long spill is persisted as it

@@ -66,6 +66,14 @@ TEST_CASE("tier-bench nvme --quick prints spill, fetch and daemon plan figures w
     CHECK(last["nvme.spill_requests"].at("value") >= 16.0);
     CHECK(last["nvme.spill_requests"].at("value") < 16.5);
   }
+  // One thread's checksum rate over 8 MiB extents against reading the same bytes.
+  CHECK(seen["nvme.hash"] == 1);
+  if (last.contains("nvme.hash")) {
+    CHECK(last["nvme.hash"].at("bytes") == 8u << 20);
+    CHECK(last["nvme.hash"].at("unit") == "GB/s");
+    CHECK(last["nvme.hash"].at("value") > 0.0);
+    CHECK(last["nvme.hash"].at("baseline_name") == "read");
+  }
   if (last.contains("nvme.spill_syncs")) {
     CHECK(last["nvme.spill_syncs"].at("value") > 0.0);
     CHECK(last["nvme.spill_syncs"].at("value") <= 1.0);

@@ -20,6 +20,11 @@
 //   nvme.spill_requests       write requests per spilled tensor; baseline the fewest the
 //                             engine's request size allows (--request-size, --queue-depth set
 //                             the engine's; tierd's defaults otherwise).
+//   nvme.hash                 one thread's extent checksum (XXH3, 8 MiB extents, the engine's
+//                             max_extent) over 2 GiB, more than the caches hold, in GB/s per hash
+//                             thread; baseline: the same thread reading the same bytes (memchr),
+//                             the most any pass over memory gets. It sizes nvme_hash_threads: a
+//                             tier moving B GB/s needs about B / this threads.
 //   nvme.daemon_plan.*        a cyclic plan over a working set twice the RAM tier, through a
 //                             private tierd (--nvme-dir on the same directory) via libtier:
 //                             lease, compute, release. tierd's own policy (Belady eviction and
@@ -320,6 +325,35 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
   return true;
 }
 
+// nvme.hash: extent_checksum on one thread against a plain read of the same bytes, interleaved
+// (measure_pair). The read is glibc's memchr for a byte value the buffer does not hold (its
+// SIMD code reads every byte at what one core can pull from memory). The buffer is 2 GiB, more
+// than the last-level cache of current server CPUs, as a spill's source may be (--quick: 64 MiB,
+// which can be cache-resident).
+bool bench_hash(const BenchOptions& o) {
+  const uint64_t n = (o.quick ? 64 : 2048) * kMiB, extent = 8 * kMiB;
+  AlignedBuf buf = alloc_filled(n, 3);
+  if (!buf) {
+    std::fprintf(stderr, "tier-bench nvme: cannot allocate %llu bytes\n", (unsigned long long)n);
+    return false;
+  }
+  constexpr std::byte kAbsent{0xff};
+  std::replace(buf.get(), buf.get() + n, kAbsent, std::byte{0xfe});
+  uint64_t sink = 0;
+  auto hash = [&] {
+    for (uint64_t off = 0; off < n; off += extent) sink ^= extent_checksum({buf.get() + off, extent});
+    return true;
+  };
+  auto read = [&] { return std::memchr(buf.get(), std::to_integer<int>(kAbsent), n) == nullptr; };
+  PairResult r = measure_pair(hash, read, 1, o.quick ? 3 : 7);
+  asm volatile("" ::"r"(sink));  // the checksums are used, so the loop cannot be dropped
+  if (r.measured_s <= 0 || r.baseline_s <= 0) return false;
+  const double hash_bw = static_cast<double>(n) / r.measured_s,
+               read_bw = static_cast<double>(n) / r.baseline_s;
+  emit(o, {"nvme.hash", extent, hash_bw / 1e9, "GB/s", read_bw / 1e9, hash_bw / read_bw}, "read");
+  return true;
+}
+
 // One run of the cyclic plan with room for `slots` of `tensors` tensors in RAM.
 // Fewest bytes any eviction order must fetch per step (Belady is optimal for equal sizes):
 // simulated on the same plan, steady state.
@@ -504,8 +538,9 @@ int run_nvme(const BenchOptions& o) {
     } else {
       Raw raw;
       if (bench_bandwidth(o, **e, dir, raw) &&
-          (o.only_bandwidth || (bench_daemon_plan(o, dir, raw, 1.0, "") &&
-                                (o.quick || bench_daemon_plan(o, dir, raw, 2.0, ".compute2x")))))
+          (o.only_bandwidth ||
+           (bench_hash(o) && (bench_daemon_plan(o, dir, raw, 1.0, "") &&
+                              (o.quick || bench_daemon_plan(o, dir, raw, 2.0, ".compute2x"))))))
         rc = 0;
     }
   }
