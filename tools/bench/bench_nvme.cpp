@@ -142,6 +142,13 @@ bool free_all(Engine& e, std::vector<NvmeLocation>& locs) {
   return true;
 }
 
+// A counter of DirStats summed over the engine's directories.
+uint64_t over_dirs(const Engine& e, uint64_t DirStats::* counter) {
+  uint64_t n = 0;
+  for (const DirStats& d : e.stats().dirs) n += d.*counter;
+  return n;
+}
+
 struct Raw {
   double write_bw = 0, read_bw = 0;  // bytes/s, from the last size measured
 };
@@ -196,8 +203,7 @@ double fresh_spill(const BenchOptions& o, const std::string& dir, const std::str
   }
   (*e)->wait_prepared();
   startup.seconds = now_s() - t0;
-  startup.prepared = 0;
-  for (const DirStats& d : (*e)->stats().dirs) startup.prepared += d.prepared_bytes;
+  startup.prepared = over_dirs(**e, &DirStats::prepared_bytes);
   MemRegion region{src, n};
   (*e)->register_memory({&region, 1});  // as the steady-state engine has its buffers
   std::vector<NvmeLocation> locs;
@@ -238,16 +244,8 @@ bool bench_bandwidth(const BenchOptions& o, Engine& e, const std::string& dir, R
     uint64_t n = bytes_for(o, size);
     std::vector<double> es, ef;
     ceiling.clear();
-    auto syncs = [&e] {
-      uint64_t n = 0;
-      for (const DirStats& d : e.stats().dirs) n += d.syncs;
-      return n;
-    };
-    auto requests = [&e] {
-      uint64_t n = 0;
-      for (const DirStats& d : e.stats().dirs) n += d.requests;
-      return n;
-    };
+    auto syncs = [&e] { return over_dirs(e, &DirStats::syncs); };
+    auto requests = [&e] { return over_dirs(e, &DirStats::requests); };
     const uint64_t syncs_before = syncs();
     uint64_t spill_requests = 0;  // the spills' write requests (their syncs are requests too)
     auto spill = [&] {
