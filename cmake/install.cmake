@@ -18,7 +18,7 @@
 #   libtier (libtier0): LIBDIR/libtier.so.X.Y.Z, .so.X   SONAME libtier.so.X
 #   dev (libtier-dev): include/tier/{client,export,status,types}.hpp, LIBDIR/libtier.so,
 #     LIBDIR/cmake/tier/tierConfig*.cmake, tierTargets*.cmake, LIBDIR/pkgconfig/tier.pc
-#   python (python3-tierd): lib/python3/dist-packages/tierd/ (_native*.so, __init__.py, torch.py; when built)
+#   python (python3-tierd): lib/python3/dist-packages/tierd/ (_native*.so, __init__.py, torch/; when built)
 #   trainer (tier-train): bin/tier-train, share/man/man1/tier-train.1
 #   every component: share/doc/<package>/copyright and changelog.Debian.gz
 include(GNUInstallDirs)
@@ -189,7 +189,11 @@ if(TARGET tierd_python)
   file(RELATIVE_PATH tier_py_rel "/${TIER_PYTHON_INSTALL_DIR}/tierd" "/${CMAKE_INSTALL_LIBDIR}")
   set_target_properties(tierd_python PROPERTIES INSTALL_RPATH "$ORIGIN/${tier_py_rel}")
   install(TARGETS tierd_python LIBRARY DESTINATION ${TIER_PYTHON_INSTALL_DIR}/tierd COMPONENT python OPTIONAL)
-  install(FILES ${TIER_PYTHON_SOURCES} DESTINATION ${TIER_PYTHON_INSTALL_DIR}/tierd COMPONENT python)
+  foreach(name ${TIER_PYTHON_FILES})
+    get_filename_component(dir ${name} DIRECTORY)
+    install(FILES ${PROJECT_SOURCE_DIR}/python/tierd/${name} DESTINATION ${TIER_PYTHON_INSTALL_DIR}/tierd/${dir}
+      COMPONENT python)
+  endforeach()
 endif()
 
 include(${CMAKE_CURRENT_LIST_DIR}/cpack.cmake)

@@ -51,7 +51,7 @@ class PipInstall(unittest.TestCase):
             self.assertTrue(where.startswith(venv), where)
             ext_version, dist_version = versions.split()
             self.assertEqual(ext_version, dist_version)  # pyproject.toml and CMake agree
-            for name in ("py.typed", "_native.pyi", "torch.py"):
+            for name in ("py.typed", "_native.pyi", "torch/__init__.py"):
                 self.assertTrue(os.path.exists(os.path.join(os.path.dirname(where), name)), name)
             r = subprocess.run([py, os.path.join(src, "examples", "train_gpt.py"), "--pool", "pip", "--socket",
                                 daemon.socket, "--steps", "3", "--layers", "1", "--dim", "32", "--heads", "2",
