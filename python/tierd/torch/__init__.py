@@ -28,6 +28,12 @@ reduce-scatter, as gloo), each rank updates its slice, and the new parameters ar
 into every rank's model. Do not also wrap the model in DistributedDataParallel: the optimizer
 does the gradient averaging. Ranks on one node share that node's tierd.
 
+FSDP2 (torch.distributed.fsdp.fully_shard, parameters as DTensors; PyTorch 2): FSDP2 has
+already reduce-scattered and averaged each gradient, so each rank updates the local shards of
+its parameters as one process would, in "fsdp.r<rank>of<world>.g<group>.p<index>.<buffer>" and
+"commit.r<rank>of<world>" (tierd/torch/_fsdp.py). With CPUOffloadPolicy the shards are in host
+memory and are updated in place; on a GPU they take the copies described below.
+
 The update is tier-train's AdamW (tierd.adamw_step: vectorized, OpenMP threads, no GIL), with
 the arithmetic of torch.optim.AdamW: decoupled weight decay, bias correction.
 
@@ -46,6 +52,7 @@ from typing import Any, Iterable, List, Optional
 import torch
 
 import tierd
+from tierd.torch import _fsdp
 
 __all__ = ["OffloadAdamW"]
 
@@ -204,6 +211,10 @@ class OffloadAdamW(torch.optim.Optimizer):
             raise ValueError(f"betas must lie in [0, 1), got {betas}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self._params = [p for g in self.param_groups for p in g["params"]]
+        self._dparams = self._params  # as given; under FSDP2 DTensors, and _params their local shards
+        self._fsdp = _fsdp.local_views(self._params) is not None
+        if self._fsdp:
+            self._params = _fsdp.local_views(self._dparams)
         self._group_of = [gi for gi, g in enumerate(self.param_groups) for _ in g["params"]]
         for i, p in enumerate(self._params):
             if not p.is_floating_point():
@@ -211,9 +222,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._gpu = _GpuPath(self._params) if any(p.is_cuda for p in self._params) else None
         dist = torch.distributed
         self._pg = process_group
-        sharded = dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
-        self._world = dist.get_world_size(process_group) if sharded else 1
-        self._rank = dist.get_rank(process_group) if sharded else 0
+        ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
+        sharded = self._zero = ranks and not self._fsdp  # ZeRO-2: this optimizer partitions
+        self._world = dist.get_world_size(process_group) if ranks else 1
+        self._rank = dist.get_rank(process_group) if ranks else 0
         self._pool = pool
         self._client = tierd.connect(socket, name="OffloadAdamW")
         self._client.create_pool(pool, ram_quota=ram_quota or 0, nvme_quota=nvme_quota or 0, exist_ok=True)
@@ -223,10 +235,13 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._units = [self._shard_unit()]
             suffix = f".r{self._rank}of{self._world}"
             layout.append(("shard", self._rank, self._world))
-        else:
-            self._units = [self._unit(f"g{self._group_of[i]}.p{self._index_in_group(i)}", p.numel(),
+        else:  # a unit per parameter (under FSDP2: per local shard, named with the rank)
+            prefix = f"fsdp.r{self._rank}of{self._world}." if self._world > 1 else ""
+            self._units = [self._unit(f"{prefix}g{self._group_of[i]}.p{self._index_in_group(i)}", p.numel(),
                                       [_Segment(i, 0, 0, p.numel())]) for i, p in enumerate(self._params)]
-            suffix = ""
+            suffix = f".r{self._rank}of{self._world}" if self._world > 1 else ""
+            if self._fsdp:
+                layout.append(("fsdp", self._rank, self._world))
         digest = hashlib.blake2b(repr(layout).encode(), digest_size=8).digest()
         self._layout = int.from_bytes(digest, "little") & _MASK63
         self._commit = self._client.create_tensor(pool, "commit" + suffix, shape=(2, _SLOT_WORDS), dtype="int64",
@@ -242,7 +257,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                               "starting fresh", RuntimeWarning, stacklevel=2)
             self._init_state()
         self.resumed_step = self._step
-        for p in self._params:
+        for p in self._dparams:
             self.state[p]["step"] = self._step
 
     # --- layout ------------------------------------------------------------------------------
@@ -358,7 +373,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def _set_params(self, masters: List[torch.Tensor]) -> None:
         """Writes the master copies (one per unit; with several ranks, this rank's slice) into
         every parameter, all-gathering the slices of the other ranks."""
-        if self._world == 1:
+        if not self._zero:
             for u, m in zip(self._units, masters):
                 for s in u.segments:
                     p = self._params[s.param]
@@ -389,7 +404,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         for p in self._params:
             if p.grad is not None and p.grad.is_sparse:
                 raise RuntimeError("OffloadAdamW does not support sparse gradients")
-        if self._world == 1:
+        if not self._zero:
             if self._gpu is not None:
                 return self._gpu.gradients_to_host(self._params)
             return [None if p.grad is None else self._flat(p.grad).contiguous() for p in self._params]
@@ -418,6 +433,9 @@ class OffloadAdamW(torch.optim.Optimizer):
                 loss = closure()
         t = self._step + 1
         src, dst = self._buffer, 1 - self._buffer
+        if self._fsdp:
+            self._params = _fsdp.local_views(self._dparams)
+            _fsdp.attach_grads(self._dparams, self._params)
         grads = self._gradients()
         masters = []
         for ui, (u, g) in enumerate(zip(self._units, grads)):
@@ -435,7 +453,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                                          b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
                                          beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
                                          weight_decay=group["weight_decay"], step=t)
-                if self._world == 1:  # straight from the lease into the parameter: no extra copy
+                if not self._zero:  # straight from the lease into the parameter: no extra copy
                     p = self._params[u.segments[0].param]
                     if self._gpu is not None and p.is_cuda:
                         self._gpu.parameter_to_device(u.segments[0].param, p, b[0])
@@ -445,11 +463,13 @@ class OffloadAdamW(torch.optim.Optimizer):
                 return torch.from_numpy(b[0].copy())  # this rank's slice, for the all-gather
             masters.append(self._leased(u.tensors[dst], "o", update, other=u.tensors[src]))
             _kill_point(self._rank, t, ui)
-        if self._world > 1:
+        if self._zero:
             self._set_params(masters)
         if self._gpu is not None:
             self._gpu.finish_step()
-        for p in self._params:
+        if self._fsdp:
+            _fsdp.detach_grads(self._params)
+        for p in self._dparams:
             self.state[p]["step"] = t
         _kill_point(self._rank, t, "commit")
         self._write_commit(t, dst)
@@ -509,7 +529,7 @@ class OffloadAdamW(torch.optim.Optimizer):
             if "step" in st:
                 step = max(step, int(float(st["step"])))
         self._write_commit(step, dst)
-        for p in self._params:
+        for p in self._dparams:
             self.state[p]["step"] = step
 
     def close(self) -> None:
