@@ -24,28 +24,30 @@ import hashlib
 import pickle
 import struct
 import threading
-import zlib
 from typing import Dict, List, Optional, Tuple
+
+import numpy
 
 import tierd
 
 MAGIC = b"TIERDCP1"
 _HEADER = struct.Struct("<8sQ32s")
 PREFIX = "dcp|"
-# Checksums are CRC-32 per block, so that the blocks of one large item are summed in parallel.
+# Checksums are per block of an item, so that a corrupted block is found by itself.
 BLOCK = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
     """Where one DCP write item lies: bytes [offset, offset + length) of tensor `tensor`;
-    `dtype` and `shape` for a tensor item (None for a byte item); one CRC-32 per BLOCK bytes."""
+    `dtype` and `shape` for a tensor item (None for a byte item); one checksum per BLOCK
+    bytes (checksums())."""
     tensor: str
     offset: int
     length: int
     dtype: Optional[str]
     shape: Optional[Tuple[int, ...]]
-    crcs: Tuple[int, ...]
+    sums: Tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,13 +73,21 @@ def split(tensor_name: str) -> Optional[Tuple[str, str]]:
     return (rest[0], rest[1]) if len(rest) == 2 else None
 
 
-def crcs(buf, threads: int = 1, pool=None) -> Tuple[int, ...]:
-    """CRC-32 of each BLOCK of the contiguous buffer `buf` (zlib releases the GIL)."""
-    mv = memoryview(buf).cast("B")
-    blocks = [mv[i:i + BLOCK] for i in range(0, len(mv), BLOCK)] or [mv]
-    if pool is None or len(blocks) == 1:
-        return tuple(zlib.crc32(b) for b in blocks)
-    return tuple(pool.map(zlib.crc32, blocks))
+def checksums(buf: numpy.ndarray) -> Tuple[int, ...]:
+    """One 64-bit checksum per BLOCK bytes of the uint8 array `buf`: the sum modulo 2^64 of
+    its little-endian 64-bit words (a short tail zero-padded). Any corrupted word (a flipped
+    bit or byte) changes it, and random damage slips through with probability 2^-64; it does
+    not see whole words swapped, which is not how memory or disks fail. It runs at memory speed
+    (numpy, without the GIL), where CRC-32 (zlib) ran at a third of the copy's speed."""
+    out = []
+    for lo in range(0, max(len(buf), 1), BLOCK):
+        block = buf[lo:lo + BLOCK]
+        whole = len(block) // 8 * 8
+        total = int(block[:whole].view(numpy.uint64).sum(dtype=numpy.uint64)) if whole else 0
+        if whole < len(block):
+            total += int.from_bytes(block[whole:].tobytes().ljust(8, b"\0"), "little")
+        out.append(total & 0xFFFFFFFFFFFFFFFF)
+    return tuple(out)
 
 
 def encode_record(payload: dict) -> bytes:

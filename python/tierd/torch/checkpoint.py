@@ -16,7 +16,7 @@ replaces it the same way: the old one stays loadable until the new one is commit
 
 Loading reshards as DCP does (saved by N ranks, loaded by M), provided every rank's tierd holds
 what it reads: ranks on one node share a tierd; across nodes, load where the data was written.
-Each item carries CRC-32 checksums that are verified on load: a mismatch raises
+Each item carries 64-bit checksums (tierd/torch/_store.py) that are verified on load: a mismatch raises
 tierd.Corruption naming the item. Pools belong to one uid: tierd refuses other uids.
 
 Needs PyTorch >= 2.4 (DCP's storage interfaces in their present form).
@@ -33,6 +33,7 @@ import uuid
 import warnings
 from typing import Any, Dict, List, Optional
 
+import numpy
 import torch
 
 if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 4):
@@ -79,6 +80,18 @@ def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
         if off != 0 or n != t.size(dim):
             t = t.narrow(dim, off, n)
     return t
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[...] = src. Between contiguous host tensors of one dtype, numpy's copy (memcpy
+    without the GIL, about twice torch's copy_ on this path); otherwise copy_ (a GPU source's
+    copy is asynchronous: stage() synchronizes)."""
+    if dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype and \
+            dst.shape == src.shape and dst.is_contiguous() and src.is_contiguous() and dst.numel() and \
+            not src.is_conj() and not src.is_neg():
+        numpy.copyto(dst.reshape(-1).view(torch.uint8).numpy(), src.detach().reshape(-1).view(torch.uint8).numpy())
+    else:
+        dst.copy_(src, non_blocking=src.is_cuda)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -230,18 +243,18 @@ class TierdWriter(StorageWriter, AsyncStager):
         if item.type == WriteItemType.BYTE_IO:
             region = dst[off:off + n]
             region.copy_(torch.frombuffer(bytearray(blobs[item.index]), dtype=torch.uint8) if n else region)
-            return WriteResult(item.index, n, Stored(data_name, off, n, None, None, _store.crcs(region.numpy())))
+            return WriteResult(item.index, n, Stored(data_name, off, n, None, None, _store.checksums(region.numpy())))
         t = planner.resolve_data(item).detach()
         dtype, shape = _dtype_name(t.dtype), tuple(t.shape)
         staged = self._staged_at(t)
         if staged is not None:  # async_save staged it into tierd already: nothing to copy
             name, soff = staged
             src = self._staged["view"][soff:soff + n]
-            return WriteResult(item.index, n, Stored(name, soff, n, dtype, shape, _store.crcs(src.numpy())))
+            return WriteResult(item.index, n, Stored(name, soff, n, dtype, shape, _store.checksums(src.numpy())))
         region = dst[off:off + n]
         if n:
-            region.view(t.dtype).view(t.shape).copy_(t)
-        return WriteResult(item.index, n, Stored(data_name, off, n, dtype, shape, _store.crcs(region.numpy())))
+            _copy(region.view(t.dtype).view(t.shape), t)
+        return WriteResult(item.index, n, Stored(data_name, off, n, dtype, shape, _store.checksums(region.numpy())))
 
     def _staged_at(self, t: torch.Tensor):
         """(staging tensor name, offset) when `t` is a contiguous view of the staged bytes."""
@@ -317,7 +330,7 @@ class TierdWriter(StorageWriter, AsyncStager):
             n = local.numel() * local.element_size()
             dst = view[off:off + n].view(local.dtype).view(local.shape) if n else \
                 torch.empty(local.shape, dtype=local.dtype)
-            dst.copy_(local.detach(), non_blocking=local.is_cuda)
+            _copy(dst, local.detach())
             copies[id(t)] = _like(t, dst)
         if torch.cuda.is_available() and any(_local(t).is_cuda for t in leaves):
             torch.cuda.synchronize()
@@ -466,8 +479,8 @@ class TierdReader(StorageReader):
         st = self._storage[req.storage_index]
         raw = view[st.offset:st.offset + st.length]
         if req.storage_index not in self._verified:
-            got = _store.crcs(raw.numpy())
-            if got != st.crcs:
+            got = _store.checksums(raw.numpy())
+            if got != st.sums:
                 idx = req.storage_index
                 raise tierd.Corruption(f"checkpoint '{self._checkpoint_id}': item '{idx.fqn}' (offset "
                                        f"{list(idx.offset) if idx.offset is not None else 'whole'}) fails its "
@@ -483,7 +496,7 @@ class TierdReader(StorageReader):
         if target.size() != src.size():
             raise ValueError(f"checkpoint item '{req.storage_index.fqn}': stored shape {tuple(src.size())} "
                              f"differs from the target's {tuple(target.size())}")
-        target.copy_(src)
+        _copy(target, src)
         planner.commit_tensor(req, target)
 
     @classmethod
