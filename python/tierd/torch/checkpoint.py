@@ -324,14 +324,16 @@ class TierdWriter(StorageWriter, AsyncStager):
             info = store.client.create_tensor(self.pool, name, size=max(total, 1), exist_ok=False)
             lease = store.client.lease(info.id, "o")
         view = _bytes_view(lease)
-        copies = {}
+        copies, pairs = {}, []
         for t, off in zip(leaves, spots):
             local = _local(t)
             n = local.numel() * local.element_size()
             dst = view[off:off + n].view(local.dtype).view(local.shape) if n else \
                 torch.empty(local.shape, dtype=local.dtype)
-            _copy(dst, local.detach())
+            pairs.append((dst, local.detach()))
             copies[id(t)] = _like(t, dst)
+        with concurrent.futures.ThreadPoolExecutor(self._threads) as pool:  # the copies drop the GIL
+            list(pool.map(lambda pair: _copy(*pair), pairs))
         if torch.cuda.is_available() and any(_local(t).is_cuda for t in leaves):
             torch.cuda.synchronize()
         self._staged = dict(id=ident, name=name, lease=lease, view=view, address=view.data_ptr() if total else 0,
