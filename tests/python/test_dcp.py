@@ -156,6 +156,10 @@ class DcpTest(unittest.TestCase):
             at3, loaded, now = job.value(rank, "at3")[0], job.value(rank, "loaded")[0], job.value(rank, "now")[0]
             self.assertEqual(loaded, at3, f"rank {rank}")
             self.assertNotEqual(now, at3)  # training went on meanwhile
+        # The save recorded the tensors where stage() had copied them: no second copy.
+        rec = next(iter(ck.Store("dcp-async", daemon.socket, "test").records().values()))
+        places = {v.tensor.split("|")[2] for v in rec["metadata"].storage_data.values() if v.dtype is not None}
+        self.assertEqual(places, {"stage.r0", "stage.r1"})
 
 
 if __name__ == "__main__":

@@ -207,10 +207,20 @@ class TierdWriter(StorageWriter, AsyncStager):
         store = self._connect()
         blobs = {item.index: planner.resolve_data(item).getvalue()
                  for item in plan.items if item.type == WriteItemType.BYTE_IO}
+        # After stage(), the items are views of the staged tensor: they take no room here.
+        staged = {}
+        if self._staged is not None:
+            for item in plan.items:
+                if item.type != WriteItemType.BYTE_IO:
+                    t = planner.resolve_data(item).detach()
+                    if self._staged_at(t) is not None:
+                        staged[item.index] = t
         layout, total = {}, 0
         for item in plan.items:
             if item.type == WriteItemType.BYTE_IO:
                 n = len(blobs[item.index])
+            elif item.index in staged:
+                continue
             else:
                 td = item.tensor_data
                 n = td.chunk.sizes.numel() * torch.empty((), dtype=td.properties.dtype).element_size()
@@ -224,7 +234,7 @@ class TierdWriter(StorageWriter, AsyncStager):
         try:
             dst = _bytes_view(lease)
             with concurrent.futures.ThreadPoolExecutor(self._threads) as pool:
-                jobs = [pool.submit(self._write_item, item, planner, blobs, dst, layout, data_name, pool)
+                jobs = [pool.submit(self._write_item, item, planner, blobs, staged, dst, layout, data_name)
                         for item in plan.items]
                 results = [j.result() for j in jobs]
             del dst
@@ -238,7 +248,14 @@ class TierdWriter(StorageWriter, AsyncStager):
         fut.set_result(results)
         return fut
 
-    def _write_item(self, item, planner, blobs, dst, layout, data_name, pool) -> WriteResult:
+    def _write_item(self, item, planner, blobs, staged, dst, layout, data_name) -> WriteResult:
+        if item.index in staged:  # async_save staged it into tierd already: nothing to copy
+            t = staged[item.index]
+            name, soff = self._staged_at(t)
+            n = t.numel() * t.element_size()
+            src = self._staged["view"][soff:soff + n]
+            return WriteResult(item.index, n, Stored(name, soff, n, _dtype_name(t.dtype), tuple(t.shape),
+                                                     _store.checksums(src.numpy())))
         off, n = layout[item.index]
         if item.type == WriteItemType.BYTE_IO:
             region = dst[off:off + n]
@@ -246,11 +263,6 @@ class TierdWriter(StorageWriter, AsyncStager):
             return WriteResult(item.index, n, Stored(data_name, off, n, None, None, _store.checksums(region.numpy())))
         t = planner.resolve_data(item).detach()
         dtype, shape = _dtype_name(t.dtype), tuple(t.shape)
-        staged = self._staged_at(t)
-        if staged is not None:  # async_save staged it into tierd already: nothing to copy
-            name, soff = staged
-            src = self._staged["view"][soff:soff + n]
-            return WriteResult(item.index, n, Stored(name, soff, n, dtype, shape, _store.checksums(src.numpy())))
         region = dst[off:off + n]
         if n:
             _copy(region.view(t.dtype).view(t.shape), t)
