@@ -1,7 +1,9 @@
 """Launching the ranks of tests/python/fsdp2_worker.py for the torch2 suites."""
+import atexit
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ class Job:
 
     def __init__(self, world, mode, socket, pool, env=None, uid=None, **args):
         self.dir = tempfile.mkdtemp(prefix="tierd-torch2.")
+        atexit.register(shutil.rmtree, self.dir, ignore_errors=True)  # the ranks' results and logs
         self.procs, self.outs = [], []
         for rank in range(world):
             out = os.path.join(self.dir, f"r{rank}.jsonl")
