@@ -436,6 +436,7 @@ class _AioOp:
 # A checkpoint file in the pool: this header, then the bytes torch.save wrote.
 _MAGIC = b"TIERCKP1"
 _HEADER = 16  # magic, little-endian u64 payload length
+_PLACEHOLDER = "tierd checkpoint file: its bytes are in tierd,"
 
 
 def _put_bytes(client, pool: str, name: str, payload, what: str) -> None:
@@ -503,7 +504,8 @@ class TierCheckpointEngine(_CkptBase):
     the training processes (not tierd's RAM: with `snapshot=True` commit() also takes a tierd
     snapshot of the pool, which survives a reboot). A load whose bytes fail tierd's checksum
     raises tierd.Corruption naming the file and the tensor, never returns weights. Directories
-    are still made on disk (DeepSpeed writes its small `latest` file there itself)."""
+    and a small text file per checkpoint file are still made on disk (DeepSpeed lists a
+    checkpoint's files with glob, and writes its `latest` file itself)."""
 
     def __init__(self, pool: Optional[str] = None, config_params=None, *, snapshot: bool = False,
                  client=None):
@@ -524,8 +526,12 @@ class TierCheckpointEngine(_CkptBase):
     def save(self, state_dict, path: str):
         buf = io.BytesIO()
         torch.save(state_dict, buf)
-        _put_bytes(self.client, self.pool, checkpoint_name(path), buf.getbuffer(),
-                   f"saving checkpoint file {path}")
+        name = checkpoint_name(path)
+        _put_bytes(self.client, self.pool, name, buf.getbuffer(), f"saving checkpoint file {path}")
+        # DeepSpeed finds a checkpoint's files with glob and os.path.exists: a small file on
+        # disk stands for each, saying where its bytes are.
+        with open(path, "w") as f:
+            f.write(f"{_PLACEHOLDER} pool {self.pool} tensor {name}\n")
 
     def load(self, path: str, map_location=None):
         payload = _get_bytes(self.client, self.pool, checkpoint_name(path), f"loading checkpoint file {path}")
