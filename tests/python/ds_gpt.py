@@ -91,7 +91,7 @@ def main():
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--load")
     p.add_argument("--kill-at", type=int, default=0, help="SIGKILL itself after this step")
-    p.add_argument("--rss", help="write this rank's memory figures (JSON) here after the run")
+    p.add_argument("--rss", help="write this rank's memory figures (JSON) to RSS.RANK after the run")
     args = p.parse_args()
 
     import deepspeed
@@ -138,7 +138,7 @@ def main():
     per_step = (time.perf_counter() - t0) / timed if timed else 0.0
     if args.rss:
         import json
-        with open(args.rss, "w") as f:
+        with open(f"{args.rss}.{rank}", "w") as f:
             json.dump(rss_figures(), f)
     if "tierd.deepspeed" in sys.modules and sys.modules["tierd.deepspeed"]._store is not None:
         s = sys.modules["tierd.deepspeed"].store()
