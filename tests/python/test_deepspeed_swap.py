@@ -1,7 +1,8 @@
 """tierd.deepspeed's aio handle: DeepSpeed's semantics and clear errors (a real tierd, no
 training), then a small GPT under ZeRO-3 with parameters and optimizer offloaded to `device:
 nvme` for 20 steps: through tierd the per-step losses are bit-identical to DeepSpeed's own libaio
-handle and to `device: cpu` (label deepspeed)."""
+handle and to `device: cpu`, also with the pool's RAM quota below the job's swap state, so that
+tierd spills to its NVMe tier (label deepspeed)."""
 import os
 import shutil
 import tempfile
@@ -18,6 +19,7 @@ import tierd  # noqa: E402
 import tierd.deepspeed as tds  # noqa: E402
 
 daemon = tu.ModuleDaemon(ram="256M")
+SPILL_QUOTA = 48_000_000
 setUpModule, tearDownModule = daemon.start, daemon.stop
 
 
@@ -118,6 +120,7 @@ class HandleTest(unittest.TestCase):
 class TrainingTest(unittest.TestCase):
     def test_losses_bit_identical_to_libaio_and_cpu(self):
         tmp = tempfile.mkdtemp(prefix="tierd-ds-train.")
+        spill_daemon = dt.nvme_daemon(ram="512M")
         try:
             common = ["--steps", 20]
             cpu = dt.Job(["--offload", "cpu", *common], tmp=tmp)
@@ -125,11 +128,22 @@ class TrainingTest(unittest.TestCase):
                           *common], tmp=tmp)
             tdj = dt.Job(["--offload", "nvme", "--handle", "tierd", "--socket", daemon.socket, "--pool", "train",
                           "--nvme-path", os.path.join(tmp, "tierd"), *common], tmp=tmp)
-            for job, what in ((cpu, "device cpu"), (aio, "DeepSpeed's aio handle"), (tdj, "tierd")):
+            # The pool's RAM quota below what the job keeps there (21 MB of pinned buffers and
+            # 42 MB of swap files): tierd spills swap files to its NVMe tier.
+            spill = dt.Job(["--offload", "nvme", "--handle", "tierd", "--socket", spill_daemon.socket,
+                            "--pool", "spill", "--ram-quota", SPILL_QUOTA,
+                            "--nvme-path", os.path.join(tmp, "spill"), *common], tmp=tmp)
+            for job, what in ((cpu, "device cpu"), (aio, "DeepSpeed's aio handle"), (tdj, "tierd"),
+                              (spill, "tierd, spilling")):
                 job.wait().check(what)
             self.assertEqual(len(cpu.losses()), 20)
             dt.assert_same(aio.losses(), cpu.losses(), "aio vs cpu")
             dt.assert_same(tdj.losses(), aio.losses(), "tierd vs DeepSpeed's aio handle")
+            dt.assert_same(spill.losses(), aio.losses(), "tierd spilling to its NVMe tier vs aio")
+            swap_bytes = int(dt.field(spill.out(), "swap_bytes"))
+            self.assertGreater(int(dt.field(spill.out(), "pinned")) + swap_bytes, SPILL_QUOTA)
+            self.assertGreater(int(dt.field(spill.out(), "nvme_used")), 0)
+            self.assertLessEqual(int(dt.field(spill.out(), "ram_used")), SPILL_QUOTA)
             # Nothing went to the swap folder on disk: every swap file is a tensor of the pool.
             files = [f for _r, _d, fs in os.walk(os.path.join(tmp, "tierd")) for f in fs]
             self.assertEqual(files, [])
@@ -137,6 +151,8 @@ class TrainingTest(unittest.TestCase):
             print(f"step: tierd {dt.field(tdj.out(), 'done')} s, aio {dt.field(aio.out(), 'done')} s, "
                   f"cpu {dt.field(cpu.out(), 'done')} s (not asserted)")
         finally:
+            spill_daemon.stop()
+            shutil.rmtree(spill_daemon.nvme_dir, ignore_errors=True)
             shutil.rmtree(tmp, ignore_errors=True)
 
 
