@@ -462,6 +462,116 @@ def _put_bytes(client, pool: str, name: str, payload, what: str) -> None:
         _reraise(e, f"{what} (tierd pool {pool}, tensor {name})")
 
 
+class _TooSmall(Exception):
+    pass
+
+
+class _MemWriter(io.RawIOBase):
+    """A write-only file over a memoryview; _TooSmall past its end."""
+
+    def __init__(self, mv):
+        super().__init__()
+        self.mv, self.pos = mv, 0
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        b = memoryview(b).cast("B")
+        end = self.pos + len(b)
+        if end > len(self.mv):
+            raise _TooSmall()
+        self.mv[self.pos:end] = b
+        self.pos = end
+        return len(b)
+
+    def tell(self):
+        return self.pos
+
+
+class _MemReader(io.RawIOBase):
+    """A seekable read-only file over a memoryview (no copy until read)."""
+
+    def __init__(self, mv):
+        super().__init__()
+        self.mv, self.pos = mv, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), len(self.mv) - self.pos)
+        memoryview(b).cast("B")[:n] = self.mv[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def read(self, size=-1):
+        end = len(self.mv) if size is None or size < 0 else min(len(self.mv), self.pos + size)
+        out = bytes(self.mv[self.pos:end])
+        self.pos = end
+        return out
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.mv)}[whence]
+        self.pos = base + offset
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def close(self):
+        self.mv = memoryview(b"")
+        super().close()
+
+
+def _estimate(obj, seen=None) -> int:
+    """An upper estimate of torch.save's output for `obj`: its tensors' storages, plus slack
+    for the pickle and the archive's records."""
+    seen = {} if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        st = obj.untyped_storage()
+        seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _estimate(k, seen)
+            _estimate(v, seen)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            _estimate(v, seen)
+    total = sum(seen.values())
+    return total + total // 32 + (1 << 20) + 4096 * len(seen)
+
+
+def _save_in_place(client, pool: str, name: str, state_dict, what: str) -> None:
+    """torch.save straight into a pool tensor sized by _estimate (header: the real length)."""
+    size = _HEADER + _estimate(state_dict)
+    try:
+        try:
+            info = client.open_tensor(pool, name)
+            if info.size != size:
+                client.delete_tensor(pool, name)
+                info = client.create_tensor(pool, name, size=size)
+        except tierd.NotFound:
+            info = client.create_tensor(pool, name, size=size)
+        with client.lease(info, "o", timeout=LEASE_TIMEOUT_S) as lease:
+            mv = lease.memoryview()
+            body = mv[_HEADER:]
+            try:
+                w = _MemWriter(body)
+                torch.save(state_dict, w)
+                mv[:8] = _MAGIC
+                mv[8:16] = w.pos.to_bytes(8, "little")
+            finally:
+                w = None
+                body.release()
+                mv.release()
+    except tierd.Error as e:
+        _reraise(e, f"{what} (tierd pool {pool}, tensor {name})")
+
+
 def _get_bytes(client, pool: str, name: str, what: str) -> torch.Tensor:
     """The payload of tensor `name`, copied out; a checksum mismatch on the way from tierd's NVMe
     tier is tierd.Corruption naming the file and tensor."""
@@ -524,18 +634,42 @@ class TierCheckpointEngine(_CkptBase):
         os.makedirs(path, exist_ok=exist_ok)
 
     def save(self, state_dict, path: str):
-        buf = io.BytesIO()
-        torch.save(state_dict, buf)
         name = checkpoint_name(path)
-        _put_bytes(self.client, self.pool, name, buf.getbuffer(), f"saving checkpoint file {path}")
+        what = f"saving checkpoint file {path}"
+        try:
+            _save_in_place(self.client, self.pool, name, state_dict, what)
+        except _TooSmall:  # more than the estimate: serialize first, then copy
+            buf = io.BytesIO()
+            torch.save(state_dict, buf)
+            _put_bytes(self.client, self.pool, name, buf.getbuffer(), what)
         # DeepSpeed finds a checkpoint's files with glob and os.path.exists: a small file on
         # disk stands for each, saying where its bytes are.
         with open(path, "w") as f:
             f.write(f"{_PLACEHOLDER} pool {self.pool} tensor {name}\n")
 
     def load(self, path: str, map_location=None):
-        payload = _get_bytes(self.client, self.pool, checkpoint_name(path), f"loading checkpoint file {path}")
-        return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location=map_location, weights_only=False)
+        name = checkpoint_name(path)
+        what = f"loading checkpoint file {path} (tierd pool {self.pool}, tensor {name})"
+        try:
+            info = self.client.open_tensor(self.pool, name)
+            with self.client.lease(info, "r", timeout=LEASE_TIMEOUT_S) as lease:
+                mv = lease.memoryview()
+                try:
+                    head = bytes(mv[:_HEADER])
+                    n = int.from_bytes(head[8:16], "little")
+                    if head[:8] != _MAGIC or _HEADER + n > len(mv):
+                        raise SwapError(f"{what}: not a checkpoint file written by tierd.deepspeed")
+                    body = mv[_HEADER:_HEADER + n]
+                    reader = _MemReader(body)
+                    try:  # straight from the lease's bytes: torch copies them into the tensors
+                        return torch.load(reader, map_location=map_location, weights_only=False)
+                    finally:
+                        reader.close()
+                        body.release()
+                finally:
+                    mv.release()
+        except tierd.Error as e:
+            _reraise(e, what)
 
     def exists(self, path: str) -> bool:
         try:

@@ -1,6 +1,7 @@
 """One small-GPT ZeRO-3 training job under DeepSpeed on the CPU (its CPU accelerator, gloo), the
 workload of the deepspeed suite and its benchmarks. Prints `loss STEP HEX` per step (the float's
-exact value) and `done SECONDS_PER_STEP` at the end; run as a process of its own per job:
+exact value), then `cpu` (the process's CPU seconds) and `done` (wall seconds) per step over steps
+2.. at the end; run as a process of its own per job:
 
     python ds_gpt.py --offload {none,cpu,nvme} --handle {aio,tierd} --nvme-path DIR --steps 20
                      [--socket S --pool P --ram-quota BYTES] [--save DIR --save-at N]
@@ -123,6 +124,7 @@ def main():
             continue
         if step == start + 2:
             t0 = time.perf_counter()  # the first step (and its warm-up) is not timed
+            c0 = time.process_time()
         x = batch[rank * BATCH:(rank + 1) * BATCH]
         loss = engine(x[:, :-1], x[:, 1:])
         engine.backward(loss)
@@ -136,6 +138,7 @@ def main():
         if step == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     per_step = (time.perf_counter() - t0) / timed if timed else 0.0
+    cpu_per_step = (time.process_time() - c0) / timed if timed else 0.0
     if args.rss:
         import json
         with open(f"{args.rss}.{rank}", "w") as f:
@@ -146,6 +149,7 @@ def main():
         pinned = sum(e[2] for e in s.pinned.values())
         print(f"pool ram_used {info.ram_used} nvme_used {info.nvme_used} pinned {pinned} "
               f"swap_files {len(s.files)} swap_bytes {sum(f.size for f in s.files.values())}", flush=True)
+    print(f"cpu {cpu_per_step:.6f}", flush=True)  # this process's CPU seconds per timed step
     print(f"done {per_step:.6f}", flush=True)
 
 

@@ -17,6 +17,13 @@ def load_avg():
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def daemon_cpu(d):
+    """tierd's user + system CPU seconds so far."""
+    with open(f"/proc/{d.proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_step(d, work, rounds):
     variants = {
         "tierd": ["--offload", "nvme", "--handle", "tierd", "--socket", d.socket, "--pool", "bench_step",
@@ -25,12 +32,17 @@ def bench_step(d, work, rounds):
         "cpu": ["--offload", "cpu"],
     }
     times = {k: [] for k in variants}
+    cpus = {k: [] for k in variants}
     mem = {}
     for r in range(rounds):
         for name, args in variants.items():
             rss = os.path.join(work, f"rss-{name}")
+            before = daemon_cpu(d)
             job = dt.Job([*args, "--steps", 20, "--rss", rss], tmp=work).wait().check(name)
+            # tierd's CPU time over the whole job (start-up included) / 20: an upper bound per step
+            extra = (daemon_cpu(d) - before) / 20 if name == "tierd" else 0.0
             times[name].append(float(dt.field(job.out(), "done")))
+            cpus[name].append(float(dt.field(job.out(), "cpu")) + extra)
             with open(rss + ".0") as f:
                 mem[name] = json.load(f)
             if name == "tierd":
@@ -43,7 +55,13 @@ def bench_step(d, work, rounds):
         med = statistics.median(ts)
         print(f"| {name} | {med:.3f} | {' '.join(f'{t:.3f}' for t in ts)} | {base / med:.2f} |")
     per_round = [a / t for a, t in zip(times["aio"], times["tierd"])]
-    print(f"per-round ratio aio/tierd (>= 1: tierd at least as fast): {' '.join(f'{x:.2f}' for x in per_round)}")
+    print(f"per-round wall ratio aio/tierd (>= 1: tierd at least as fast): {' '.join(f'{x:.2f}' for x in per_round)}")
+    print("\n| variant | CPU s/step (job process; tierd's added for tierd) | rounds | ratio aio/variant |")
+    print("| --- | --- | --- | --- |")
+    base = statistics.median(cpus["aio"])
+    for name, cs in cpus.items():
+        med = statistics.median(cs)
+        print(f"| {name} | {med:.3f} | {' '.join(f'{c:.3f}' for c in cs)} | {base / med:.2f} |")
     print("\n| variant | RssAnon MiB | RssFile MiB | RssShmem MiB | VmLck MiB | pinned buffers in the tierd pool MiB |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, m in mem.items():
