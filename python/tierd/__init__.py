@@ -8,7 +8,8 @@
         lease.numpy()[:] = 1.0          # zero-copy into the arena
 
 The client, pools, tensors, leases and errors come from the extension module tierd._native;
-tierd.torch adds OffloadAdamW, a torch.optim.Optimizer whose state lives in tierd.
+tierd.torch adds OffloadAdamW, a torch.optim.Optimizer whose state lives in tierd;
+tierd.deepspeed.install(pool) puts DeepSpeed's ZeRO-3 NVMe offload and checkpoints in tierd.
 """
 from tierd._native import *  # noqa: F401,F403  (the extension's public names)
 from tierd._native import __version__, adamw_step  # noqa: F401
