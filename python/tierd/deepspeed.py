@@ -136,8 +136,9 @@ class _Store:
         self.pinned_seq = 0
         self.host = _socket.gethostname().replace("|", "_")
         self.executor = _futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tierd-aio")
-        # The swap order: tensor ids leased in this step and in the one before; the registered plan.
-        self.order: List[int] = []
+        # The swap order: the files DeepSpeed asked for in this step, in its order (names), the
+        # tensor ids of the step before and the registered plan.
+        self.order: List[str] = []
         self.last_order: List[int] = []
         self.plan: List[int] = []
         self.plan_supported = True
@@ -177,7 +178,6 @@ class _Store:
             lease = self.client.lease(info, mode, timeout=LEASE_TIMEOUT_S)
         except tierd.Error as e:
             _reraise(e, f"{'reading' if mode == 'r' else 'writing'} {self.where(path, name)}")
-        self.order.append(info.id)
         return lease
 
     def _copy_in(self, f: _File, name: str, path: str, src: torch.Tensor, offset: int):
@@ -310,7 +310,9 @@ class _Store:
         """Called after each optimizer step: once two steps leased the same tensors in the same
         order, that order is registered with tierd as this process's plan (Belady eviction and
         prefetch on it when the daemon has an NVMe tier)."""
-        order, self.order = self.order, []
+        names, self.order = self.order, []
+        with self.lock:
+            order = [self.files[n].info.id for n in names if n in self.files]
         if order and order == self.last_order and order != self.plan and self.plan_supported:
             try:
                 self.client.set_plan(self.pool, order)
@@ -361,6 +363,7 @@ class AioHandle:
         path = os.fspath(filename)
         if isinstance(path, bytes):
             path = path.decode()
+        self._store.order.append(swap_name(path))  # in DeepSpeed's order, not the workers'
         if is_async:
             fut = self._store.executor.submit(fn, buffer, path, int(offset))
             with self._lock:

@@ -148,7 +148,8 @@ def main():
         info = s.client.open_pool(s.pool)
         pinned = sum(e[2] for e in s.pinned.values())
         print(f"pool ram_used {info.ram_used} nvme_used {info.nvme_used} pinned {pinned} "
-              f"swap_files {len(s.files)} swap_bytes {sum(f.size for f in s.files.values())}", flush=True)
+              f"swap_files {len(s.files)} swap_bytes {sum(f.size for f in s.files.values())} "
+              f"plan {len(s.plan)}", flush=True)
     print(f"cpu {cpu_per_step:.6f}", flush=True)  # this process's CPU seconds per timed step
     print(f"done {per_step:.6f}", flush=True)
 

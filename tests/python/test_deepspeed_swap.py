@@ -144,6 +144,8 @@ class TrainingTest(unittest.TestCase):
             self.assertGreater(int(dt.field(spill.out(), "pinned")) + swap_bytes, SPILL_QUOTA)
             self.assertGreater(int(dt.field(spill.out(), "nvme_used")), 0)
             self.assertLessEqual(int(dt.field(spill.out(), "ram_used")), SPILL_QUOTA)
+            # The swap order repeats every step: it became the rank's plan (NVMe tier present).
+            self.assertGreater(int(dt.field(spill.out(), "plan")), 0)
             # Nothing went to the swap folder on disk: every swap file is a tensor of the pool.
             files = [f for _r, _d, fs in os.walk(os.path.join(tmp, "tierd")) for f in fs]
             self.assertEqual(files, [])
