@@ -143,7 +143,7 @@ def main():
         import json
         with open(f"{args.rss}.{rank}", "w") as f:
             json.dump(rss_figures(), f)
-    if "tierd.deepspeed" in sys.modules and sys.modules["tierd.deepspeed"]._store is not None:
+    if "tierd.deepspeed" in sys.modules and sys.modules["tierd._ds_swap"].current() is not None:
         s = sys.modules["tierd.deepspeed"].store()
         info = s.client.open_pool(s.pool)
         pinned = sum(e[2] for e in s.pinned.values())
