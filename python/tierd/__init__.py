@@ -8,8 +8,9 @@
         lease.numpy()[:] = 1.0          # zero-copy into the arena
 
 The client, pools, tensors, leases and errors come from the extension module tierd._native;
-tierd.torch adds OffloadAdamW, a torch.optim.Optimizer whose state lives in tierd, and
-tierd.torch.checkpoint the storage of torch.distributed.checkpoint in tierd (PyTorch >= 2.4).
+tierd.torch adds OffloadAdamW, a torch.optim.Optimizer whose state lives in tierd,
+tierd.torch.checkpoint the storage of torch.distributed.checkpoint in tierd (PyTorch >= 2.4), and
+tierd.deepspeed.install(pool) puts DeepSpeed's ZeRO-3 NVMe offload and checkpoints in tierd.
 """
 from tierd._native import *  # noqa: F401,F403  (the extension's public names)
 from tierd._native import __version__, adamw_step  # noqa: F401
