@@ -128,7 +128,7 @@ std::string render_metrics(const MetricsInput& in) {
     };
     per_pool("tierd_pool_ram_quota_bytes", "RAM quota per pool.", [](const Pool& p) { return p.ram_quota; });
     per_pool("tierd_pool_ram_used_bytes", "RAM allocated per pool.",
-             [](const Pool& p) { return p.ram_used; });
+             [](const Pool& p) { return p.ram_charged(); });
     per_pool("tierd_pool_nvme_quota_bytes",
              "NVMe quota per pool (effective: the default where none was set).",
              [&](const Pool& p) { return in.nvme_quota ? in.nvme_quota(p) : p.nvme_quota; });

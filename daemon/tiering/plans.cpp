@@ -40,7 +40,6 @@ Status NvmeTier::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> id
 
 void NvmeTier::session_closed(uint64_t session) {
   plans_.erase(session);
-  dma_pins_.drop_session(session);
 }
 
 void NvmeTier::schedule_prefetch() {

@@ -37,7 +37,7 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
       std::erase_if(cands, [&](const policy::Candidate& c) {
         const Tensor* v = catalog_.find_tensor(c.id);
         return !v || needs_writeback(*v) ||
-               (pool.ram_used + t.size > pool.ram_quota && v->pool_id != pool.id);
+               (pool.ram_charged() + t.size > pool.ram_quota && v->pool_id != pool.id);
       });
       uint64_t started = 0;
       Status err;
