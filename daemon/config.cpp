@@ -205,7 +205,8 @@ Status apply_table(const toml::table& tbl, Config& c) {
         auto bytes = parse_size(text);
         if (!bytes || *bytes < (uint64_t{64} << 10))
           return bad_type(key, v, "a size in bytes of at least 64K such as \"4M\", not a percentage");
-        (key == "max_reply_bytes_per_uid" ? c.max_reply_bytes_per_uid : c.max_reply_bytes_per_connection) = *bytes;
+        (key == "max_reply_bytes_per_uid" ? c.max_reply_bytes_per_uid : c.max_reply_bytes_per_connection) =
+            *bytes;
       }
     } else if (key == "metrics_http_per_pool") st = get_bool(key, v, c.metrics_http_per_pool);
     else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
@@ -388,14 +389,17 @@ Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total) {
     r.uid_pinned_quota = *u;
   }
   if (cfg.max_reply_bytes_per_uid < cfg.max_reply_bytes_per_connection)
-    return fail(Code::kInvalidArgument, "max_reply_bytes_per_uid (" + format_size(cfg.max_reply_bytes_per_uid) +
+    return fail(Code::kInvalidArgument, "max_reply_bytes_per_uid (" +
+                                            format_size(cfg.max_reply_bytes_per_uid) +
                                             ") is less than max_reply_bytes_per_connection (" +
                                             format_size(cfg.max_reply_bytes_per_connection) + ")");
   return r;
 }
 
 std::string describe_limits(const Config& cfg, const ResolvedSizes& r) {
-  auto size_or = [](uint64_t v, uint64_t unlimited) { return v == unlimited ? std::string("unlimited") : format_size(v); };
+  auto size_or = [](uint64_t v, uint64_t unlimited) {
+    return v == unlimited ? std::string("unlimited") : format_size(v);
+  };
   std::string out;
   out += "  max_pools_per_uid " + std::to_string(cfg.max_pools_per_uid) + "\n";
   out += "  uid_ram_quota " + size_or(r.uid_ram_quota, 0) + "\n";

@@ -117,7 +117,7 @@ struct ResolvedSizes {
   uint64_t pool_quota = 0;
   uint64_t alignment = 0;
   uint64_t uid_ram_quota = 0, uid_nvme_quota = 0;  // 0: unlimited
-  uint64_t uid_pinned_quota = UINT64_MAX;           // UINT64_MAX: unlimited
+  uint64_t uid_pinned_quota = UINT64_MAX;          // UINT64_MAX: unlimited
 };
 
 // The tenant limits of a resolved configuration, one "name value" line each, as

@@ -31,10 +31,10 @@ Status DmaPins::add(uint64_t session, uid_t uid, uint64_t arena, uint64_t offset
     return Status(Code::kResourceExhausted, "uid " + std::to_string(uid) + " already holds " +
                                                 std::to_string(mine.pins) + " arena pins");
   if (e - b > uid_cap || mine.bytes > uid_cap - (e - b))
-    return Status(Code::kResourceExhausted, "uid " + std::to_string(uid) + " has " + std::to_string(mine.bytes) +
-                                                " bytes of arenas pinned; " + std::to_string(e - b) +
-                                                " more would pass its limit of " + std::to_string(uid_cap) +
-                                                " (uid_pinned_quota)");
+    return Status(Code::kResourceExhausted, "uid " + std::to_string(uid) + " has " +
+                                                std::to_string(mine.bytes) + " bytes of arenas pinned; " +
+                                                std::to_string(e - b) + " more would pass its limit of " +
+                                                std::to_string(uid_cap) + " (uid_pinned_quota)");
   pins_[arena].push_back({session, b, e, uid});
   UidCount& u = uids_[uid];
   u.bytes += e - b;
@@ -64,8 +64,8 @@ Status DmaPins::remove(uint64_t session, uint64_t arena, uint64_t offset, uint64
     return Status(Code::kInvalidArgument, "pinned range is empty or overflows");
   auto a = pins_.find(arena);
   if (a == pins_.end()) return Status(Code::kNotFound, "no such pin on this connection");
-  auto it = std::ranges::find_if(a->second,
-                                 [&](const Pin& p) { return p.session == session && p.begin == b && p.end == e; });
+  auto it = std::ranges::find_if(
+      a->second, [&](const Pin& p) { return p.session == session && p.begin == b && p.end == e; });
   if (it == a->second.end()) return Status(Code::kNotFound, "no such pin on this connection");
   if (gone) *gone = {b, e};
   uncount(*it);
@@ -74,8 +74,7 @@ Status DmaPins::remove(uint64_t session, uint64_t arena, uint64_t offset, uint64
   return Status::ok();
 }
 
-template <class Pred>
-std::vector<DmaPins::Gone> DmaPins::drop_if(Pred pred) {
+template <class Pred> std::vector<DmaPins::Gone> DmaPins::drop_if(Pred pred) {
   std::vector<Gone> out;
   for (auto it = pins_.begin(); it != pins_.end();) {
     const uint64_t arena = it->first;
@@ -127,7 +126,8 @@ std::vector<std::pair<uint64_t, uint64_t>> DmaPins::unpinned(uint64_t arena, uin
   std::vector<std::pair<uint64_t, uint64_t>> cover;  // pins overlapping the range, clipped
   if (auto a = pins_.find(arena); a != pins_.end())
     for (const Pin& p : a->second)
-      if (p.begin < end && p.end > offset) cover.emplace_back(std::max(p.begin, offset), std::min(p.end, end));
+      if (p.begin < end && p.end > offset)
+        cover.emplace_back(std::max(p.begin, offset), std::min(p.end, end));
   std::ranges::sort(cover);
   std::vector<std::pair<uint64_t, uint64_t>> out;
   uint64_t pos = offset;

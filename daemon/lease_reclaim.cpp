@@ -174,8 +174,9 @@ Result<uint64_t> ReclaimTable::reclaim(DaemonState& st, SessionLeases& s, const 
                                        uint64_t tensor_id, uint64_t lease_id) {
   // Another uid's lease is answered as one that does not exist: the answer must not tell
   // which tensors were under reclaim, nor who held them (an oracle for guessed ids).
-  const Status none(Code::kNotFound, "tierd holds no write lease " + std::to_string(lease_id) + " on tensor " +
-                                         std::to_string(tensor_id) + " of yours from before its restart");
+  const Status none(Code::kNotFound, "tierd holds no write lease " + std::to_string(lease_id) +
+                                         " on tensor " + std::to_string(tensor_id) +
+                                         " of yours from before its restart");
   auto it = orphans_.find(tensor_id);
   if (it == orphans_.end() || it->second.old_lease_id != lease_id || it->second.holder.uid != who.uid) {
     auto lost = lost_.find(tensor_id);
@@ -192,7 +193,8 @@ Result<uint64_t> ReclaimTable::reclaim(DaemonState& st, SessionLeases& s, const 
   // process of the holder's uid is told no more than that.
   bool same_ns = o.holder.pid_ns != 0 && o.holder.pid_ns == who.pid_ns;
   if (same_ns && o.holder.pid > 0 && who.pid > 0 &&
-      (who.pid != o.holder.pid || (o.holder.pid_start && who.pid_start && who.pid_start != o.holder.pid_start)))
+      (who.pid != o.holder.pid ||
+       (o.holder.pid_start && who.pid_start && who.pid_start != o.holder.pid_start)))
     return fail(Code::kPermissionDenied, "write lease " + std::to_string(lease_id) + " on tensor " +
                                              std::to_string(tensor_id) + " is held by another process");
   auto id = st.leases.transfer(session_, s, o.lease_id);

@@ -18,7 +18,8 @@ Status PoolService::check_pool_limits(uid_t owner, const wire::PoolCreateReq& re
   // Each pool promises its quotas: bounded per pool by the tiers, per uid by the pool count.
   const uint32_t max_pools = state_.config.max_pools_per_uid;
   if (owner != 0 && uid_usage(state_.catalog, owner).pools >= max_pools)
-    return Status(Code::kResourceExhausted, "uid " + std::to_string(owner) + " owns " + std::to_string(max_pools) +
+    return Status(Code::kResourceExhausted, "uid " + std::to_string(owner) + " owns " +
+                                                std::to_string(max_pools) +
                                                 " pools, the limit (max_pools_per_uid)");
   if (state_.tiering && req.nvme_quota > state_.tiering->nvme_capacity())
     return Status(Code::kResourceExhausted, "NVMe quota " + format_size(req.nvme_quota) +

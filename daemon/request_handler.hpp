@@ -130,7 +130,8 @@ class RequestHandler {
   [[nodiscard]] Status resolve_in_pool(const Pool& pool, std::span<const uint64_t> ids);
   [[nodiscard]] std::string tier_metrics_text() const;
   // Pools for which `visible` is true (empty: all) get per-pool series.
-  [[nodiscard]] std::string metrics_text(const Session* viewer, const std::function<bool(const Pool&)>& visible) const;
+  [[nodiscard]] std::string metrics_text(const Session* viewer,
+                                         const std::function<bool(const Pool&)>& visible) const;
 
   template <class T> void reply_ok(const wire::Header& h, const T& body, Reply& out);
   void reply_err(const wire::Header& h, const Status& st, Reply& out);

@@ -53,7 +53,8 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   return metrics_text(viewer, [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); });
 }
 
-std::string RequestHandler::metrics_text(const Session*, const std::function<bool(const Pool&)>& visible) const {
+std::string RequestHandler::metrics_text(const Session*,
+                                         const std::function<bool(const Pool&)>& visible) const {
   StatusRep st = status();
   MetricsInput in;
   in.status = &st;

@@ -178,8 +178,9 @@ struct Server::Impl {
     const auto it = uid_queued.find(c.session.uid);
     const uint64_t uid_bytes = it == uid_queued.end() ? 0 : it->second;
     if (c.outq.size() >= kMaxQueuedReplies || uid_bytes + bytes.size() > st.config.max_reply_bytes_per_uid) {
-      log_warn("client pid {} (uid {}) stopped reading its replies ({} queued, {} for its uid); disconnecting it",
-               c.session.pid, c.session.uid, format_size(c.queued), format_size(uid_bytes));
+      log_warn(
+          "client pid {} (uid {}) stopped reading its replies ({} queued, {} for its uid); disconnecting it",
+          c.session.pid, c.session.uid, format_size(c.queued), format_size(uid_bytes));
       kill(c);
       return;
     }

@@ -101,15 +101,15 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
 Status RamTier::fits(const Pool& pool, const NodeUsage& nu, uint64_t adds, uint64_t need) const {
   const std::string pinned = pool.ram_pinned > 0 ? ", " + format_size(pool.ram_pinned) + " of it pinned" : "";
   if (pool.ram_charged() + adds > pool.ram_quota)
-    return Status(Code::kResourceExhausted, "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota) +
-                                                " reached (used " + format_size(pool.ram_charged()) + pinned +
-                                                ", need " + format_size(need) + ")");
+    return Status(Code::kResourceExhausted,
+                  "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota) + " reached (used " +
+                      format_size(pool.ram_charged()) + pinned + ", need " + format_size(need) + ")");
   if (nu.charged() + adds > nu.capacity)
     return Status(Code::kResourceExhausted,
-                  "RAM tier of NUMA node " + std::to_string(nu.node) + " is full (" + format_size(nu.charged()) +
-                      " of " + format_size(nu.capacity) + " used" +
-                      (nu.pinned > 0 ? ", " + format_size(nu.pinned) + " of it pinned for DMA" : "") + ", need " +
-                      format_size(need) + ")");
+                  "RAM tier of NUMA node " + std::to_string(nu.node) + " is full (" +
+                      format_size(nu.charged()) + " of " + format_size(nu.capacity) + " used" +
+                      (nu.pinned > 0 ? ", " + format_size(nu.pinned) + " of it pinned for DMA" : "") +
+                      ", need " + format_size(need) + ")");
   return Status::ok();
 }
 
@@ -172,17 +172,19 @@ Status RamTier::pin(Pool& pool, uint64_t session, uid_t uid, uint64_t arena, uin
   const uint64_t before = pool.ram_pinned;
   recount_pinned(pool, arena);
   const NodeUsage* nu = usage(arena_node(arena));
-  if (pool.ram_pinned > before && (pool.ram_charged() > pool.ram_quota || (nu && nu->charged() > nu->capacity))) {
+  if (pool.ram_pinned > before &&
+      (pool.ram_charged() > pool.ram_quota || (nu && nu->charged() > nu->capacity))) {
     // Pages the tier cannot hold: refused, so that what is pinned always fits what is counted.
-    const std::string why = pool.ram_charged() > pool.ram_quota
-                                ? "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota)
-                                : "RAM tier of NUMA node " + std::to_string(nu->node) + " (" +
-                                      format_size(nu->capacity) + ")";
+    const std::string why =
+        pool.ram_charged() > pool.ram_quota
+            ? "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota)
+            : "RAM tier of NUMA node " + std::to_string(nu->node) + " (" + format_size(nu->capacity) + ")";
     const uint64_t adds = pool.ram_pinned - before;
     (void)pins_.remove(session, arena, offset, length);
     recount_pinned(pool, arena);
-    return Status(Code::kResourceExhausted, "pinning " + format_size(adds) + " of arena pages no tensor holds " +
-                                                "would pass the " + why + "; pinned pages count as used");
+    return Status(Code::kResourceExhausted, "pinning " + format_size(adds) +
+                                                " of arena pages no tensor holds " + "would pass the " + why +
+                                                "; pinned pages count as used");
   }
   return Status::ok();
 }
@@ -283,7 +285,8 @@ void RamTier::drop_pool(uint64_t pool_id) {
   auto it = arenas_.lower_bound(arena_id(pool_id, 0));
   while (it != arenas_.end() && arena_pool(it->first) == pool_id) {
     (void)pins_.drop_arena(it->first);  // the object goes, and its pages with it
-    if (NodeUsage* nu = usage(arena_node(it->first))) nu->pinned -= std::min(nu->pinned, it->second.pinned_free);
+    if (NodeUsage* nu = usage(arena_node(it->first)))
+      nu->pinned -= std::min(nu->pinned, it->second.pinned_free);
     if (Status st = it->second.arena->unlink(); !st) log_warn("{}", st.message());
     it = arenas_.erase(it);
     ++generation_;

@@ -66,7 +66,7 @@ void fresh_shm(const char* size) {
 }
 
 uint64_t shm_used() {
-  struct statvfs v{};
+  struct statvfs v {};
   REQUIRE(::statvfs("/dev/shm", &v) == 0);
   return (static_cast<uint64_t>(v.f_blocks) - v.f_bfree) * v.f_frsize;
 }
@@ -170,8 +170,7 @@ bool status_ok(const TestDaemon& d) {
 
 }  // namespace
 
-TEST_CASE("a tenant's pinned arenas count as its RAM until punched and cannot fill /dev/shm",
-          "[soak]") {
+TEST_CASE("a tenant's pinned arenas count as its RAM until punched and cannot fill /dev/shm", "[soak]") {
   // RAM tier 64 MiB in a 72 MiB /dev/shm; the tenant's pools could promise 3 x 48 MiB.
   fresh_shm("72m");
   TmpDir nvme("pins-nvme");
@@ -355,7 +354,8 @@ TEST_CASE("replies a client does not read are bounded in bytes per connection an
   DaemonOptions o;
   o.ram = "64M";
   o.config =
-      "max_reply_bytes_per_connection = \"2M\"\nmax_reply_bytes_per_uid = \"8M\"\nremove_arenas_on_exit = true\n";
+      "max_reply_bytes_per_connection = \"2M\"\nmax_reply_bytes_per_uid = \"8M\"\nremove_arenas_on_exit = "
+      "true\n";
   TestDaemon d(o);
   REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
   constexpr int kConns = 12;
@@ -376,8 +376,9 @@ TEST_CASE("replies a client does not read are bounded in bytes per connection an
     for (int fd : fds) ::close(fd);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const uint64_t after = settled_rss(d.pid());
-    std::cout << "soak-report: slow client: " << fds.size() << " connections pipelining PoolList; tierd RssAnon "
-              << before / kMiB << " MiB before, " << during / kMiB << " MiB while unread (limits 2 MiB a connection, 8 MiB the uid), "
+    std::cout << "soak-report: slow client: " << fds.size()
+              << " connections pipelining PoolList; tierd RssAnon " << before / kMiB << " MiB before, "
+              << during / kMiB << " MiB while unread (limits 2 MiB a connection, 8 MiB the uid), "
               << after / kMiB << " MiB after they closed" << std::endl;  // _exit does not flush
     // Before: ~72 MiB a connection (4096 replies), kept after they closed.
     if (during > before + 48 * kMiB) return 13;
@@ -431,7 +432,8 @@ TEST_CASE("tierd --check-config shows the tenant limits and refuses inconsistent
   CHECK(r.out.find("metrics_http_per_pool false") != std::string::npos);
   std::ofstream(cfg) << "state_dir = \"" << dir.path << "/state\"\nram = \"64M\"\n"
                      << "max_reply_bytes_per_connection = \"8M\"\nmax_reply_bytes_per_uid = \"4M\"\n";
-  auto bad = tier::test::run_binary(tier::test::bin_path("tierd"), {"--config", cfg, "--check-config"}, {}, 30);
+  auto bad =
+      tier::test::run_binary(tier::test::bin_path("tierd"), {"--config", cfg, "--check-config"}, {}, 30);
   CHECK(bad.rc != 0);
   CHECK(bad.err.find("max_reply_bytes_per_uid") != std::string::npos);
 }

@@ -147,7 +147,8 @@ TEST_CASE("the metrics HTTP endpoint names no pool unless metrics_http_per_pool 
   char tmpl[] = "/tmp/tier-metrics.XXXXXX";
   REQUIRE(::mkdtemp(tmpl));
   std::string cfg = std::string(tmpl) + "/m.toml";
-  std::ofstream(cfg) << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
+  std::ofstream(cfg)
+      << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
   TestDaemon d(tier::test::DaemonOptions::with_config(cfg));
   {
     auto c = tier::Client::connect(d.socket());
