@@ -459,7 +459,6 @@ TEST_CASE("LeaseReclaim of another uid's lease is refused as if it did not exist
   d.start();
   REQUIRE(d.wait_ready());
   // Root's write lease is kept for it across the restart; uid 65534 guesses its ids.
-  std::string right, wrong;
   int rc = as_nobody([&] {
     auto c = RawClient::connect(d.socket());
     if (!c) return 10;
