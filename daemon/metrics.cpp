@@ -121,7 +121,7 @@ std::string render_metrics(const MetricsInput& in) {
     std::vector<const Pool*> pools;
     for (const auto& [name, id] : cat->pool_names())
       if (const Pool* p = cat->find_pool(id); p && (!in.visible || in.visible(*p))) pools.push_back(p);
-    auto per_pool = [&](const char* name, const char* help, auto get) {
+    auto per_pool = [&](const char* name, const char* help, const auto& get) {
       o.family(name, "gauge", help);
       for (const Pool* p : pools)
         o.s += fmt::format("{}{{pool=\"{}\",uid=\"{}\"}} {}\n", name, esc(p->name), p->owner_uid, get(*p));

@@ -244,7 +244,7 @@ class NvmeTier {
   // is stale once the write lease is granted). kBusy when the room needs write-backs to end.
   [[nodiscard]] Status place_for_overwrite(std::span<Tensor* const> tensors);
   [[nodiscard]] bool may_place_for_overwrite(std::span<Tensor* const> tensors, LeaseMode mode);
-  void fetch_done(uint64_t id, Status st);
+  void fetch_done(uint64_t id, const Status& st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
   void wait_idle(uint64_t id);
   // Every session's plan over the pool, with its cursor.

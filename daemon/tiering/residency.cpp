@@ -72,12 +72,12 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
   s2.io = Io::kFetch;
   s2.pending = *loc;
   s2.error.reset();
-  engine_->fetch(*t.nvme, {dst, t.size}, [this, id = t.id](Status st) { fetch_done(id, std::move(st)); });
+  engine_->fetch(*t.nvme, {dst, t.size}, [this, id = t.id](const Status& st) { fetch_done(id, st); });
   (void)s;
   return Status::ok();
 }
 
-void NvmeTier::fetch_done(uint64_t id, Status st) {
+void NvmeTier::fetch_done(uint64_t id, const Status& st) {
   progress_ = true;
   auto it = ts_.find(id);
   if (it == ts_.end()) return;
