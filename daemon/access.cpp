@@ -60,7 +60,7 @@ UidUsage uid_usage(Catalog& catalog, uid_t uid) {
   for (const auto& [name, id] : catalog.pool_names()) {
     const Pool* p = catalog.find_pool(id);
     if (!p || p->owner_uid != uid) continue;
-    u.ram_used += p->ram_used;
+    u.ram_used += p->ram_charged();
     u.nvme_used += p->nvme_used;
     u.nvme_quota += p->nvme_quota;
     u.pools++;

@@ -94,8 +94,8 @@ TensorInfo tensor_info(const Tensor& t) {
 }
 
 PoolInfo pool_info(const Pool& p) {
-  return PoolInfo{p.id,       p.name,      p.owner_uid,      p.ram_quota, p.nvme_quota,
-                  p.ram_used, p.nvme_used, p.tensors.size(), p.group,     p.group_read};
+  return PoolInfo{p.id,        p.name,           p.owner_uid, p.ram_quota, p.nvme_quota, p.ram_charged(),
+                  p.nvme_used, p.tensors.size(), p.group,     p.group_read};
 }
 
 }  // namespace tier::daemon

@@ -56,6 +56,10 @@ struct Pool {
   uid_t owner_uid = 0;
   uint64_t ram_quota = 0, nvme_quota = 0;
   uint64_t ram_used = 0, nvme_used = 0;  // allocated bytes
+  // Pinned pages of its arenas that no extent holds (daemon/ram/ram_tier.hpp): resident, so
+  // they count against its RAM quota with ram_used.
+  uint64_t ram_pinned = 0;
+  [[nodiscard]] uint64_t ram_charged() const noexcept { return ram_used + ram_pinned; }
   uint64_t leases = 0;                   // leases held on its tensors
   std::map<uint64_t, Tensor> tensors;    // by id
   std::unordered_map<std::string, uint64_t> by_name;

@@ -197,6 +197,18 @@ Status apply_table(const toml::table& tbl, Config& c) {
     } else if (key == "uid_ram_quota") st = get_size(key, v, c.uid_ram_quota);
     else if (key == "uid_nvme_quota") st = get_size(key, v, c.uid_nvme_quota);
     else if (key == "max_connections_per_uid") st = get_u32(key, v, c.max_connections_per_uid, 1);
+    else if (key == "max_pools_per_uid") st = get_u32(key, v, c.max_pools_per_uid, 1);
+    else if (key == "uid_pinned_quota") st = get_size(key, v, c.uid_pinned_quota);
+    else if (key == "max_reply_bytes_per_connection" || key == "max_reply_bytes_per_uid") {
+      std::string text;
+      if (st = get_size(key, v, text); st) {
+        auto bytes = parse_size(text);
+        if (!bytes || *bytes < (uint64_t{64} << 10))
+          return bad_type(key, v, "a size in bytes of at least 64K such as \"4M\", not a percentage");
+        (key == "max_reply_bytes_per_uid" ? c.max_reply_bytes_per_uid : c.max_reply_bytes_per_connection) =
+            *bytes;
+      }
+    } else if (key == "metrics_http_per_pool") st = get_bool(key, v, c.metrics_http_per_pool);
     else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
     else if (key == "lease_reclaim_timeout_ms") st = get_u32(key, v, c.lease_reclaim_timeout_ms, 0);
     else if (key == "max_plan_uses") st = get_u32(key, v, c.max_plan_uses, 1);
@@ -371,7 +383,35 @@ Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total) {
     if (!u) return fail(Code::kInvalidArgument, "uid_nvme_quota (bytes, not %): " + u.error().message());
     r.uid_nvme_quota = *u;
   }
+  if (!cfg.uid_pinned_quota.empty()) {
+    auto u = parse_size(cfg.uid_pinned_quota, r.ram);
+    if (!u) return fail(Code::kInvalidArgument, "uid_pinned_quota: " + u.error().message());
+    r.uid_pinned_quota = *u;
+  }
+  if (cfg.max_reply_bytes_per_uid < cfg.max_reply_bytes_per_connection)
+    return fail(Code::kInvalidArgument, "max_reply_bytes_per_uid (" +
+                                            format_size(cfg.max_reply_bytes_per_uid) +
+                                            ") is less than max_reply_bytes_per_connection (" +
+                                            format_size(cfg.max_reply_bytes_per_connection) + ")");
   return r;
+}
+
+std::string describe_limits(const Config& cfg, const ResolvedSizes& r) {
+  auto size_or = [](uint64_t v, uint64_t unlimited) {
+    return v == unlimited ? std::string("unlimited") : format_size(v);
+  };
+  std::string out;
+  out += "  max_pools_per_uid " + std::to_string(cfg.max_pools_per_uid) + "\n";
+  out += "  uid_ram_quota " + size_or(r.uid_ram_quota, 0) + "\n";
+  out += "  uid_nvme_quota " + size_or(r.uid_nvme_quota, 0) + "\n";
+  out += "  uid_pinned_quota " + size_or(r.uid_pinned_quota, UINT64_MAX) + "\n";
+  out += "  max_connections_per_uid " + std::to_string(cfg.max_connections_per_uid) + "\n";
+  out += "  max_reply_bytes_per_connection " + format_size(cfg.max_reply_bytes_per_connection) + "\n";
+  out += "  max_reply_bytes_per_uid " + format_size(cfg.max_reply_bytes_per_uid) + "\n";
+  out += "  max_waiters_per_client " + std::to_string(cfg.max_waiters_per_client) + "\n";
+  out += "  max_leases_per_client " + std::to_string(cfg.max_leases_per_client) + "\n";
+  out += "  metrics_http_per_pool " + std::string(cfg.metrics_http_per_pool ? "true" : "false") + "\n";
+  return out;
 }
 
 Result<uint64_t> read_mem_total() {

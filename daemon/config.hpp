@@ -77,9 +77,26 @@ struct Config {
   // written "64M" or as an integer; 0 turns it off.
   uint64_t nvme_flush_behind = uint64_t{64} << 20;
   // Per-uid quotas over all the pools a uid owns; "" = unlimited. RAM: bytes or % of the RAM
-  // tier, checked on usage before each allocation. NVMe: bytes, reserved from pool NVMe quotas.
+  // tier, checked on usage (pinned pages included) before each tensor is created. NVMe: bytes,
+  // reserved from pool NVMe quotas. Unlimited by default: a uid's RAM is evictable (what it
+  // can hold unevictably, pins, is capped by uid_pinned_quota), and a pool's NVMe quota is at
+  // most the NVMe tier, times max_pools_per_uid.
   std::string uid_ram_quota, uid_nvme_quota;
   uint32_t max_connections_per_uid = 1024;
+  // Tenant limits (docs/daemon.md, "Tenant limits"). Per-uid defaults are finite. Pools one
+  // uid may own (root is not limited).
+  uint32_t max_pools_per_uid = 64;
+  // Bytes of arenas one uid may have pinned for DMA (ArenaPin), over all its connections:
+  // bytes or % of the RAM tier; "" = unlimited. Pinned pages count as their pool's RAM.
+  std::string uid_pinned_quota = "50%";
+  // Replies queued for clients that do not read them: at most this many bytes per connection
+  // (tierd stops reading its requests until the queue drains) and per uid over all its
+  // connections (past it, the connection whose queue is longest is closed).
+  uint64_t max_reply_bytes_per_connection = uint64_t{4} << 20;
+  uint64_t max_reply_bytes_per_uid = uint64_t{64} << 20;
+  // The metrics HTTP endpoint (metrics_listen) serves per-pool series (pool names and owner
+  // uids) only when this is on; the Metrics request always filters by the caller's rights.
+  bool metrics_http_per_pool = false;
   // Lease requests one client may have waiting at once.
   uint32_t max_waiters_per_client = 64;
   // After a restart, how long a write lease held when the previous tierd died stays reserved
@@ -100,7 +117,12 @@ struct ResolvedSizes {
   uint64_t pool_quota = 0;
   uint64_t alignment = 0;
   uint64_t uid_ram_quota = 0, uid_nvme_quota = 0;  // 0: unlimited
+  uint64_t uid_pinned_quota = UINT64_MAX;          // UINT64_MAX: unlimited
 };
+
+// The tenant limits of a resolved configuration, one "name value" line each, as
+// --check-config prints them (docs/daemon.md, "Tenant limits").
+[[nodiscard]] std::string describe_limits(const Config& cfg, const ResolvedSizes& sizes);
 
 // Parses TOML text into a Config starting from the defaults. Pure.
 [[nodiscard]] Result<Config> parse_config(std::string_view toml_text);

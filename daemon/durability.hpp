@@ -55,6 +55,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -241,6 +242,8 @@ class Durability final : public ResidencyLog {
  private:
   explicit Durability(DurabilityDeps deps) : deps_(std::move(deps)) {}
   void append(const journal::Record& r);
+  // The id of the pool's next snapshot (numbered per pool).
+  [[nodiscard]] uint64_t next_snapshot_id(uint64_t pool_id);
   [[nodiscard]] Status rebuild();
   // Reboot: fills the tensors of `need` from the pool's latest durable snapshot and leaves in
   // `need` those it could not; *from is that snapshot's id (left alone when none was usable).
@@ -260,6 +263,7 @@ class Durability final : public ResidencyLog {
   void complete(Job& job, const Sink& sink);
 
   DurabilityDeps deps_;
+  std::unordered_map<uint64_t, uint64_t> next_snapshot_ids_;  // by pool id (next_snapshot_id())
   std::unique_ptr<journal::Journal> journal_;
   journal::CatalogImage image_;
   Status failed_;

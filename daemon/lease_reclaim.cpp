@@ -137,7 +137,7 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
       // The tensor's RAM copy is not the object the holder maps (a reboot recreated or restored
       // it, or it lives on NVMe now): nothing to reserve.
       if (t) d.write_lease_ended(*t);
-      lost_[w.tensor_id] = {w.lease_id, "its RAM copy did not survive the restart (a reboot?)"};
+      lost_[w.tensor_id] = {w.lease_id, h.uid, "its RAM copy did not survive the restart (a reboot?)"};
       continue;
     }
     if (timeout.count() == 0 || liveness(st, t->id, h) == Liveness::kGone) {
@@ -150,7 +150,7 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
           p->name, t->name, holder_text(h), why);
       d.write_lease_ended(*t);
       t->dirty = true;
-      lost_[w.tensor_id] = {w.lease_id, std::move(why)};
+      lost_[w.tensor_id] = {w.lease_id, h.uid, std::move(why)};
       continue;
     }
     Tensor* one[1] = {t};
@@ -172,27 +172,31 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
 
 Result<uint64_t> ReclaimTable::reclaim(DaemonState& st, SessionLeases& s, const LeaseHolder& who,
                                        uint64_t tensor_id, uint64_t lease_id) {
+  // Another uid's lease is answered as one that does not exist: the answer must not tell
+  // which tensors were under reclaim, nor who held them (an oracle for guessed ids).
+  const Status none(Code::kNotFound, "tierd holds no write lease " + std::to_string(lease_id) +
+                                         " on tensor " + std::to_string(tensor_id) +
+                                         " of yours from before its restart");
   auto it = orphans_.find(tensor_id);
-  if (it == orphans_.end() || it->second.old_lease_id != lease_id) {
+  if (it == orphans_.end() || it->second.old_lease_id != lease_id || it->second.holder.uid != who.uid) {
     auto lost = lost_.find(tensor_id);
-    if (lost != lost_.end() && lost->second.first == lease_id) {
-      std::string why = std::move(lost->second.second);
+    if (lost != lost_.end() && lost->second.old_lease_id == lease_id && lost->second.uid == who.uid) {
+      std::string why = std::move(lost->second.why);
       lost_.erase(lost);
       return fail(Code::kUnavailable, "write lease " + std::to_string(lease_id) + " on tensor " +
                                           std::to_string(tensor_id) + " was lost: " + why);
     }
-    return fail(Code::kNotFound, "tierd holds no write lease " + std::to_string(lease_id) + " on tensor " +
-                                     std::to_string(tensor_id) + " from before its restart");
+    return fail(none);
   }
   const Orphan& o = it->second;
-  // The same uid always; the same process where the pid means the same thing to both.
+  // The same uid; the same process where the pid means the same thing to both. Another
+  // process of the holder's uid is told no more than that.
   bool same_ns = o.holder.pid_ns != 0 && o.holder.pid_ns == who.pid_ns;
-  if (who.uid != o.holder.uid || (same_ns && o.holder.pid > 0 && who.pid > 0 &&
-                                  (who.pid != o.holder.pid || (o.holder.pid_start && who.pid_start &&
-                                                               who.pid_start != o.holder.pid_start))))
+  if (same_ns && o.holder.pid > 0 && who.pid > 0 &&
+      (who.pid != o.holder.pid ||
+       (o.holder.pid_start && who.pid_start && who.pid_start != o.holder.pid_start)))
     return fail(Code::kPermissionDenied, "write lease " + std::to_string(lease_id) + " on tensor " +
-                                             std::to_string(tensor_id) + " belongs to " +
-                                             holder_text(o.holder));
+                                             std::to_string(tensor_id) + " is held by another process");
   auto id = st.leases.transfer(session_, s, o.lease_id);
   if (!id) return id;
   orphans_.erase(it);
@@ -211,7 +215,7 @@ void ReclaimTable::end(DaemonState& st, uint64_t tensor_id, uint64_t old_lease_i
   // LeaseTable's write-end hook journals WriteLeaseEnded.
   (void)st.leases.release(session_, it->second.lease_id, st.catalog);
   if (t) t->dirty = true;
-  lost_[tensor_id] = {old_lease_id, std::move(why)};
+  lost_[tensor_id] = {old_lease_id, it->second.holder.uid, std::move(why)};
   orphans_.erase(it);
 }
 

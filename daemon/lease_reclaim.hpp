@@ -99,7 +99,12 @@ class ReclaimTable {
   // Why each lost lease was lost, by tensor id (the old lease id and the reason), for the
   // holder's reclaim; an entry goes when the holder asks (bounded by the leases held at the
   // restart).
-  std::unordered_map<uint64_t, std::pair<uint64_t, std::string>> lost_;
+  struct Lost {
+    uint64_t old_lease_id;
+    uid_t uid;  // the holder's: nobody else learns that it was lost, or why
+    std::string why;
+  };
+  std::unordered_map<uint64_t, Lost> lost_;
   Clock::time_point next_recheck_{};
 };
 

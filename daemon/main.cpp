@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
         "%zu NVMe dirs\n",
         resolve_socket(cfg).c_str(), cfg.state_dir.c_str(), format_size(sizes->ram).c_str(),
         topo->nodes.size(), cfg.nvme.size());
+    std::printf("tenant limits:\n%s", describe_limits(cfg, *sizes).c_str());
     return 0;
   }
   std::string sock = resolve_socket(cfg);

@@ -121,14 +121,14 @@ std::string render_metrics(const MetricsInput& in) {
     std::vector<const Pool*> pools;
     for (const auto& [name, id] : cat->pool_names())
       if (const Pool* p = cat->find_pool(id); p && (!in.visible || in.visible(*p))) pools.push_back(p);
-    auto per_pool = [&](const char* name, const char* help, auto get) {
+    auto per_pool = [&](const char* name, const char* help, const auto& get) {
       o.family(name, "gauge", help);
       for (const Pool* p : pools)
         o.s += fmt::format("{}{{pool=\"{}\",uid=\"{}\"}} {}\n", name, esc(p->name), p->owner_uid, get(*p));
     };
     per_pool("tierd_pool_ram_quota_bytes", "RAM quota per pool.", [](const Pool& p) { return p.ram_quota; });
     per_pool("tierd_pool_ram_used_bytes", "RAM allocated per pool.",
-             [](const Pool& p) { return p.ram_used; });
+             [](const Pool& p) { return p.ram_charged(); });
     per_pool("tierd_pool_nvme_quota_bytes",
              "NVMe quota per pool (effective: the default where none was set).",
              [&](const Pool& p) { return in.nvme_quota ? in.nvme_quota(p) : p.nvme_quota; });

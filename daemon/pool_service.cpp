@@ -14,11 +14,26 @@
 
 namespace tier::daemon {
 
+Status PoolService::check_pool_limits(uid_t owner, const wire::PoolCreateReq& req) {
+  // Each pool promises its quotas: bounded per pool by the tiers, per uid by the pool count.
+  const uint32_t max_pools = state_.config.max_pools_per_uid;
+  if (owner != 0 && uid_usage(state_.catalog, owner).pools >= max_pools)
+    return Status(Code::kResourceExhausted, "uid " + std::to_string(owner) + " owns " +
+                                                std::to_string(max_pools) +
+                                                " pools, the limit (max_pools_per_uid)");
+  if (state_.tiering && req.nvme_quota > state_.tiering->nvme_capacity())
+    return Status(Code::kResourceExhausted, "NVMe quota " + format_size(req.nvme_quota) +
+                                                " exceeds the NVMe tier of " +
+                                                format_size(state_.tiering->nvme_capacity()));
+  return Status::ok();
+}
+
 Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& req) {
   uint64_t quota = req.ram_quota == 0 ? state_.sizes.pool_quota : req.ram_quota;
   if (quota > state_.ram->capacity())
     return fail(Code::kResourceExhausted, "RAM quota " + format_size(quota) + " exceeds the RAM tier of " +
                                               format_size(state_.ram->capacity()));
+  if (Status st = check_pool_limits(owner, req); !st) return fail(std::move(st));
   if (req.group_read && req.group == UINT32_MAX)
     return fail(Code::kInvalidArgument, "group read access needs a group");
   uint64_t nvme_quota = req.nvme_quota;

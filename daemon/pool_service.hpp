@@ -25,6 +25,9 @@ class PoolService {
   // RAM quota exceeds the RAM tier or the owner's NVMe reservation (uid_nvme_quota) is spent,
   // kInvalidArgument for group reading without a group.
   [[nodiscard]] Result<Pool*> create_pool(uid_t owner, const wire::PoolCreateReq& req);
+  // kResourceExhausted when `owner` (not root) owns max_pools_per_uid pools already, or the
+  // requested NVMe quota is larger than the NVMe tier.
+  [[nodiscard]] Status check_pool_limits(uid_t owner, const wire::PoolCreateReq& req);
   // Drops `p`, which holds no leases: its tensors leave every tier, its arenas go, the journal
   // records it. A million-tensor pool is dropped without freeing extents one by one.
   void drop_pool(Pool& p, uid_t by);

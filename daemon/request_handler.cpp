@@ -36,7 +36,11 @@ void RequestHandler::session_opened(Session& s) { leases_.session_opened(s); }
 void RequestHandler::session_closed(Session& s) {
   if (s.counted) uids_.remove_connection(s.uid);
   s.counted = false;
-  if (leases_.session_closed(s)) retry_waiters();
+  bool freed = leases_.session_closed(s);
+  // Its DMA pins go with it: their pages no extent holds are punched and stop counting.
+  const size_t pins = state_.ram->pins().size();
+  state_.ram->drop_pins(s.id, [&](uint64_t pool_id) { return state_.catalog.find_pool(pool_id); });
+  if (freed || state_.ram->pins().size() != pins) retry_waiters();
 }
 
 // --- replies ---

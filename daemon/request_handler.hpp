@@ -82,6 +82,9 @@ class RequestHandler {
   [[nodiscard]] wire::TopoRep topo() const;
   // Prometheus text exposition of the status counters.
   // `viewer`: only the pools that session may see get per-pool series; null: every pool.
+  // The metrics HTTP endpoint's text (no viewer): its per-pool series (pool names, owner uids)
+  // only with metrics_http_per_pool, since any local user may read that endpoint.
+  [[nodiscard]] std::string http_metrics_text() const;
   [[nodiscard]] std::string metrics_text(const Session* viewer = nullptr) const;
   // One line for systemd's STATUS=.
   [[nodiscard]] std::string status_line() const;
@@ -126,6 +129,9 @@ class RequestHandler {
   // Resolves tensor ids of `pool` for Prefetch/Evict/PlanSet into scratch_tensors_.
   [[nodiscard]] Status resolve_in_pool(const Pool& pool, std::span<const uint64_t> ids);
   [[nodiscard]] std::string tier_metrics_text() const;
+  // Pools for which `visible` is true (empty: all) get per-pool series.
+  [[nodiscard]] std::string metrics_text(const Session* viewer,
+                                         const std::function<bool(const Pool&)>& visible) const;
 
   template <class T> void reply_ok(const wire::Header& h, const T& body, Reply& out);
   void reply_err(const wire::Header& h, const Status& st, Reply& out);

@@ -50,13 +50,14 @@ void RequestHandler::on_arena_pin(Session& s, const Header& h, std::span<const s
   if (!a) return reply_err(h, a.error(), out);
   if (req.length == 0 || req.offset > (*a)->size() || req.length > (*a)->size() - req.offset)
     return reply_err(h, Status(Code::kInvalidArgument, "pinned range is empty or outside the arena"), out);
-  // Without an NVMe tier nothing is ever punched out of an arena: there is nothing to keep.
-  if (state_.tiering) {
-    DmaPins& pins = state_.tiering->dma_pins();
-    Status st = req.pinned ? pins.add(s.id, req.arena_id, req.offset, req.length)
-                           : pins.remove(s.id, req.arena_id, req.offset, req.length);
-    if (!st) return reply_err(h, st, out);
-  }
+  // The pinned pages count as the pool's RAM until punched (daemon/ram/ram_tier.hpp), and the
+  // uid's pins are capped (uid_pinned_quota).
+  Pool* pool = state_.catalog.find_pool(arena_pool(req.arena_id));
+  Status st = req.pinned ? state_.ram->pin(*pool, s.id, s.uid, req.arena_id, req.offset, req.length,
+                                           state_.sizes.uid_pinned_quota)
+                         : state_.ram->unpin(*pool, s.id, req.arena_id, req.offset, req.length);
+  if (!st) return reply_err(h, st, out);
+  if (!req.pinned) retry_waiters();  // punched pages may be the room a waiting lease needs
   reply_ok(h, Empty{}, out);
 }
 

@@ -19,7 +19,7 @@ StatusRep RequestHandler::status() const {
   r.pools = static_cast<uint32_t>(state_.catalog.pool_count());
   r.leases = state_.leases.live();
   for (const auto& n : state_.ram->nodes())
-    r.ram.push_back(NodeTierW{n.node, n.capacity, n.used, 0, n.tensors});
+    r.ram.push_back(NodeTierW{n.node, n.capacity, n.charged(), 0, n.tensors});  // pinned pages are used
   copy_counters(r, state_.counters);
   if (state_.tiering) {
     const NvmeTier::Figures f = state_.tiering->figures();
@@ -42,7 +42,19 @@ TopoRep RequestHandler::topo() const {
   return r;
 }
 
+std::string RequestHandler::http_metrics_text() const {
+  if (state_.config.metrics_http_per_pool) return metrics_text();
+  // A viewer that may see no pool: the daemon-wide series only.
+  return metrics_text(nullptr, [](const Pool&) { return false; });
+}
+
 std::string RequestHandler::metrics_text(const Session* viewer) const {
+  if (!viewer) return metrics_text(nullptr, {});
+  return metrics_text(viewer, [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); });
+}
+
+std::string RequestHandler::metrics_text(const Session*,
+                                         const std::function<bool(const Pool&)>& visible) const {
   StatusRep st = status();
   MetricsInput in;
   in.status = &st;
@@ -52,7 +64,7 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
   in.lease_latency = &leases_.latency();
   in.catalog = &state_.catalog;
   in.arena_repairs = [this](const Pool& p) { return state_.ram->arena_repairs(p.id); };
-  if (viewer) in.visible = [&](const Pool& p) { return may_see(creds(*viewer), p, state_.admin_gid); };
+  in.visible = visible;
   if (state_.tiering) in.nvme_quota = [&](const Pool& p) { return state_.tiering->nvme_quota(p); };
   if (state_.tiering)
     for (const auto& d : state_.tiering->engine().stats().dirs)
@@ -63,7 +75,7 @@ std::string RequestHandler::metrics_text(const Session* viewer) const {
 }
 
 std::string RequestHandler::status_line() const {
-  return fmt::format("RAM {} of {} used, {} pools, {} clients, {} leases", format_size(state_.ram->used()),
+  return fmt::format("RAM {} of {} used, {} pools, {} clients, {} leases", format_size(state_.ram->charged()),
                      format_size(state_.ram->capacity()), state_.catalog.pool_count(), state_.clients,
                      state_.leases.live());
 }

@@ -1,6 +1,7 @@
 #include "daemon/server.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -33,6 +34,9 @@ constexpr uint64_t kTagListen = 1, kTagSignal = 2, kTagLeaseTimer = 3, kTagTick 
 constexpr uint64_t kTagDurable = 6;  // snapshot writers finished (Durability::event_fd)
 constexpr uint64_t kFirstSession = 16;
 constexpr size_t kMaxQueuedReplies = 4096;  // a client this far behind is dropped
+// Queued reply bytes past which a closed or drained queue gives its memory back to the system
+// (malloc_trim, once at the end of the loop iteration).
+constexpr uint64_t kTrimAfterBytes = 1 << 20;
 // Messages read from one client per readiness event. One: a request/response client almost
 // never has a second message queued, so trying again costs a recvmsg that fails with EAGAIN;
 // level-triggered epoll reports a pipelining client again on the next wait, which also keeps
@@ -48,7 +52,10 @@ struct Conn {
   int fd = -1;
   Session session;
   std::deque<Pending> outq;
+  uint64_t queued = 0;       // bytes of outq
+  uint64_t queued_peak = 0;  // since the queue was last empty
   bool want_out = false;
+  bool reading = true;  // EPOLLIN armed: off while its queue is over max_reply_bytes_per_connection
   bool dead = false;
 };
 
@@ -81,6 +88,9 @@ struct Server::Impl {
   };
   std::vector<Held> held;
   std::unique_ptr<MetricsHttp> http;  // metrics_listen; published on every tick
+  // Reply bytes queued per uid, over its connections (max_reply_bytes_per_uid).
+  std::unordered_map<uid_t, uint64_t> uid_queued;
+  bool trim_due = false;
 
   Impl(DaemonState& s, std::string p) : st(s), handler(s), path(std::move(p)) {
     handler.set_deferred_sink([this](uint64_t sid, std::span<const std::byte> bytes) {
@@ -108,13 +118,43 @@ struct Server::Impl {
     return Status::ok();
   }
 
+  void rearm(Conn& c) {
+    epoll_event ev{};
+    ev.events = (c.reading ? EPOLLIN : 0u) | (c.want_out ? EPOLLOUT : 0u);
+    ev.data.u64 = c.session.id;
+    ::epoll_ctl(epfd, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
   void set_out(Conn& c, bool on) {
     if (c.want_out == on) return;
     c.want_out = on;
-    epoll_event ev{};
-    ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
-    ev.data.u64 = c.session.id;
-    ::epoll_ctl(epfd, EPOLL_CTL_MOD, c.fd, &ev);
+    rearm(c);
+  }
+
+  // Backpressure: a connection whose unread replies reach max_reply_bytes_per_connection is not
+  // read from (its requests wait in its socket, then its sends block) until half drained.
+  void set_reading(Conn& c, bool on) {
+    if (c.reading == on) return;
+    c.reading = on;
+    rearm(c);
+  }
+
+  void account(Conn& c, int64_t delta) {
+    c.queued = static_cast<uint64_t>(static_cast<int64_t>(c.queued) + delta);
+    c.queued_peak = std::max(c.queued_peak, c.queued);
+    uint64_t& u = uid_queued[c.session.uid];
+    u = static_cast<uint64_t>(static_cast<int64_t>(u) + delta);
+    if (u == 0) uid_queued.erase(c.session.uid);
+  }
+
+  // Freed reply buffers go back to the system (glibc keeps them in its arenas otherwise) at
+  // the end of the iteration: one malloc_trim for every queue that drained or closed in it.
+  void trim(uint64_t freed) {
+    if (freed >= kTrimAfterBytes) trim_due = true;
+  }
+  void trim_now() {
+    if (!std::exchange(trim_due, false)) return;
+    ::malloc_trim(0);
   }
 
   void kill(Conn& c) {
@@ -135,8 +175,12 @@ struct Server::Impl {
         return;
       }
     }
-    if (c.outq.size() >= kMaxQueuedReplies) {
-      log_warn("client pid {} stopped reading its replies; disconnecting it", c.session.pid);
+    const auto it = uid_queued.find(c.session.uid);
+    const uint64_t uid_bytes = it == uid_queued.end() ? 0 : it->second;
+    if (c.outq.size() >= kMaxQueuedReplies || uid_bytes + bytes.size() > st.config.max_reply_bytes_per_uid) {
+      log_warn(
+          "client pid {} (uid {}) stopped reading its replies ({} queued, {} for its uid); disconnecting it",
+          c.session.pid, c.session.uid, format_size(c.queued), format_size(uid_bytes));
       kill(c);
       return;
     }
@@ -144,7 +188,18 @@ struct Server::Impl {
     p.bytes.assign(bytes.begin(), bytes.end());
     p.fd = pass_fd >= 0 ? ::fcntl(pass_fd, F_DUPFD_CLOEXEC, 0) : -1;
     c.outq.push_back(std::move(p));
+    account(c, static_cast<int64_t>(bytes.size()));
     set_out(c, true);
+    if (c.queued >= st.config.max_reply_bytes_per_connection) set_reading(c, false);
+  }
+
+  // Takes the connection's queue off its uid's count and frees it.
+  void drop_queue(Conn& c) {
+    for (auto& p : c.outq)
+      if (p.fd >= 0) ::close(p.fd);
+    c.outq.clear();
+    account(c, -static_cast<int64_t>(c.queued));
+    trim(std::exchange(c.queued_peak, 0));
   }
 
   void flush(Conn& c) {
@@ -156,9 +211,15 @@ struct Server::Impl {
         return;
       }
       if (p.fd >= 0) ::close(p.fd);
+      account(c, -static_cast<int64_t>(p.bytes.size()));
       c.outq.pop_front();
     }
-    if (c.outq.empty()) set_out(c, false);
+    if (c.queued <= st.config.max_reply_bytes_per_connection / 2) set_reading(c, true);
+    if (c.outq.empty()) {
+      set_out(c, false);
+      c.outq.shrink_to_fit();
+      trim(std::exchange(c.queued_peak, 0));
+    }
   }
 
   void accept_all() {
@@ -278,8 +339,7 @@ struct Server::Impl {
       Conn& c = *it->second;
       ::epoll_ctl(epfd, EPOLL_CTL_DEL, c.fd, nullptr);
       handler.session_closed(c.session);  // may answer waiters of other sessions
-      for (auto& p : c.outq)
-        if (p.fd >= 0) ::close(p.fd);
+      drop_queue(c);
       ::close(c.fd);
       st.clients--;
       log_debug("session {} closed", sid);
@@ -319,7 +379,7 @@ struct Server::Impl {
     std::string line = "STATUS=" + handler.status_line();
     if (watchdog_usec > 0) line += "\nWATCHDOG=1";
     sd_notify(0, line.c_str());
-    if (http) http->publish(handler.metrics_text());
+    if (http) http->publish(handler.http_metrics_text());
   }
 };
 
@@ -395,7 +455,7 @@ Status Server::listen() {
     if (!addr) return addr.error();
     m.http = std::make_unique<MetricsHttp>();
     TIER_RETURN_IF_ERROR(m.http->start(*addr));
-    m.http->publish(m.handler.metrics_text());
+    m.http->publish(m.handler.http_metrics_text());
     log_info("serving Prometheus metrics on http://{}:{}/metrics", addr->host, m.http->port());
     period_us = std::min<uint64_t>(period_us, 1000000);  // scrapes see figures at most 1 s old
   }
@@ -465,6 +525,7 @@ Status Server::run() {
     m.handler.tier_poll();  // also catches completions reaped while a request waited for I/O
     TIER_RETURN_IF_ERROR(m.commit_and_flush());
     m.close_dead();
+    m.trim_now();
   }
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   if (m.http) m.http->stop();

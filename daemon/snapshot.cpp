@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -77,11 +78,13 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   auto t0 = std::chrono::steady_clock::now();
   auto job = std::make_unique<Job>();
   job->pool_id = pool.id;
-  job->snapshot_id = image_.watermarks().next_snapshot_id;
+  job->snapshot_id = next_snapshot_id(pool.id);
   job->session_id = session_id;
   job->request_id = request_id;
   job->reply_type = reply_type;
   job->keep = keep;
+  // Ids are unique among the pool's snapshots, and a dropped snapshot's (or pool's) directory
+  // is renamed away at once (remove_later), so this name is free.
   job->dir = snapshot_root() + "/" + pool.name + "/" + std::to_string(job->snapshot_id);
   job->pool = pool_record(pool);
   // The point: every tensor of the pool now, wherever its bytes are. Offsets are fixed here,
@@ -469,6 +472,16 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
   log_info("pool '{}': restored snapshot {}: {} tensors ({}), {} deleted, {} newer snapshots dropped",
            pool.name, snapshot_id, c.tensors, format_size(c.bytes), c.deleted, c.dropped_snapshots);
   return c;
+}
+
+uint64_t Durability::next_snapshot_id(uint64_t pool_id) {
+  // Numbered per pool: one node-wide sequence told every tenant how many snapshots the others
+  // took. Above every snapshot the pool has, and never one this process handed out before.
+  uint64_t& next = next_snapshot_ids_[pool_id];
+  if (auto it = image_.pools().find(pool_id); it != image_.pools().end() && !it->second.snapshots.empty())
+    next = std::max(next, it->second.snapshots.rbegin()->first + 1);
+  next = std::max<uint64_t>(next, 1);
+  return next++;
 }
 
 }  // namespace tier::daemon

@@ -1,5 +1,6 @@
 #include "daemon/ram/extent_allocator.hpp"
 
+#include <algorithm>
 #include <iterator>
 
 namespace tier::daemon {
@@ -74,6 +75,17 @@ bool ExtentAllocator::free(uint64_t offset, uint64_t size) {
   insert_free(start, len);
   used_ -= size;
   return true;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> ExtentAllocator::free_within(uint64_t begin, uint64_t end) const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  auto it = by_offset_.upper_bound(begin);
+  if (it != by_offset_.begin()) --it;
+  for (; it != by_offset_.end() && it->first < end; ++it) {
+    const uint64_t b = std::max(it->first, begin), e = std::min(it->first + it->second, end);
+    if (b < e) out.emplace_back(b, e - b);
+  }
+  return out;
 }
 
 bool ExtentAllocator::reserve(uint64_t offset, uint64_t size) {

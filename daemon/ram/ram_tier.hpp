@@ -5,10 +5,20 @@
 // A pool's arena on a node is created on its first tensor there, reserving the pool's RAM quota
 // of address space; its object grows as extents are placed (Arena::commit), so a pool's arenas
 // together hold what is placed on each node, not a quota per node; it is destroyed with the pool.
+//
+// DMA pins (ArenaPin, daemon/dma_pins.hpp) keep their pages resident whether or not an extent
+// holds them. Such pages count as used: a pool's footprint is its extents plus its pinned pages
+// that no extent holds (Pool::ram_pinned, NodeUsage::pinned), and allocate() checks the pool's
+// quota and the node's capacity against that footprint (an extent placed on pinned pages adds
+// only what it adds). Freed extents and pages whose last pin goes are punched out of the arena
+// (unless prefault keeps arenas populated), so what is not counted is not resident.
 // Not thread-safe: owned by the daemon's event loop.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +26,7 @@
 
 #include "daemon/catalog.hpp"
 #include "daemon/config.hpp"
+#include "daemon/dma_pins.hpp"
 #include "daemon/ram/arena.hpp"
 #include "daemon/ram/extent_allocator.hpp"
 #include "daemon/topology.hpp"
@@ -34,6 +45,8 @@ struct RamTierOptions {
 struct NodeUsage {
   int32_t node = 0;
   uint64_t capacity = 0, used = 0, tensors = 0;
+  uint64_t pinned = 0;  // pinned pages no extent holds (resident, counted against capacity)
+  [[nodiscard]] uint64_t charged() const noexcept { return used + pinned; }
 };
 
 class RamTier {
@@ -46,7 +59,19 @@ class RamTier {
   // Places `size` bytes of `pool` on `node`: checks the pool quota and the node's capacity,
   // creates the arena on first use. kResourceExhausted with the reason when it does not fit.
   [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
-  void release(Pool& pool, const RamLocation& loc);
+  // Frees the extent; with `punch`, its pages no pin covers are punched out of the arena
+  // (not with prefault). Without: they stay for an allocation about to reuse them.
+  void release(Pool& pool, const RamLocation& loc, bool punch_pages = true);
+
+  // DMA pins of `pool`'s arena `arena` (the caller checked the right and the range): pinned
+  // pages count as the pool's (see above); unpinned ones no extent holds are punched.
+  // kResourceExhausted past the uid's cap or DmaPins' count limits; kNotFound for an unknown pin.
+  [[nodiscard]] Status pin(Pool& pool, uint64_t session, uid_t uid, uint64_t arena, uint64_t offset,
+                           uint64_t length, uint64_t uid_cap);
+  [[nodiscard]] Status unpin(Pool& pool, uint64_t session, uint64_t arena, uint64_t offset, uint64_t length);
+  // A closed connection's pins go; `pool_of` finds a pool by id (null: gone).
+  void drop_pins(uint64_t session, const std::function<Pool*(uint64_t)>& pool_of);
+  [[nodiscard]] const DmaPins& pins() const noexcept { return pins_; }
   // Restart: re-attaches the pool's arena on `node` from the journaled object `path` (`size`
   // bytes reserved, at least `min_size` committed: the end of its last journaled extent).
   // kAttached: the object is tierd's own and was attached with its bytes. kGone: it did not
@@ -76,6 +101,7 @@ class RamTier {
   const std::vector<NodeUsage>& nodes() const noexcept { return nodes_; }
   uint64_t capacity() const noexcept { return opts_.capacity; }
   uint64_t used() const noexcept;
+  uint64_t charged() const noexcept;  // used() plus pinned pages no extent holds
   size_t arena_count() const noexcept { return arenas_.size(); }
   // Bumped whenever an arena is mapped, unmapped or grown: memory registered elsewhere (io_uring fixed
   // buffers) must be re-registered before it is used again.
@@ -88,12 +114,23 @@ class RamTier {
   struct Entry {
     std::unique_ptr<Arena> arena;
     ExtentAllocator alloc;
+    uint64_t pinned_free = 0;  // pinned pages no extent holds
   };
   NodeUsage* usage(int32_t node) noexcept;
+  // Re-measures the arena's pinned pages that no extent holds and moves the difference into
+  // the pool's and node's counts.
+  void recount_pinned(Pool& pool, uint64_t arena_id);
+  // Punches the pages of [begin, end) of the arena that no pin covers and no extent holds.
+  void punch_unheld(uint64_t arena_id, uint64_t begin, uint64_t end);
+  void punch(Entry& e, uint64_t offset, uint64_t length);
+  // ok when `adds` more bytes fit the pool's quota and the node's capacity (counting pinned
+  // pages); else kResourceExhausted naming which, for an extent of `need` bytes.
+  [[nodiscard]] Status fits(const Pool& pool, const NodeUsage& nu, uint64_t adds, uint64_t need) const;
 
   RamTierOptions opts_;
   std::vector<NodeUsage> nodes_;
   std::map<uint64_t, Entry> arenas_;  // by arena id: pool-major, so a pool's arenas are adjacent
+  DmaPins pins_;
   uint64_t generation_ = 0;
 };
 

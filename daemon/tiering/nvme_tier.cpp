@@ -133,20 +133,11 @@ bool NvmeTier::evictable(const Tensor& t) const {
 }
 
 void NvmeTier::release_ram(Pool& pool, const RamLocation& loc, bool punch) {
-  // Give the pages back: the arena is sparse shared memory and freeing the extent alone would
-  // keep them resident. (Clients map the same object; nobody holds a lease on these bytes.)
-  // On hugetlbfs only whole huge pages can be punched; a refusal just keeps the pages.
-  // Not when the extent is about to be reused in the same arena (keep_pages): the pages would
-  // be faulted back in and zeroed by the kernel only to be overwritten.
-  // Ranges a client pinned for DMA keep their pages (daemon/dma_pins.hpp): only the rest of
-  // the extent is punched.
-  if (Arena* a = punch && !fixed_buffers_ ? ram_.arena(loc.arena_id) : nullptr) {
-    for (auto [off, len] : dma_pins_.unpinned(loc.arena_id, loc.offset, loc.length))
-      if (::fallocate(a->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
-                      static_cast<off_t>(len)) != 0)
-        log_debug("punching {} bytes at {} of {}: {}", len, off, a->path(), std::strerror(errno));
-  }
-  ram_.release(pool, loc);
+  // The RAM tier punches the freed pages no DMA pin covers (daemon/ram/ram_tier.hpp). Not when
+  // the extent is about to be reused in the same arena (keep_pages): the pages would be
+  // faulted back in and zeroed by the kernel only to be overwritten; and never for io_uring
+  // fixed buffers, whose pages the kernel holds.
+  ram_.release(pool, loc, punch && !fixed_buffers_);
 }
 
 void NvmeTier::ensure_registration() {

@@ -34,7 +34,6 @@
 
 #include "daemon/catalog.hpp"
 #include "daemon/config.hpp"
-#include "daemon/dma_pins.hpp"
 #include "daemon/leases.hpp"
 #include "daemon/ram/ram_tier.hpp"
 #include "nvme/engine.hpp"
@@ -137,8 +136,6 @@ class NvmeTier {
   [[nodiscard]] Status set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> ids, uint64_t budget,
                                 std::vector<uint8_t> overwrite = {});
   void session_closed(uint64_t session);
-  // Arena ranges clients pinned for DMA (ArenaPin): release_ram never punches them.
-  DmaPins& dma_pins() noexcept { return dma_pins_; }
 
   // The tier's figures for status and metrics (the request handler puts them on the wire).
   struct Figures {
@@ -165,6 +162,7 @@ class NvmeTier {
 
   // The NVMe quota that applies to `p`: its own, or the default (nvme_pool_quota) for 0.
   [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
+  [[nodiscard]] uint64_t nvme_capacity() const noexcept { return nvme_capacity_; }
 
  private:
   enum class Io : uint8_t { kNone, kFetch, kSpill };
@@ -246,7 +244,7 @@ class NvmeTier {
   // is stale once the write lease is granted). kBusy when the room needs write-backs to end.
   [[nodiscard]] Status place_for_overwrite(std::span<Tensor* const> tensors);
   [[nodiscard]] bool may_place_for_overwrite(std::span<Tensor* const> tensors, LeaseMode mode);
-  void fetch_done(uint64_t id, Status st);
+  void fetch_done(uint64_t id, const Status& st);
   void spill_done(uint64_t id, Result<nvme::NvmeLocation> r);
   void wait_idle(uint64_t id);
   // Every session's plan over the pool, with its cursor.
@@ -308,7 +306,6 @@ class NvmeTier {
   // they are never punched (a punched page would be replaced in the file while I/O kept using
   // the pinned old one). Off for sparse arenas: pinning would populate them whole.
   bool fixed_buffers_ = false;
-  DmaPins dma_pins_;
   uint64_t registered_generation_ = UINT64_MAX;
   Status last_spill_error_;      // the last failed write-back (named in allocation errors)
   double nvme_freed_at_ = -1e9;  // when an NVMe copy was last freed (spill_backed_off())

@@ -38,10 +38,7 @@ Status NvmeTier::set_plan(uint64_t session, Pool& pool, std::vector<uint64_t> id
   return Status::ok();
 }
 
-void NvmeTier::session_closed(uint64_t session) {
-  plans_.erase(session);
-  dma_pins_.drop_session(session);
-}
+void NvmeTier::session_closed(uint64_t session) { plans_.erase(session); }
 
 void NvmeTier::schedule_prefetch() {
   double now = now_s();

@@ -37,7 +37,7 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
       std::erase_if(cands, [&](const policy::Candidate& c) {
         const Tensor* v = catalog_.find_tensor(c.id);
         return !v || needs_writeback(*v) ||
-               (pool.ram_used + t.size > pool.ram_quota && v->pool_id != pool.id);
+               (pool.ram_charged() + t.size > pool.ram_quota && v->pool_id != pool.id);
       });
       uint64_t started = 0;
       Status err;
@@ -72,12 +72,12 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
   s2.io = Io::kFetch;
   s2.pending = *loc;
   s2.error.reset();
-  engine_->fetch(*t.nvme, {dst, t.size}, [this, id = t.id](Status st) { fetch_done(id, std::move(st)); });
+  engine_->fetch(*t.nvme, {dst, t.size}, [this, id = t.id](const Status& st) { fetch_done(id, st); });
   (void)s;
   return Status::ok();
 }
 
-void NvmeTier::fetch_done(uint64_t id, Status st) {
+void NvmeTier::fetch_done(uint64_t id, const Status& st) {
   progress_ = true;
   auto it = ts_.find(id);
   if (it == ts_.end()) return;

@@ -137,9 +137,9 @@ Result<RamLocation> NvmeTier::allocate(Pool& pool, int32_t node, uint64_t size) 
     std::optional<uint64_t> in_pool;
     std::optional<int32_t> on_node;
     const NodeUsage* nu = node_usage(node);
-    if (pool.ram_used + need > pool.ram_quota) {
+    if (pool.ram_charged() + need > pool.ram_quota) {
       in_pool = pool.id;
-    } else if (nu && nu->used + need > nu->capacity) {
+    } else if (nu && nu->charged() + need > nu->capacity) {
       on_node = node;
     } else {
       in_pool = pool.id;

@@ -96,6 +96,10 @@ TEST_CASE("config: errors name the problem") {
   expect_err("nvme_flush_behind = -1", "nvme_flush_behind");
   expect_err("nvme_flush_behind = \"fast\"", "nvme_flush_behind");
   expect_err("state_dir = \"\"", "state_dir");
+  expect_err("max_pools_per_uid = 0", "max_pools_per_uid");
+  expect_err("max_reply_bytes_per_connection = \"10%\"", "max_reply_bytes_per_connection");
+  expect_err("max_reply_bytes_per_uid = \"1K\"", "max_reply_bytes_per_uid");
+  expect_err("metrics_http_per_pool = 1", "metrics_http_per_pool");
   expect_err("ram = \"1G\"\nram = \"2G\"", "line 2");
   expect_err("[section]\nx = 1", "unknown config key 'section'");
   expect_err("ram = \"1G", "syntax error");
@@ -116,6 +120,11 @@ TEST_CASE("config: the shipped example parses and equals the defaults") {
   CHECK(c->max_leases_per_client == d.max_leases_per_client);
   CHECK(c->nvme_hash_threads == d.nvme_hash_threads);
   CHECK(c->nvme_flush_behind == d.nvme_flush_behind);
+  CHECK(c->max_pools_per_uid == d.max_pools_per_uid);
+  CHECK(c->uid_pinned_quota == d.uid_pinned_quota);
+  CHECK(c->max_reply_bytes_per_connection == d.max_reply_bytes_per_connection);
+  CHECK(c->max_reply_bytes_per_uid == d.max_reply_bytes_per_uid);
+  CHECK(c->metrics_http_per_pool == d.metrics_http_per_pool);
   // The commented nvme example is itself valid.
   std::string uncommented = ss.str();
   for (std::string from : {"# nvme = [", "#   { path = \"/mnt/nvme0/tierd\", numa_node = 0 },",

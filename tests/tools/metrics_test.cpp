@@ -92,7 +92,8 @@ TEST_CASE("metrics over the socket (paged) and over HTTP on 127.0.0.1 parse as P
   REQUIRE(::mkdtemp(tmpl));
   std::string cfg = std::string(tmpl) + "/m.toml";
   std::ofstream(cfg)
-      << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
+      << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n"
+      << "metrics_http_per_pool = true\n";  // off by default: see the next case
   TestDaemon d(tier::test::DaemonOptions::with_config(cfg));
   // Enough pools that the text is several 4 KiB pages.
   {
@@ -138,6 +139,39 @@ TEST_CASE("metrics over the socket (paged) and over HTTP on 127.0.0.1 parse as P
   CHECK(http.at("tierd_pools") == 60);
   CHECK(http.at("tierd_pool_ram_used_bytes{pool=\"metrics-pool-59\",uid=\"0\"}") == 8192);
   CHECK(http_get(port, "/nope").find(" 404 ") != std::string::npos);
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+}
+
+TEST_CASE("the metrics HTTP endpoint names no pool unless metrics_http_per_pool is on") {
+  char tmpl[] = "/tmp/tier-metrics.XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string cfg = std::string(tmpl) + "/m.toml";
+  std::ofstream(cfg)
+      << "metrics_listen = \"127.0.0.1:0\"\nstatus_interval_ms = 100\nremove_arenas_on_exit = true\n";
+  TestDaemon d(tier::test::DaemonOptions::with_config(cfg));
+  {
+    auto c = tier::Client::connect(d.socket());
+    REQUIRE(c);
+    REQUIRE((*c)->create_pool("secret-pool-name", {.ram_quota = 4 << 20}));
+  }
+  std::smatch m;
+  std::string log = d.log();
+  REQUIRE(std::regex_search(log, m, std::regex(R"(http://127\.0\.0\.1:([0-9]+)/metrics)")));
+  int port = std::stoi(m[1]);
+  std::string resp;
+  for (int i = 0; i < 50; ++i) {  // published on the next tick (100 ms)
+    resp = http_get(port, "/metrics");
+    if (resp.find("tierd_pools 1") != std::string::npos) break;
+    ::usleep(50000);
+  }
+  auto http = parse_exposition(resp.substr(resp.find("\r\n\r\n") + 4));
+  CHECK(http.at("tierd_pools") == 1);  // daemon-wide series stay
+  CHECK(resp.find("secret-pool-name") == std::string::npos);
+  CHECK(resp.find("pool=") == std::string::npos);
+  // The socket's Metrics still shows the owner its pools.
+  auto r = run_binary(bin_path("tierctl"), {"--socket", d.socket(), "metrics"});
+  CHECK(r.out.find("tierd_pool_ram_quota_bytes{pool=\"secret-pool-name\",uid=\"0\"}") != std::string::npos);
   std::error_code ec;
   std::filesystem::remove_all(tmpl, ec);
 }
