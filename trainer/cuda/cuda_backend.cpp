@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   const std::string& error() const { return error_; }
+  const char* failure() const override { return error_.c_str(); }
   cudaStream_t stream() const { return stream_; }
 
   // ---- memory ----
