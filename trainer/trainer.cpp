@@ -150,8 +150,8 @@ Result<StepStats> Trainer::step(int64_t step) {
   if (const char* e = be.failure(); e != nullptr && *e != '\0')
     return fail(Code::kInternal, fmt::format("step {}: the {} backend failed: {}", step, be.name(), e));
   if (!std::isfinite(ss.loss) || !std::isfinite(g->norm))
-    return fail(Code::kInternal, fmt::format("step {}: loss {} / gradient norm {} is not finite", step,
-                                             ss.loss, g->norm));
+    return fail(Code::kInternal,
+                fmt::format("step {}: loss {} / gradient norm {} is not finite", step, ss.loss, g->norm));
   ss.grad_norm = g->norm;
   ss.ms = ms_since(t0);
   ss.stall_ms = stall_ms;

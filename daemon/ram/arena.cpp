@@ -328,8 +328,8 @@ Status Arena::commit(uint64_t end) {
     const uint64_t need = std::min(size_, round_up(end, granule_));
     if (need - committed_ > free)
       return Status(Code::kResourceExhausted,
-                    "arena " + path_ + ": growing by " + format_size(need - committed_) + " does not fit the " +
-                        format_size(free) +
+                    "arena " + path_ + ": growing by " + format_size(need - committed_) +
+                        " does not fit the " + format_size(free) +
                         " free in its tmpfs (/dev/shm, shared with every other user of it): free space "
                         "there, enlarge it (mount -o remount,size=... /dev/shm) or lower tierd's --ram");
     want = std::max(need, committed_ + free / granule_ * granule_);

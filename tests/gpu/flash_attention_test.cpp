@@ -106,7 +106,8 @@ TEST_CASE("CUDA flash attention refuses head sizes over 256", "[gpu][attention]"
 // 1.3B's head size (128) at a T that is not a multiple of the 64-row tile, head size 32 one
 // row past a tile, and T = 1. bf16 rounds q, k, v, P, dS and dout to 8 bits of mantissa, so the
 // bound is bf16's, not fp32's: 2e-2 of the largest value (the bf16 GEMMs' tests allow 3e-2).
-TEST_CASE("tensor-core flash attention matches the reference attention to bf16 accuracy", "[gpu][attention]") {
+TEST_CASE("tensor-core flash attention matches the reference attention to bf16 accuracy",
+          "[gpu][attention]") {
   if (!tier::test::have_cuda_device()) return;
   const Shape shape = GENERATE(Shape{1, 16, 64, 1024},  // 350M, the run's shape (per sequence)
                                Shape{2, 4, 128, 200},   // HS 128, partial last tile
@@ -138,8 +139,8 @@ TEST_CASE("tensor-core flash attention matches the reference attention to bf16 a
   const double e_dq = rel_err(dqkv, dqkv_ref, 3 * C, 0, C);
   const double e_dk = rel_err(dqkv, dqkv_ref, 3 * C, C, C);
   const double e_dv = rel_err(dqkv, dqkv_ref, 3 * C, 2 * C, C);
-  INFO("max abs error / max |reference|: out " << e_out << ", lse " << e_lse << ", dq " << e_dq << ", dk " << e_dk
-                                               << ", dv " << e_dv);
+  INFO("max abs error / max |reference|: out " << e_out << ", lse " << e_lse << ", dq " << e_dq << ", dk "
+                                               << e_dk << ", dv " << e_dv);
   // rel_err's std::max skips NaN: every element written and finite is checked here.
   const auto finite = [](const std::vector<float>& v) {
     return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
@@ -159,12 +160,12 @@ TEST_CASE("tensor-core flash attention matches the reference attention to bf16 a
 
 TEST_CASE("tensor-core flash attention refuses head sizes it has no kernel for", "[gpu][attention]") {
   // Checked before any launch, so it needs no device.
-  CHECK_FALSE(cuda::flash_attention_tc_supported(1, 16, 4 * 8, 4));      // HS 8 (tiny): fp32 kernels
-  CHECK_FALSE(cuda::flash_attention_tc_supported(1, 16, 2 * 256, 2));    // HS 256
-  CHECK_FALSE(cuda::flash_attention_tc_supported(1, 16, 2 * 96, 2));     // HS 96
+  CHECK_FALSE(cuda::flash_attention_tc_supported(1, 16, 4 * 8, 4));    // HS 8 (tiny): fp32 kernels
+  CHECK_FALSE(cuda::flash_attention_tc_supported(1, 16, 2 * 256, 2));  // HS 256
+  CHECK_FALSE(cuda::flash_attention_tc_supported(1, 16, 2 * 96, 2));   // HS 96
   CHECK(cuda::flash_attention_tc_supported(1, 16, 16 * 64, 16));
   CHECK(cuda::flash_attention_forward_tc(nullptr, nullptr, nullptr, 1, 4, 2 * 256, 2, nullptr) ==
         cudaErrorInvalidValue);
-  CHECK(cuda::flash_attention_backward_tc(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 96, 2,
-                                          nullptr) == cudaErrorInvalidValue);
+  CHECK(cuda::flash_attention_backward_tc(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 96,
+                                          2, nullptr) == cudaErrorInvalidValue);
 }

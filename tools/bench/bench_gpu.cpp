@@ -5,8 +5,8 @@
 // Target: ratio >= 0.95 from 64 MiB up (docs/benchmarks.md); below that, microseconds per
 // copy ("gpu_h2d_small_us") against a plain cudaMemcpyAsync: the per-call overhead.
 // gpu_register_first_copy: the first copy of a 1 GiB lease (registering its granules) against
-// cudaMallocHost + a first copy of the same size. --gemm DIM: the cuBLAS bf16 GEMM rate. Exit 0 ok, 1 error (message on stderr), 2 usage; without
-// a CUDA device it prints the reason and exits 1.
+// cudaMallocHost + a first copy of the same size. --gemm DIM: the cuBLAS bf16 GEMM rate. Exit 0 ok, 1 error
+// (message on stderr), 2 usage; without a CUDA device it prints the reason and exits 1.
 // --info: one JSON object with the CUDA driver and runtime versions and every device's name,
 // PCI bus id, compute capability and memory (what the GPU check prints about the machine).
 #include <cuda_runtime_api.h>
@@ -77,7 +77,8 @@ bool first_copy(const BenchOptions& o, tier::gpu::Stager& st, std::span<const st
   const uint64_t t0 = tier::bench::now_ns();
   auto t = st.copy_to_device(src, dev, stream);
   if (!t || !t->wait().is_ok()) {
-    std::fprintf(stderr, "tier-bench-gpu: first copy failed: %s\n", t ? "wait" : t.error().to_string().c_str());
+    std::fprintf(stderr, "tier-bench-gpu: first copy failed: %s\n",
+                 t ? "wait" : t.error().to_string().c_str());
     return false;
   }
   const double reg_s = static_cast<double>(tier::bench::now_ns() - t0) * 1e-9;
@@ -90,8 +91,8 @@ bool first_copy(const BenchOptions& o, tier::gpu::Stager& st, std::span<const st
       !cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"))
     return false;
   const double pin_s = static_cast<double>(tier::bench::now_ns() - t1) * 1e-9;
-  tier::bench::emit(o, Figure{"gpu_register_first_copy", n, reg_s * 1e3, "ms", pin_s * 1e3,
-                              pin_s > 0 ? reg_s / pin_s : 0});
+  tier::bench::emit(
+      o, Figure{"gpu_register_first_copy", n, reg_s * 1e3, "ms", pin_s * 1e3, pin_s > 0 ? reg_s / pin_s : 0});
   return true;
 }
 

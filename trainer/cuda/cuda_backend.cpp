@@ -191,9 +191,11 @@ class CudaBackend final : public Backend {
     linear_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C, 0.0f);
     if (d.attention == Attention::kFlash) {
       if (tensor_core_attention(d))
-        cu(flash_attention_forward_tc(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_), "flash_attention_forward_tc");
+        cu(flash_attention_forward_tc(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_),
+           "flash_attention_forward_tc");
       else
-        cu(flash_attention_forward(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_), "flash_attention_forward");
+        cu(flash_attention_forward(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_),
+           "flash_attention_forward");
     } else {
       float* s = ensure_scratch(4 * BTC);  // q | k | v | yh
       if (!s) return;

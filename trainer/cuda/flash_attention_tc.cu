@@ -43,8 +43,7 @@ using FragC = wmma::fragment<wmma::accumulator, kM, kM, kM, float>;
 
 // dst[kRows, HS] (bf16) = rows [r0, r0 + kRows) of src (fp32, row stride `stride`, already at
 // the head's first column); rows past T are 0. All threads of the block.
-template <int HS>
-__device__ void load_tile(bf16* dst, const float* src, int r0, int T, int stride) {
+template <int HS> __device__ void load_tile(bf16* dst, const float* src, int r0, int T, int stride) {
   for (int idx = threadIdx.x; idx < kRows * HS; idx += kThreads) {
     const int r = idx / HS, c = idx % HS;
     dst[idx] = __float2bfloat16(r0 + r < T ? src[size_t(r0 + r) * stride + c] : 0.0f);
@@ -53,8 +52,7 @@ __device__ void load_tile(bf16* dst, const float* src, int r0, int T, int stride
 
 // s[16, kRows] (fp32, row stride kRows) = a[16, HS] · b[kRows, HS]ᵀ; a and b bf16 row-major
 // with row stride HS. One warp.
-template <int HS>
-__device__ void products_abt(float* s, const bf16* a, const bf16* b) {
+template <int HS> __device__ void products_abt(float* s, const bf16* a, const bf16* b) {
 #pragma unroll
   for (int n = 0; n < kRows / kM; ++n) {
     FragC acc;
@@ -73,8 +71,7 @@ __device__ void products_abt(float* s, const bf16* a, const bf16* b) {
 
 // acc += p[16, kRows] · v[kRows, HS] restricted to columns [16 j, 16 j + 16); p bf16 with row
 // stride kRows, v bf16 with row stride HS. One warp.
-template <int HS>
-__device__ void product_ab_block(FragC& acc, const bf16* p, const bf16* v, int j) {
+template <int HS> __device__ void product_ab_block(FragC& acc, const bf16* p, const bf16* v, int j) {
 #pragma unroll
   for (int k = 0; k < kRows / kM; ++k) {
     FragA fa;
@@ -104,15 +101,14 @@ __device__ void store_rows(float* dst, int row0, int T, int stride, FragC (&frag
 
 // Shared memory of the forward: q, k, v tiles (bf16), then per warp S [16, kRows] and O
 // [16, HS] and a row factor [16] (fp32), then per warp P [16, kRows] (bf16).
-template <int HS>
-constexpr size_t forward_smem() {
-  return 3 * size_t(kRows) * HS * sizeof(bf16) + kWarps * (size_t(kM) * kRows + kM * HS + kM) * sizeof(float) +
+template <int HS> constexpr size_t forward_smem() {
+  return 3 * size_t(kRows) * HS * sizeof(bf16) +
+         kWarps * (size_t(kM) * kRows + kM * HS + kM) * sizeof(float) +
          kWarps * size_t(kM) * kRows * sizeof(bf16);
 }
 
 // grid (ceil(T / kRows), B*NH), kThreads threads, forward_smem<HS>() bytes.
-template <int HS>
-__global__ void __launch_bounds__(kThreads)
+template <int HS> __global__ void __launch_bounds__(kThreads)
     flash_forward_tc_k(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -120,9 +116,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ks = qs + kRows * HS;
   bf16* vs = ks + kRows * HS;
   float* wf = reinterpret_cast<float*>(vs + kRows * HS) + warp * (kM * kRows + kM * HS + kM);
-  float* sw = wf;                  // S of the warp's rows, then scratch for P V blocks
-  float* ow = sw + kM * kRows;     // O of the warp's rows, unnormalized
-  float* factor = ow + kM * HS;    // per row: exp(m - m'), at the end 1 / l
+  float* sw = wf;                // S of the warp's rows, then scratch for P V blocks
+  float* ow = sw + kM * kRows;   // O of the warp's rows, unnormalized
+  float* factor = ow + kM * HS;  // per row: exp(m - m'), at the end 1 / l
   bf16* pw = reinterpret_cast<bf16*>(reinterpret_cast<float*>(vs + kRows * HS) +
                                      kWarps * (kM * kRows + kM * HS + kM)) +
              warp * kM * kRows;
@@ -153,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     const float m_new = fmaxf(m, mx);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: all p = 0
-    const float corr = expf(m - m_use);                      // 0 while m = -inf
+    const float corr = expf(m - m_use);                     // 0 while m = -inf
     bf16* prow = pw + r * kRows + half * (kRows / 2);
     float sum = 0.0f;
     for (int c = 0; c < kRows / 2; ++c) {
@@ -197,15 +193,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // Shared memory of both backward kernels: four bf16 tiles, two fp32 rows [kRows] (lse, D),
 // per warp two fp32 [16, kRows] and two bf16 [16, kRows].
-template <int HS>
-constexpr size_t backward_smem() {
+template <int HS> constexpr size_t backward_smem() {
   return 4 * size_t(kRows) * HS * sizeof(bf16) + 2 * size_t(kRows) * sizeof(float) +
          kWarps * (2 * size_t(kM) * kRows * sizeof(float) + 2 * size_t(kM) * kRows * sizeof(bf16));
 }
 
 // The backward's shared memory, carved.
-template <int HS>
-struct BackwardSmem {
+template <int HS> struct BackwardSmem {
   bf16 *own_a, *own_b;      // the block's own tile: k, v (dk/dv) or q, dout (dq)
   bf16 *other_a, *other_b;  // the tile it iterates over: q, dout (dk/dv) or k, v (dq)
   float *ls, *ds;           // lse and D of the query tile in use
@@ -235,10 +229,9 @@ __device__ void load_rows(float* ls, float* ds, const float* lse_bh, const float
 }
 
 // dk, dv of one key tile. grid (ceil(T / kRows), B*NH), kThreads, backward_smem<HS>().
-template <int HS>
-__global__ void __launch_bounds__(kThreads)
-    flash_dkdv_tc_k(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow, int T,
-                    int C, int NH, float scale) {
+template <int HS> __global__ void __launch_bounds__(kThreads)
+    flash_dkdv_tc_k(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow,
+                    int T, int C, int NH, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   BackwardSmem<HS> sm(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -284,10 +277,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dq of one query tile. grid (ceil(T / kRows), B*NH), kThreads, backward_smem<HS>().
-template <int HS>
-__global__ void __launch_bounds__(kThreads)
-    flash_dq_tc_k(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow, int T,
-                  int C, int NH, float scale) {
+template <int HS> __global__ void __launch_bounds__(kThreads)
+    flash_dq_tc_k(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow,
+                  int T, int C, int NH, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   BackwardSmem<HS> sm(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -342,9 +334,8 @@ cudaError_t forward(float* out, float* lse, const float* qkv, int B, int T, int 
   return launch(flash_forward_tc_k<HS>, grid, forward_smem<HS>(), s, out, lse, qkv, T, C, NH, scale);
 }
 
-template <int HS>
-cudaError_t backward(float* dqkv, const float* drow, const float* dout, const float* qkv, const float* lse, int B,
-                     int T, int C, int NH, cudaStream_t s) {
+template <int HS> cudaError_t backward(float* dqkv, const float* drow, const float* dout, const float* qkv,
+                                       const float* lse, int B, int T, int C, int NH, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((T + kRows - 1) / kRows), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const cudaError_t e =
@@ -375,7 +366,8 @@ cudaError_t flash_attention_backward_tc(float* dqkv, float* drow, const float* d
                                         const float* out, const float* lse, int B, int T, int C, int NH,
                                         cudaStream_t s) {
   if (!flash_attention_tc_supported(B, T, C, NH)) return cudaErrorInvalidValue;
-  if (const cudaError_t e = flash_attention_rowdot(drow, dout, out, B, T, C, NH, s); e != cudaSuccess) return e;
+  if (const cudaError_t e = flash_attention_rowdot(drow, dout, out, B, T, C, NH, s); e != cudaSuccess)
+    return e;
   switch (C / NH) {
     case 32: return backward<32>(dqkv, drow, dout, qkv, lse, B, T, C, NH, s);
     case 64: return backward<64>(dqkv, drow, dout, qkv, lse, B, T, C, NH, s);

@@ -80,8 +80,8 @@ cudaError_t flash_attention_backward(float* dqkv, float* drow, const float* dout
                                      cudaStream_t stream);
 
 // drow[B,NH,T] = rowsum(dout * out) over each head's HS columns (D of the flash backward).
-cudaError_t flash_attention_rowdot(float* drow, const float* dout, const float* out, int B, int T, int C, int NH,
-                                   cudaStream_t stream);
+cudaError_t flash_attention_rowdot(float* drow, const float* dout, const float* out, int B, int T, int C,
+                                   int NH, cudaStream_t stream);
 
 // ---- flash attention on the tensor cores (flash_attention_tc.cu) ----
 // The same contracts as flash_attention_forward / _backward, computed with bf16 operands on

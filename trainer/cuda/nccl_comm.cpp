@@ -30,8 +30,7 @@ struct NcclApi {
   std::string error;  // why loading failed; empty once loaded
 };
 
-template <class F>
-bool resolve(void* lib, const char* name, F& fn, std::string& error) {
+template <class F> bool resolve(void* lib, const char* name, F& fn, std::string& error) {
   fn = reinterpret_cast<F>(dlsym(lib, name));
   if (fn == nullptr && error.empty()) error = std::string("NCCL library lacks ") + name;
   return fn != nullptr;
@@ -123,7 +122,8 @@ Status NcclComm::all_gather(const float* send, float* recv, size_t count, cudaSt
 }
 
 Status NcclComm::reduce_scatter(const float* send, float* recv, size_t count, cudaStream_t s) {
-  return from_nccl(nccl().reduce_scatter(send, recv, count, ncclFloat32, ncclSum, comm_, s), "ncclReduceScatter");
+  return from_nccl(nccl().reduce_scatter(send, recv, count, ncclFloat32, ncclSum, comm_, s),
+                   "ncclReduceScatter");
 }
 
 Status NcclComm::all_gather_bf16(const uint16_t* send, uint16_t* recv, size_t count, cudaStream_t s) {
