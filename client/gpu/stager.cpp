@@ -189,6 +189,7 @@ struct Stager::Impl {
   // until the stager is destroyed (after its registrations are released), even when the
   // registration failed part way.
   Status acquire_arena_locked(const Client::ArenaMapping& a, uintptr_t base, uint64_t size) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): the arena's address, kept as an integer for range math
     std::span<const std::byte> range(reinterpret_cast<const std::byte*>(base), size);
     if (Status p = client->pin_for_dma(range, true); !p.is_ok())
       return Status(p.code(), "tierd did not take the pin that keeps the registered pages in arena " +
@@ -301,8 +302,9 @@ struct Stager::Impl {
     for (const Segment& seg : segs) {
       for (uint64_t o = 0; o < seg.len; o += chunk) {
         const uint64_t n = std::min(chunk, seg.len - o);
-        void* h = reinterpret_cast<void*>(seg.host + o);
-        void* d = reinterpret_cast<void*>(dev + seg.off + o);
+        // Addresses are integers here for the segment math; CUDA takes them back as pointers.
+        void* h = reinterpret_cast<void*>(seg.host + o);       // NOLINT(performance-no-int-to-ptr)
+        void* d = reinterpret_cast<void*>(dev + seg.off + o);  // NOLINT(performance-no-int-to-ptr)
         cudaError_t err = to_device ? cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s)
                                     : cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, s);
         if (err != cudaSuccess) {

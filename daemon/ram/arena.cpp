@@ -374,7 +374,9 @@ size_t remove_arenas(const std::string& prefix, const std::string& hugetlbfs_mou
     while (dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
       if (!name.starts_with(want)) continue;
-      int r = shm ? ::shm_unlink(("/" + name).c_str()) : ::unlink((dir + "/" + name).c_str());
+      std::string path = shm ? std::string("/") : dir + '/';
+      path += name;
+      int r = shm ? ::shm_unlink(path.c_str()) : ::unlink(path.c_str());
       if (r == 0) ++n;
     }
     ::closedir(d);

@@ -506,7 +506,7 @@ TEST_CASE(
   };
   std::string out;
   fresh_shm("64m");
-  for (std::string extra : {std::string(" --check-config"), std::string()}) {
+  for (const std::string& extra : {std::string(" --check-config"), std::string()}) {
     int rc = run(extra, out);
     INFO(out);
     CHECK(rc == 2);
