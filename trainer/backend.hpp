@@ -213,6 +213,10 @@ class Backend {
   virtual void free_tokens(int32_t* p) = 0;
   virtual void upload_tokens(int32_t* dst_dev, const int32_t* src_host, size_t n) = 0;
   virtual void synchronize() = 0;
+  // The first error the backend met (a CUDA or cuBLAS call that failed), or "" while none
+  // did. A backend that failed does nothing more: train() checks this after every step and
+  // fails the run with it. Default: a backend that cannot fail this way.
+  virtual const char* failure() const { return ""; }
   // Page-locks host memory the trainer allocated itself (staging for upload/download) so
   // copies to and from it are DMA; false when the backend has no use for it or refused (the
   // memory then stays pageable and still works). A pinned range must be unpinned with

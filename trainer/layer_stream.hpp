@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "tier/status.hpp"
@@ -63,6 +64,9 @@ class LayerStream {
   // After it the host shards hold the pass's gradients. Also the way to drop everything after
   // a failed call.
   [[nodiscard]] virtual Status finish() = 0;
+  // Bytes of parameter shards copied host to device by fetch() since open() (the step line's
+  // h2d_gbps); 0 from a stream that does not count them.
+  virtual uint64_t h2d_bytes() const { return 0; }
 };
 
 }  // namespace tier::train

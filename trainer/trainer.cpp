@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <string>
+
 #include "trainer/dump.hpp"
 #include "trainer/step.hpp"
 #include "wire/errors.hpp"
@@ -47,10 +50,11 @@ NvmeRate nvme_rate(Trainer& t, double step_ms) {
 void write_step_line(std::FILE* out, const StepStats& ss, const NvmeRate& io) {
   std::string line = fmt::format(
       "{{\"step\":{},\"loss\":{:.9g},\"ms\":{:.3f},\"tokens_per_s\":{:.1f},\"tflops\":{:.6f},"
-      "\"stall_ms\":{:.3f},\"h2d_gbps\":0,\"nvme_gbps\":{:.3f},\"nvme_read_mib\":{:.1f},"
+      "\"stall_ms\":{:.3f},\"h2d_gbps\":{},\"nvme_gbps\":{:.3f},\"nvme_read_mib\":{:.1f},"
       "\"nvme_written_mib\":{:.1f},\"opt_ms\":{:.3f},\"grad_norm\":{:.9g}",
-      ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms, io.gbps, io.read_mib, io.written_mib,
-      ss.opt_ms, ss.grad_norm);
+      ss.step, ss.loss, ss.ms, ss.tokens_per_s, ss.tflops, ss.stall_ms,
+      ss.h2d_gbps < 0 ? std::string("null") : fmt::format("{:.3f}", ss.h2d_gbps), io.gbps, io.read_mib,
+      io.written_mib, ss.opt_ms, ss.grad_norm);
   if (ss.val_loss >= 0) line += fmt::format(",\"val_loss\":{:.9g}", ss.val_loss);
   line += "}\n";
   std::fputs(line.c_str(), out);
@@ -105,6 +109,7 @@ Result<StepStats> Trainer::step(int64_t step) {
   const int cur = opts.buffers == 2 ? static_cast<int>((step - 1) % 2) : 0;
   const int nxt = opts.buffers == 2 ? static_cast<int>(step % 2) : 0;
 
+  const uint64_t h2d0 = opts.stream != nullptr ? opts.stream->h2d_bytes() : 0;
   load_batch(step);  // tokens, targets [B,T]
   double loss = 0;   // summed over this rank's B*T tokens
   {
@@ -141,9 +146,17 @@ Result<StepStats> Trainer::step(int64_t step) {
   StepStats ss;
   ss.step = step;
   ss.loss = g->loss_sum / (static_cast<double>(Bg) * T);
+  // A device error or a diverged loss ends the run: never a step line with a NaN in it.
+  if (const char* e = be.failure(); e != nullptr && *e != '\0')
+    return fail(Code::kInternal, fmt::format("step {}: the {} backend failed: {}", step, be.name(), e));
+  if (!std::isfinite(ss.loss) || !std::isfinite(g->norm))
+    return fail(Code::kInternal,
+                fmt::format("step {}: loss {} / gradient norm {} is not finite", step, ss.loss, g->norm));
   ss.grad_norm = g->norm;
   ss.ms = ms_since(t0);
   ss.stall_ms = stall_ms;
+  if (opts.stream != nullptr)
+    ss.h2d_gbps = static_cast<double>(opts.stream->h2d_bytes() - h2d0) / (ss.ms / 1e3) / 1e9;
   ss.opt_ms = opt_ms;
   ss.tokens_per_s = static_cast<double>(Bg) * T / (ss.ms / 1000.0);
   ss.tflops = flops_step / R / (ss.ms / 1000.0) / 1e12;

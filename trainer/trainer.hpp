@@ -116,6 +116,9 @@ struct StepStats {
   double loss = 0, ms = 0, tokens_per_s = 0, tflops = 0, stall_ms = 0, opt_ms = 0;
   double grad_norm = 0;  // global L2 norm of the step's gradient, before clipping
   double val_loss = -1;  // < 0: not computed this step
+  // Parameter bytes the LayerStream copied host to device during the step, per second of the
+  // step (GB/s); < 0 on the host path, which does not count them (the step line says null).
+  double h2d_gbps = -1;
 };
 
 struct RunSummary {

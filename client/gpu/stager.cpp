@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "cuda_status.hpp"
 #include "registry.hpp"
@@ -49,13 +51,59 @@ Result<int> device_numa_node(int device) {
   return node;
 }
 
+// ---- EventPool -----------------------------------------------------------------------------
+
+// Events of one stager's device, free for a copy to record. An event handed back may still be
+// pending (its Transfer was destroyed before the copy completed): recording it again is
+// allowed, and waits already enqueued on it keep the earlier record. Shared by the stager and
+// its Transfers, so a Transfer may outlive the stager.
+struct EventPool {
+  std::mutex mu;
+  std::vector<cudaEvent_t> free;
+  ~EventPool() {
+    for (cudaEvent_t e : free) (void)cudaEventDestroy(e);
+  }
+  // The current device must be the stager's.
+  cudaError_t take(cudaEvent_t& e) {
+    {
+      std::lock_guard lock(mu);
+      if (!free.empty()) {
+        e = free.back();
+        free.pop_back();
+        return cudaSuccess;
+      }
+    }
+    return cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  }
+  void give_back(cudaEvent_t e) {
+    std::lock_guard lock(mu);
+    free.push_back(e);
+  }
+};
+
 // ---- Transfer ------------------------------------------------------------------------------
+
+void Transfer::drop_event() noexcept {
+  if (event_ == nullptr) return;
+  if (pool_) {
+    try {
+      pool_->give_back(event_);
+    } catch (...) {  // no memory for the free list: let the event go instead
+      (void)cudaEventDestroy(event_);
+    }
+  } else {
+    (void)cudaEventDestroy(event_);
+  }
+  event_ = nullptr;
+  pool_.reset();
+}
 
 Transfer::Transfer(Transfer&& o) noexcept { *this = std::move(o); }
 
 Transfer& Transfer::operator=(Transfer&& o) noexcept {
   if (this == &o) return *this;
-  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  drop_event();
+  pool_ = std::move(o.pool_);
   event_ = std::exchange(o.event_, nullptr);
   stream_ = std::exchange(o.stream_, nullptr);
   bytes_ = std::exchange(o.bytes_, 0);
@@ -65,14 +113,21 @@ Transfer& Transfer::operator=(Transfer&& o) noexcept {
 }
 
 Transfer::~Transfer() {
-  // Destroying a recorded, pending event is allowed: CUDA frees it once it completes.
-  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  // Destroying (or re-recording) a recorded, pending event is allowed.
+  drop_event();
 }
 
 bool Transfer::done() const noexcept {
   if (event_ == nullptr) return true;
-  cudaError_t err = cudaEventQuery(event_);
-  if (err == cudaErrorNotReady) return false;
+  // cudaEventQuery's cudaErrorNotReady is not sticky, but it becomes the thread's last error,
+  // which a launcher reading cudaGetLastError() afterwards would take for its own failure:
+  // clear it here (a real error stays: cudaPeekAtLastError is checked first).
+  const cudaError_t before = cudaPeekAtLastError();
+  const cudaError_t err = cudaEventQuery(event_);
+  if (err == cudaErrorNotReady) {
+    if (before == cudaSuccess) (void)cudaGetLastError();
+    return false;
+  }
   return true;
 }
 
@@ -88,6 +143,7 @@ struct Stager::Impl {
   StagerOptions opts;
   cudaStream_t h2d = nullptr;
   cudaStream_t d2h = nullptr;
+  std::shared_ptr<EventPool> events = std::make_shared<EventPool>();
 
   mutable std::mutex mu;  // guards the fields below
   // Arenas this stager has registered, as (id, base, size): a remapped arena (same id, new
@@ -133,6 +189,7 @@ struct Stager::Impl {
   // until the stager is destroyed (after its registrations are released), even when the
   // registration failed part way.
   Status acquire_arena_locked(const Client::ArenaMapping& a, uintptr_t base, uint64_t size) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): the arena's address, kept as an integer for range math
     std::span<const std::byte> range(reinterpret_cast<const std::byte*>(base), size);
     if (Status p = client->pin_for_dma(range, true); !p.is_ok())
       return Status(p.code(), "tierd did not take the pin that keeps the registered pages in arena " +
@@ -245,8 +302,9 @@ struct Stager::Impl {
     for (const Segment& seg : segs) {
       for (uint64_t o = 0; o < seg.len; o += chunk) {
         const uint64_t n = std::min(chunk, seg.len - o);
-        void* h = reinterpret_cast<void*>(seg.host + o);
-        void* d = reinterpret_cast<void*>(dev + seg.off + o);
+        // Addresses are integers here for the segment math; CUDA takes them back as pointers.
+        void* h = reinterpret_cast<void*>(seg.host + o);       // NOLINT(performance-no-int-to-ptr)
+        void* d = reinterpret_cast<void*>(dev + seg.off + o);  // NOLINT(performance-no-int-to-ptr)
         cudaError_t err = to_device ? cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s)
                                     : cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, s);
         if (err != cudaSuccess) {
@@ -258,8 +316,9 @@ struct Stager::Impl {
       (seg.pinned ? direct : pageable) += seg.len;
     }
     Transfer t;
-    cudaError_t err = cudaEventCreateWithFlags(&t.event_, cudaEventDisableTiming);
+    cudaError_t err = events->take(t.event_);
     if (err != cudaSuccess) return fail(from_cuda(err, "cudaEventCreate"));
+    t.pool_ = events;
     err = cudaEventRecord(t.event_, s);
     if (err != cudaSuccess) return fail(from_cuda(err, "cudaEventRecord"));
     t.stream_ = s;

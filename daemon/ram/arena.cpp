@@ -308,12 +308,32 @@ Status Arena::map_and_guard() {
   return Status::ok();
 }
 
+// A tmpfs object grows sparse: ftruncate past the file system's free space succeeds, and the
+// first touch of a page with none left is a SIGBUS in whoever touches it (a trainer writing
+// its lease). So what a commit is for must fit the space free now; the growth's slack is cut
+// to it. Huge pages are reserved up front: no limit. ~0: unknown (ftruncate decides).
+uint64_t Arena::free_space() const {
+  struct statfs fs{};
+  if (huge_ || ::fstatfs(fd_, &fs) != 0) return ~uint64_t{0};
+  return uint64_t{fs.f_bavail} * static_cast<uint64_t>(fs.f_bsize);
+}
+
 Status Arena::commit(uint64_t end) {
   if (end <= committed_) return Status::ok();
   if (end > size_)
     return Status(Code::kInvalidArgument, "arena " + path_ + ": commit of " + std::to_string(end) +
                                               " bytes past its reservation of " + std::to_string(size_));
   uint64_t want = std::min(size_, round_up(std::max(end, committed_ + committed_ / 4), granule_));
+  if (const uint64_t free = free_space(); want - committed_ > free) {
+    const uint64_t need = std::min(size_, round_up(end, granule_));
+    if (need - committed_ > free)
+      return Status(Code::kResourceExhausted,
+                    "arena " + path_ + ": growing by " + format_size(need - committed_) +
+                        " does not fit the " + format_size(free) +
+                        " free in its tmpfs (/dev/shm, shared with every other user of it): free space "
+                        "there, enlarge it (mount -o remount,size=... /dev/shm) or lower tierd's --ram");
+    want = std::max(need, committed_ + free / granule_ * granule_);
+  }
   if (::ftruncate(fd_, static_cast<off_t>(want)) != 0)
     return Status::from_errno(errno, "grow arena " + path_ + " to " + std::to_string(want) + " bytes");
   if (prefault_) {
@@ -354,7 +374,9 @@ size_t remove_arenas(const std::string& prefix, const std::string& hugetlbfs_mou
     while (dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
       if (!name.starts_with(want)) continue;
-      int r = shm ? ::shm_unlink(("/" + name).c_str()) : ::unlink((dir + "/" + name).c_str());
+      std::string path = shm ? std::string("/") : dir + '/';
+      path += name;
+      int r = shm ? ::shm_unlink(path.c_str()) : ::unlink(path.c_str());
       if (r == 0) ++n;
     }
     ::closedir(d);

@@ -105,6 +105,8 @@ class Arena {
   // Grows the object to cover [0, end) (end <= size()): by at least a quarter of what is
   // committed, in whole granules, so a filling arena grows O(log) times; prefaults the new part
   // when configured. Errors leave the arena as it was.
+  // kResourceExhausted, saying so, when the growth does not fit the free space of the object's
+  // tmpfs (a sparse object would otherwise SIGBUS whoever touches a page past it).
   [[nodiscard]] Status commit(uint64_t end);
   // Faults in this arena that the SIGBUS guard repaired (a tenant truncated it).
   uint64_t repairs() const noexcept;
@@ -121,6 +123,7 @@ class Arena {
   Arena() = default;
   [[nodiscard]] static Result<std::unique_ptr<Arena>> open_object(const ArenaSpec& spec, bool attach);
   [[nodiscard]] Status map_and_guard();
+  uint64_t free_space() const;  // bytes free in the object's file system
   uint64_t id_ = 0;
   int32_t node_ = 0;
   int os_node_ = -1;

@@ -10,7 +10,8 @@
 //   squatter reads nothing of root's;
 // - arena identity checks (names, owner, mode, symlinks, sizes);
 // - arenas on a 2-node topology grow with what is placed, not one quota per node;
-// - a /dev/shm smaller than the RAM tier is refused with how to raise it.
+// - a /dev/shm smaller than the RAM tier is refused with how to raise it;
+// - an arena does not grow past the free space of /dev/shm (an error, not a SIGBUS later).
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
@@ -177,6 +178,35 @@ TEST_CASE("the SIGBUS guard turns an arena truncated under tierd's mapping into 
   REQUIRE(::fstat((*a)->fd(), &sb) == 0);
   CHECK(static_cast<uint64_t>(sb.st_size) == (*a)->committed());
   CHECK((*a)->unlink());
+}
+
+TEST_CASE("an arena grows only within the free space of its tmpfs, and says so past it") {
+  fresh_shm("64m");
+  // Another user of /dev/shm holds 40 MiB of its 64.
+  const std::string other = "/dev/shm/not-tierd";
+  {
+    int fd = ::open(other.c_str(), O_CREAT | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::posix_fallocate(fd, 0, static_cast<off_t>(40 * kMiB)) == 0);
+    ::close(fd);
+  }
+  daemon::ArenaSpec spec{"tierd-freetst0", 1, 0, 256 * kMiB, daemon::HugePages::kNone, {}, false, {}, 0};
+  auto a = daemon::Arena::create(spec);
+  REQUIRE(a);
+  REQUIRE((*a)->commit(8 * kMiB));
+  std::memset((*a)->base(), 0x11, 8 * kMiB);
+  // Without the check this ftruncate succeeds (sparse) and the memset below is a SIGBUS.
+  Status s = (*a)->commit(48 * kMiB);
+  CHECK(s.code() == Code::kResourceExhausted);
+  CHECK(s.message().find("free in its tmpfs") != std::string::npos);
+  CHECK((*a)->committed() == 8 * kMiB);
+  // What fits is committed, the growth's slack cut to the free space: every page is usable.
+  REQUIRE((*a)->commit(20 * kMiB));
+  CHECK((*a)->committed() >= 20 * kMiB);
+  CHECK((*a)->committed() <= 24 * kMiB);
+  std::memset((*a)->base(), 0x22, (*a)->committed());
+  CHECK((*a)->unlink());
+  CHECK(::unlink(other.c_str()) == 0);
 }
 
 TEST_CASE("a tenant truncating its own arena through its fd and evicting cannot stop tierd") {
@@ -476,7 +506,7 @@ TEST_CASE(
   };
   std::string out;
   fresh_shm("64m");
-  for (std::string extra : {std::string(" --check-config"), std::string()}) {
+  for (const std::string& extra : {std::string(" --check-config"), std::string()}) {
     int rc = run(extra, out);
     INFO(out);
     CHECK(rc == 2);

@@ -57,11 +57,27 @@ TEST_CASE("an H2D after evict and refetch copies the arena's current bytes", "[g
       fill(w->bytes(), 1);
       REQUIRE(w->release().is_ok());
     }
-    auto st = tier::gpu::Stager::create(c);  // registers the arena, after pinning it in tierd
+    auto st = tier::gpu::Stager::create(c);  // registers on demand: nothing yet
     REQUIRE(st.has_value());
-    CHECK((*st)->stats().registration_error.empty());
     void* dev = nullptr;
     REQUIRE(cudaMalloc(&dev, n) == cudaSuccess);
+    // One copy before the evict registers the tensor's granules (after pinning them in tierd),
+    // so the evict below meets registered pages: without it nothing would be registered yet and
+    // the test would pass even if tierd ignored the pin.
+    {
+      auto r0 = c.lease(t->id, tier::LeaseMode::kRead);
+      REQUIRE(r0.has_value());
+      auto first = (*st)->copy_to_device(*r0, dev);
+      REQUIRE(first.has_value());
+      CHECK(first->direct());
+      REQUIRE(first->wait().is_ok());
+      std::vector<std::byte> want1(n);
+      fill(want1, 1);
+      CHECK(device_bytes(dev, n) == want1);
+      REQUIRE(r0->release().is_ok());
+    }
+    CHECK((*st)->stats().registration_error.empty());
+    CHECK((*st)->stats().registered_bytes >= n);
 
     // Evict (written back, dropped from RAM), then a write lease refetches it and the CPU
     // overwrites it through the client's mapping. Had tierd punched the registered pages,

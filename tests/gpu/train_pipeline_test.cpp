@@ -4,9 +4,11 @@
 // ranks of the tier-train binary under mpirun when the machine has two GPUs. Skips visibly
 // without a device.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,9 +55,34 @@ std::vector<double> losses_of(std::FILE* f) {
   return out;
 }
 
+// A training text of its own (a minimal image may lack /usr/share/common-licenses, the
+// trainer's default): 64 KiB of deterministic sentences, written once per process and removed
+// at its exit.
+struct DataFile {
+  std::string path = "/tmp/tier-gpu-train-data-" + std::to_string(::getpid()) + ".txt";
+  bool ok = false;
+  DataFile() {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return;
+    const char* words[] = {"tier", "arena", "shard", "layer", "gather", "device", "host", "copy"};
+    uint64_t x = 12345;
+    for (int i = 0; i < 12000; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      std::fprintf(f, "%s%s", words[(x >> 33) % 8], (x >> 40) % 9 == 0 ? ".\n" : " ");
+    }
+    ok = std::fclose(f) == 0;
+  }
+  ~DataFile() { std::remove(path.c_str()); }
+};
+const std::string& data_file() {
+  static const DataFile f;
+  REQUIRE(f.ok);
+  return f.path;
+}
+
 // Per-step losses of train() with `be` (and `stream` when not null) over `store`.
 std::vector<double> run(TrainOptions o, Comm& comm, Backend& be, ShardStore& store, LayerStream* stream) {
-  auto data = Dataset::load("", o.model.seq);
+  auto data = Dataset::load(data_file(), o.model.seq);
   REQUIRE(data.has_value());
   o.stream = stream;
   std::FILE* out = std::tmpfile();

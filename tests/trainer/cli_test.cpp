@@ -84,6 +84,18 @@ TEST_CASE("the CPU backend trains on the host path with --collectives auto and h
   }
 }
 
+// A diverged run fails with the step that diverged, never prints a step line with a NaN (a
+// JSON reader would drop it) and exits non-zero: at lr 1e30 the first update blows the
+// weights up, so a later step's loss is not finite.
+TEST_CASE("tier-train fails the run on a loss that is not finite", "[trainer][cli]") {
+  const TrainRun r = run_trainer(1, "--model tiny --steps 4 --batch 2 --lr 1e30 --warmup 1 --val-every -1");
+  INFO(r.stderr_text);
+  CHECK(r.exit_code != 0);
+  CHECK(r.stderr_text.find("is not finite") != std::string::npos);
+  CHECK(r.losses.size() < 4);
+  for (double l : r.losses) CHECK(std::isfinite(l));
+}
+
 TEST_CASE("tier-train refuses an unknown --attention value", "[trainer][cli][attention]") {
   expect_refused(run_trainer(1, kTiny + " --attention fast"),
                  "--attention must be flash or reference, not 'fast'");

@@ -20,6 +20,7 @@
 #include "tier/client.hpp"
 #include "tier/gpu.hpp"
 #include "bench_common.hpp"
+#include "bench_gpu_device.hpp"
 #include "trainer/cuda/pipeline.hpp"
 
 namespace {
@@ -52,8 +53,7 @@ int run(const BenchOptions& o, int layers, int dim, int rows) {
     desc.name = "l" + std::to_string(l);
     desc.size = layer_bytes;
     desc.dtype = tier::DType::kF32;
-    desc.placement = tier::Placement::near_gpu(0);
-    auto t = c.create_tensor(pool, desc);
+    auto t = tier::bench::create_near_gpu(c, pool, desc, 0, "tier-bench-gpu-pipeline");
     if (!t) return fail_msg("create tensor: " + t.error().to_string());
     auto w = c.lease(t->id, tier::LeaseMode::kWrite);
     if (!w) return fail_msg("lease: " + w.error().to_string());

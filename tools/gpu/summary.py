@@ -1,10 +1,23 @@
 #!/usr/bin/env python3
-"""summary.py OUT PEAK MODEL BATCH STEPS: OUT/summary.json from what DIR/run has written so far.
+"""summary.py WORK PEAK MODEL BATCH STEPS BUFFERS: WORK/summary.json from what DIR/run has
+written into its working folder so far.
 
-Rewritten after every step, so a run cut short still leaves the figures it reached. Fields:
-steps (every step's status), gpu_steps / cpu_steps (status counts), h2d (per size: arena GB/s,
-cudaMallocHost GB/s, ratio; target >= 0.95), train (median step ms, TFLOP/s and MFU against
-PEAK for --state resident and tier, their ratio; target <= 1.05), bench_pipeline, machine.
+Rewritten after every step, so a run cut short still leaves the figures it reached. PEAK is the
+dense bf16 TFLOP/s to take MFU against; 0: the device's own (tier-bench-gpu --info, from its
+compute capability, SM count and clock). Fields:
+  steps, gpu_steps / cpu_steps    every step's status, and their counts
+  why                             the last lines of stderr of each step that is not ok
+  ldd                             per bundled binary: "ok" or the libraries ldd cannot find
+  machine, peak_tflops            devices; the peak MFU is taken against (and where it came from)
+  gemm                            cuBLAS bf16 GEMM TFLOP/s on the device, and its fraction of the peak
+  register                        first copy of a 1 GiB lease (registers) vs cudaMallocHost + copy, ms
+  h2d, d2h                        from 64 MiB up: arena GB/s, cudaMallocHost GB/s, ratio (>= 0.95)
+  small_copies                    1-16 MiB: microseconds per copy, arena vs plain cudaMemcpyAsync
+  train                           per run: median step ms, TFLOP/s, MFU, fraction of the cuBLAS
+                                  rate, H2D GB/s, final loss; tier_over_resident (<= 1.05,
+                                  same --buffers), reference_over_flash (attention),
+                                  pipeline_over_host (device pipeline vs host staging: one rank
+                                  runs no NCCL, so this is not an NCCL figure)
 """
 import json
 import os
@@ -12,9 +25,9 @@ import statistics
 import sys
 
 
-def lines(out, name):
+def lines(work, name):
     rows = []
-    path = os.path.join(out, name)
+    path = os.path.join(work, name)
     if os.path.exists(path):
         for line in open(path, errors="replace"):
             line = line.strip()
@@ -26,58 +39,102 @@ def lines(out, name):
     return rows
 
 
-def train(out, name, peak):
-    rows = [r for r in lines(out, name + ".out") if "step" in r and "ms" in r]
+def tail(work, name, n=3):
+    path = os.path.join(work, name)
+    if not os.path.exists(path):
+        return []
+    return [l.rstrip() for l in open(path, errors="replace").readlines()[-n:]]
+
+
+def train(work, name, peak, gemm_tflops):
+    rows = [r for r in lines(work, name + ".out") if "step" in r and "ms" in r]
     steady = rows[2:] if len(rows) > 3 else rows  # the first steps warm allocators and caches
     if not steady:
         return None
     ms = statistics.median(r["ms"] for r in steady)
     tf = statistics.median(r.get("tflops", 0.0) for r in steady)
-    return {"steps": len(rows), "median_ms": ms, "median_tflops": tf, "mfu": tf / peak,
+    h2d = [r["h2d_gbps"] for r in steady if isinstance(r.get("h2d_gbps"), (int, float))]
+    return {"steps": len(rows), "median_ms": ms, "median_tflops": tf,
+            "mfu": tf / peak if peak else None,
+            "of_cublas_gemm": tf / gemm_tflops if gemm_tflops else None,
+            "median_h2d_gbps": statistics.median(h2d) if h2d else None,
+            "median_opt_ms": statistics.median(r.get("opt_ms", 0.0) for r in steady),
             "final_loss": rows[-1].get("loss")}
 
 
+def ratio(a, b):
+    return a["median_ms"] / b["median_ms"] if a and b and b["median_ms"] else None
+
+
+def ldd_report(work):
+    out = {}
+    for line in tail(work, "ldd.txt", 10000):
+        if line.startswith("ldd "):
+            name, _, what = line[4:].partition(": ")
+            out[name] = what
+        elif line.startswith("lib ") or line.startswith("python3:"):
+            out.setdefault("_found", []).append(line)
+    return out
+
+
 def main():
-    out, peak, model, batch, steps = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-    step_rows = lines(out, "steps.jsonl")
-    counts = {}
+    work, peak_arg, model, batch, steps, buffers = sys.argv[1:7]
+    step_rows = lines(work, "steps.jsonl")
+    counts, why = {}, {}
     for r in step_rows:
         group = "cpu_steps" if r.get("kind") == "cpu" else "gpu_steps"
         counts.setdefault(group, {}).setdefault(r["status"], 0)
         counts[group][r["status"]] += 1
-    bench = lines(out, "bench-h2d.out")
-    h2d = [{"bytes": b["bytes"], "arena_gbps": b["value"], "pinned_gbps": b["baseline"],
-            "ratio": b["ratio"]} for b in bench if b.get("name") == "gpu_h2d_arena"]
-    d2h = [{"bytes": b["bytes"], "arena_gbps": b["value"], "pinned_gbps": b["baseline"],
-            "ratio": b["ratio"]} for b in bench if b.get("name") == "gpu_d2h_arena"]
-    res, tier = train(out, "train-resident", peak), train(out, "train-tier", peak)
-    host = train(out, "train-host", peak)
+        if r["status"] not in ("ok", "no_device"):
+            why[r["step"]] = tail(work, r["step"] + ".err")
     machine = None
     try:
-        machine = json.load(open(os.path.join(out, "machine.json")))
+        machine = json.load(open(os.path.join(work, "machine.json")))
     except (OSError, ValueError):
         pass
+    gemm_row = next((b for b in lines(work, "gemm.out") if b.get("name") == "gpu_gemm_bf16"), None)
+    peak, peak_from = float(peak_arg), "PEAK_TFLOPS"
+    if not peak:
+        devs = (machine or {}).get("devices") or [{}]
+        peak, peak_from = float(devs[0].get("bf16_peak_tflops") or 0), "device 0 (tier-bench-gpu --info)"
+    gemm_tf = gemm_row["value"] if gemm_row else None
+    bench = lines(work, "bench-h2d.out")
+
+    def by(name, unit_value, unit_base):
+        return [{"bytes": b["bytes"], unit_value: b["value"], unit_base: b["baseline"], "ratio": b["ratio"]}
+                for b in bench if b.get("name") == name]
+
+    h2d = by("gpu_h2d_arena", "arena_gbps", "pinned_gbps")
+    runs = {n: train(work, "train-" + n, peak, gemm_tf) for n in ("resident", "tier", "reference", "host")}
     summary = {
         "steps": step_rows,
         **counts,
         "all_ok": bool(step_rows) and all(r["status"] == "ok" for r in step_rows),
+        "why": why,
+        "ldd": ldd_report(work),
         "machine": machine,
+        "peak_tflops": peak or None,
+        "peak_from": peak_from if peak else "unknown device: MFU not computed",
+        "gemm": {"tflops": gemm_tf, "of_peak": gemm_tf / peak if gemm_tf and peak else None,
+                 "m_n_k": 8192} if gemm_row else None,
+        "register": next((b for b in bench if b.get("name") == "gpu_register_first_copy"), None),
         "h2d": h2d,
-        "d2h": d2h,
+        "d2h": by("gpu_d2h_arena", "arena_gbps", "pinned_gbps"),
         "h2d_ratio_min": min((b["ratio"] for b in h2d), default=None),
         "h2d_target": 0.95,
-        "register": next((b for b in bench if b.get("name") == "gpu_register_arena"), None),
-        "bench_pipeline": lines(out, "bench-pipeline.out"),
-        "train": {"model": model, "batch": int(batch), "steps": int(steps), "peak_tflops": peak,
-                  "resident": res, "tier": tier,
-                  "tier_over_resident": tier["median_ms"] / res["median_ms"] if res and tier else None,
+        "small_copies": {"h2d": by("gpu_h2d_small_us", "arena_us", "memcpy_us"),
+                         "d2h": by("gpu_d2h_small_us", "arena_us", "memcpy_us")},
+        "bench_pipeline": lines(work, "bench-pipeline.out"),
+        "train": {"model": model, "batch": int(batch), "steps": int(steps), "buffers": int(buffers),
+                  **runs,
+                  "tier_over_resident": ratio(runs["tier"], runs["resident"]),
                   "target": 1.05,
-                  "host_collectives": host,
-                  "nccl_over_host": res["median_ms"] / host["median_ms"] if res and host else None},
+                  "reference_over_flash": ratio(runs["reference"], runs["resident"]),
+                  "pipeline_over_host": ratio(runs["resident"], runs["host"])},
     }
-    with open(os.path.join(out, "summary.json.tmp"), "w") as f:
+    with open(os.path.join(work, "summary.json.tmp"), "w") as f:
         json.dump(summary, f, indent=2)
-    os.replace(os.path.join(out, "summary.json.tmp"), os.path.join(out, "summary.json"))
+    os.replace(os.path.join(work, "summary.json.tmp"), os.path.join(work, "summary.json"))
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
   const std::string& error() const { return error_; }
+  const char* failure() const override { return error_.c_str(); }
   cudaStream_t stream() const { return stream_; }
 
   // ---- memory ----
@@ -189,7 +190,12 @@ class CudaBackend final : public Backend {
     cu(layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C, stream_), "ln1");
     linear_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C, 0.0f);
     if (d.attention == Attention::kFlash) {
-      cu(flash_attention_forward(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_), "flash_attention_forward");
+      if (tensor_core_attention(d))
+        cu(flash_attention_forward_tc(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_),
+           "flash_attention_forward_tc");
+      else
+        cu(flash_attention_forward(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_),
+           "flash_attention_forward");
     } else {
       float* s = ensure_scratch(4 * BTC);  // q | k | v | yh
       if (!s) return;
@@ -240,8 +246,12 @@ class CudaBackend final : public Backend {
     linear_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C);
     // attention
     if (d.attention == Attention::kFlash) {
-      cu(flash_attention_backward(dqkv, datt, datty, a.qkv, a.atty, a.lse, d.B, d.T, C, NH, stream_),
-         "flash_attention_backward");
+      if (tensor_core_attention(d))
+        cu(flash_attention_backward_tc(dqkv, datt, datty, a.qkv, a.atty, a.lse, d.B, d.T, C, NH, stream_),
+           "flash_attention_backward_tc");
+      else
+        cu(flash_attention_backward(dqkv, datt, datty, a.qkv, a.atty, a.lse, d.B, d.T, C, NH, stream_),
+           "flash_attention_backward");
     } else {
       float* s = ensure_scratch(7 * BTC);  // q | k | v | dyh | dq | dk | dv
       if (!s) return;
@@ -305,6 +315,11 @@ class CudaBackend final : public Backend {
 
  private:
   bool ok() const { return error_.empty(); }
+  // Flash attention on the tensor cores (bf16, fp32 accumulation) where the GEMMs are bf16 too
+  // and the head size is one the kernels have (32, 64, 128); the fp32 kernels otherwise.
+  bool tensor_core_attention(const Dims& d) const {
+    return compute_ == CUBLAS_COMPUTE_32F_FAST_16BF && flash_attention_tc_supported(d.B, d.T, d.C, d.NH);
+  }
   bool cu(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return true;
     (void)cudaGetLastError();

@@ -292,15 +292,21 @@ cudaError_t flash_attention_forward(float* out, float* lse, const float* qkv, in
   }
 }
 
+cudaError_t flash_attention_rowdot(float* drow, const float* dout, const float* out, int B, int T, int C,
+                                   int NH, cudaStream_t s) {
+  const size_t rows = size_t(B) * NH * T;
+  flash_rowdot_k<<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(drow, dout, out,
+                                                                                             B, T, C, NH);
+  return cudaGetLastError();
+}
+
 cudaError_t flash_attention_backward(float* dqkv, float* drow, const float* dout, const float* qkv,
                                      const float* out, const float* lse, int B, int T, int C, int NH,
                                      cudaStream_t s) {
   if (!shape_ok(B, T, C, NH)) return cudaErrorInvalidValue;
   const int HS = C / NH;
-  const size_t rows = size_t(B) * NH * T;
-  flash_rowdot_k<<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(drow, dout, out,
-                                                                                             B, T, C, NH);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (const cudaError_t e = flash_attention_rowdot(drow, dout, out, B, T, C, NH, s); e != cudaSuccess)
+    return e;
   const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const size_t tiles = size_t(2) * kTile * HS * sizeof(float), rowvals = size_t(2) * kTile * sizeof(float);

@@ -79,6 +79,24 @@ cudaError_t flash_attention_backward(float* dqkv, float* drow, const float* dout
                                      const float* out, const float* lse, int B, int T, int C, int NH,
                                      cudaStream_t stream);
 
+// drow[B,NH,T] = rowsum(dout * out) over each head's HS columns (D of the flash backward).
+cudaError_t flash_attention_rowdot(float* drow, const float* dout, const float* out, int B, int T, int C,
+                                   int NH, cudaStream_t stream);
+
+// ---- flash attention on the tensor cores (flash_attention_tc.cu) ----
+// The same contracts as flash_attention_forward / _backward, computed with bf16 operands on
+// the tensor cores and fp32 accumulation (q, k, v, P, dS and dout rounded to bf16 inside each
+// tile; softmax statistics, lse and D in fp32): agrees with the fp32 kernels to bf16 accuracy
+// (about 1e-2 of the largest value), not to the ulp. Head sizes 32, 64 and 128 only
+// (flash_attention_tc_supported); cudaErrorInvalidValue otherwise, before any launch. Needs
+// sm_80 or newer.
+bool flash_attention_tc_supported(int B, int T, int C, int NH);
+cudaError_t flash_attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                                       cudaStream_t stream);
+cudaError_t flash_attention_backward_tc(float* dqkv, float* drow, const float* dout, const float* qkv,
+                                        const float* out, const float* lse, int B, int T, int C, int NH,
+                                        cudaStream_t stream);
+
 // ---- loss ----
 // For each of N rows of V logits: losses[n] = logsumexp(logits[n]) - logits[n, targets[n]].
 // When `dlogits_scale` != 0, overwrites logits[n] with dlogits_scale * (softmax - onehot).

@@ -28,7 +28,9 @@ class NcclComm {
 
   // `device` is this rank's GPU. With size == 1 no broadcast happens. When `bcast` is empty,
   // MPI_Bcast on MPI_COMM_WORLD is used (MPI must be initialized, and no other thread may be
-  // in MPI at the same time unless MPI runs in MPI_THREAD_MULTIPLE).
+  // in MPI at the same time unless MPI runs in MPI_THREAD_MULTIPLE). NCCL is dlopened here,
+  // on the first call ($TIER_NCCL_LIBRARY, default libnccl.so.2): kUnavailable, naming the
+  // library, when it cannot be loaded; kUnsupported "no CUDA device" without a device.
   [[nodiscard]] static Result<std::unique_ptr<NcclComm>> create(int rank, int size, int device,
                                                                 const Broadcast& bcast = {});
   ~NcclComm();

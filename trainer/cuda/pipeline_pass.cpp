@@ -102,12 +102,16 @@ class PipelineStream final : public LayerStream {
     // Recorded after whatever of the fetch was enqueued on the copy stream, failed or not, so
     // the pin is never released under a copy that is still reading it.
     Status rec = cu(cudaEventRecord(f.copied, pipeline_->copy_stream()), "record parameter H2D");
+    const size_t shard_bytes = shard.floats * (bf16_ ? sizeof(uint16_t) : sizeof(float));
     f.pin = std::move(shard);
     if (!dev) return fail(dev.error());
+    h2d_bytes_ += shard_bytes;
     if (!rec) return fail(std::move(rec));
     open_.push_back(key);
     return *dev;
   }
+
+  uint64_t h2d_bytes() const override { return h2d_bytes_; }
 
   Status done_with_oldest() override {
     if (open_.empty()) return Status(Code::kInvalidArgument, "done_with_oldest: no fetch open");
@@ -230,6 +234,7 @@ class PipelineStream final : public LayerStream {
   size_t g0_floats_ = 0;
   std::deque<Grad> pending_;     // pushed gradients whose D2H may still run, in push order
   std::vector<Pinned> orphans_;  // pins of failed pushes, released after a device sync
+  uint64_t h2d_bytes_ = 0;       // parameter bytes fetch() enqueued host to device
 };
 
 }  // namespace

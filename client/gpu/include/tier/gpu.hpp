@@ -71,9 +71,14 @@ struct StagerOptions {
   bool allow_pageable = true;
 };
 
-// A copy in flight. Move-only; owns the event recorded after its last chunk. Destroying a
-// Transfer does not wait for it: the copy completes on its stream regardless, but the caller
-// must keep the lease (and the device buffer) alive until the event has completed.
+// The events a stager's copies record, reused: a Transfer takes one and gives it back when
+// destroyed, so a small copy does not pay cudaEventCreate/Destroy (stager.cpp).
+struct EventPool;
+
+// A copy in flight. Move-only; owns the event recorded after its last chunk (until destroyed,
+// when the event goes back to its stager's pool). Destroying a Transfer does not wait for it:
+// the copy completes on its stream regardless, but the caller must keep the lease (and the
+// device buffer) alive until the event has completed.
 class [[nodiscard]] Transfer {
  public:
   Transfer() = default;
@@ -96,6 +101,8 @@ class [[nodiscard]] Transfer {
 
  private:
   friend class Stager;
+  void drop_event() noexcept;
+  std::shared_ptr<EventPool> pool_;  // where event_ goes back; null: destroyed instead
   EventHandle event_ = nullptr;
   StreamHandle stream_ = nullptr;
   uint64_t bytes_ = 0;
