@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trainer/cpu/attention.hpp"
+#include "trainer/cpu/simd_kernels.hpp"
 
 namespace tier::train {
 namespace {
@@ -51,28 +52,12 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const fl
 }
 
 constexpr float kLnEps = 1e-5f;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 // out[N,C] = LayerNorm(inp[N,C]) * w[C] + b[C]; saves mean[N], rstd[N].
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                        long N, int C) {
   Timed timed(&CpuProfile::layernorm_s);
-#pragma omp parallel for
-  for (long i = 0; i < N; ++i) {
-    const float* x = inp + i * C;
-    double m = 0;
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    double v = 0;
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= C;
-    const float s = static_cast<float>(1.0 / std::sqrt(v + kLnEps));
-    const float mf = static_cast<float>(m);
-    float* o = out + i * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * s * w[c] + b[c];
-    mean[i] = mf;
-    rstd[i] = s;
-  }
+  layernorm_forward_simd(out, mean, rstd, inp, w, b, N, C, kLnEps);
 }
 
 // dinp[N,C] (= or += per `accumulate`), dw[C] +=, db[C] +=. dinp may alias dout.
@@ -80,37 +65,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
                         const float* w, const float* mean, const float* rstd, long N, int C,
                         bool accumulate) {
   Timed timed(&CpuProfile::layernorm_s);
-#pragma omp parallel for
-  for (int c = 0; c < C; ++c) {
-    double sw = 0, sb = 0;
-    for (long i = 0; i < N; ++i) {
-      const float g = dout[i * C + c];
-      sw += g * (inp[i * C + c] - mean[i]) * rstd[i];
-      sb += g;
-    }
-    dw[c] += static_cast<float>(sw);
-    db[c] += static_cast<float>(sb);
-  }
-#pragma omp parallel for
-  for (long i = 0; i < N; ++i) {
-    const float* g = dout + i * C;
-    const float* x = inp + i * C;
-    const float m = mean[i], s = rstd[i];
-    float dmean = 0, dnm = 0;
-    for (int c = 0; c < C; ++c) {
-      const float dn = g[c] * w[c];
-      dmean += dn;
-      dnm += dn * (x[c] - m) * s;
-    }
-    dmean /= C;
-    dnm /= C;
-    float* d = dinp + i * C;
-    for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      const float v = (g[c] * w[c] - dmean - norm * dnm) * s;
-      d[c] = accumulate ? d[c] + v : v;
-    }
-  }
+  layernorm_backward_simd(dinp, dw, db, dout, inp, w, mean, rstd, N, C, accumulate);
 }
 
 // out[N,OC] = inp[N,IC] @ W[OC,IC]^T + b[OC] (b may be null).
@@ -118,11 +73,7 @@ void matmul_forward(float* out, const float* inp, const float* W, const float* b
   sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC);
   if (b == nullptr) return;
   Timed timed(&CpuProfile::other_s);
-#pragma omp parallel for
-  for (long i = 0; i < N; ++i) {
-    float* o = out + i * OC;
-    for (int c = 0; c < OC; ++c) o[c] += b[c];
-  }
+  bias_add_simd(out, b, N, OC);
 }
 
 // dinp[N,IC] = (or += when beta 1) dout[N,OC] @ W[OC,IC]; dW[OC,IC] += dout^T @ inp;
@@ -133,39 +84,19 @@ void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const
   sgemm(CblasTrans, CblasNoTrans, OC, IC, static_cast<int>(N), dout, OC, inp, IC, 1.0f, dW, IC);
   if (db == nullptr) return;
   Timed timed(&CpuProfile::other_s);
-#pragma omp parallel for
-  for (int c = 0; c < OC; ++c) {
-    double s = 0;
-    for (long i = 0; i < N; ++i) s += dout[i * OC + c];
-    db[c] += static_cast<float>(s);
-  }
+  bias_grad_simd(db, dout, N, OC);
 }
 
-// GELU, tanh approximation, written with the identity 0.5 * (1 + tanh(u)) = sigmoid(2u):
-// one expf per element instead of a (much slower) tanhf.
+// GELU, tanh approximation (simd_kernels.hpp), timed under --profile.
 void gelu_forward(float* out, const float* inp, long n) {
   Timed timed(&CpuProfile::gelu_s);
-#pragma omp parallel for
-  for (long i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    out[i] = x / (1.0f + std::exp(-2.0f * u));
-  }
+  gelu_forward_simd(out, inp, n);
 }
 
 // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, long n) {
   Timed timed(&CpuProfile::gelu_s);
-#pragma omp parallel for
-  for (long i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    const float sg = 1.0f / (1.0f + std::exp(-2.0f * u));  // 0.5 * (1 + tanh(u))
-    const float th = 2.0f * sg - 1.0f;
-    const float sech2 = 1.0f - th * th;
-    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = (sg + 0.5f * x * sech2 * du) * dout[i];
-  }
+  gelu_backward_simd(dinp, inp, dout, n);
 }
 
 class CpuBackend final : public Backend {
@@ -215,17 +146,7 @@ class CpuBackend final : public Backend {
     float* dwpe = grads + l.wpe;
     const int C = d.C;
     Timed timed(&CpuProfile::other_s);
-    // Parallel over channels: rows with the same token (or position) add into the same row of
-    // dwte (dwpe), so threads split the C columns instead of the rows.
-#pragma omp parallel for
-    for (int c = 0; c < C; ++c)
-      for (int b = 0; b < d.B; ++b)
-        for (int t = 0; t < d.T; ++t) {
-          const long row = static_cast<long>(b) * d.T + t;
-          const float g = dout[row * C + c];
-          dwte[static_cast<long>(tokens[row]) * C + c] += g;
-          dwpe[static_cast<long>(t) * C + c] += g;
-        }
+    embed_grad_simd(dwte, dwpe, tokens, dout, d.B, d.T, C);
   }
 
   void block_forward(const Dims& d, const float* params, const float* x, BlockActs a, float* y) override {
@@ -292,24 +213,9 @@ class CpuBackend final : public Backend {
     const float* wte = params + l.wte;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, params + l.lnf_w, params + l.lnf_b, N, C);
     matmul_forward(a.logits, a.lnf, wte, nullptr, N, C, V);
-    double loss = 0;
     const bool grad = dx != nullptr;
     std::optional<Timed> t_loss(std::in_place, &CpuProfile::other_s);
-#pragma omp parallel for reduction(+ : loss)
-    for (long i = 0; i < N; ++i) {
-      float* z = a.logits + i * V;
-      float maxv = -INFINITY;
-      for (int v = 0; v < V; ++v) maxv = z[v] > maxv ? z[v] : maxv;
-      double sum = 0;
-      for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v] - maxv));
-      const int tgt = targets[i];
-      loss += -(static_cast<double>(z[tgt] - maxv) - std::log(sum));
-      if (grad) {
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int v = 0; v < V; ++v) z[v] = std::exp(z[v] - maxv) * inv * loss_scale;
-        z[tgt] -= loss_scale;
-      }
-    }
+    const double loss = softmax_xent_simd(a.logits, targets, N, V, grad, loss_scale);
     t_loss.reset();
     if (!grad) return loss;
     // dlogits[N,V] in a.logits; logits = lnf @ wte^T.
