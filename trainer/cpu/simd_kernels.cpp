@@ -6,7 +6,7 @@
 // Flash attention (contracts in attention.hpp). Per sequence b and head h (HS = C / NH,
 // scale = 1/sqrt(HS)), the head's q, k, v (and k^T, v^T) are first copied into contiguous
 // zero-padded buffers (HS rounded up to 32 columns, T to the 64-row tile), so every product
-// below is a 64-row tile GEMM on contiguous memory (gemm_acc: register-blocked, no BLAS call).
+// below is a 64-row tile GEMM on contiguous memory (gemm_tile: register-blocked, no BLAS call).
 //
 // Forward, per tile of 64 queries, over the key tiles up to the diagonal (the causal mask cuts
 // the rest; the diagonal tile masks its upper triangle to -inf): S = q k^T (q pre-scaled), and
