@@ -48,7 +48,7 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const fl
     g_prof.gemm_flops += 2.0 * M * N * K;
     ++g_prof.gemm_calls;
   }
-  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  sgemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 constexpr float kLnEps = 1e-5f;
@@ -245,6 +245,33 @@ void set_cpu_profile(bool on) {
 
 CpuProfile cpu_profile() { return g_prof; }
 
+void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc) {
+  const int threads = omp_get_max_threads();
+  // Below about 2^18 multiply-adds a second thread costs more than it saves.
+  if (threads == 1 || static_cast<double>(M) * N * K < 262144.0) {
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const bool split_rows = M >= N;
+  const int extent = split_rows ? M : N;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    // Part t of the split dimension, in multiples of 16 (whole vectors of the kernels).
+    const auto edge = [&](int i) { return i == nt ? extent : std::min(extent, extent / nt * i / 16 * 16); };
+    const int lo = edge(t), hi = edge(t + 1);
+    if (hi > lo) {
+      if (split_rows)  // rows [lo, hi) of C and of op(A)
+        cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f, ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo,
+                    lda, B, ldb, beta, C + static_cast<long>(lo) * ldc, ldc);
+      else  // columns [lo, hi) of C and of op(B)
+        cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda,
+                    tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);
+    }
+  }
+}
+
 double sgemm_gflops(int M, int N, int K, int reps) {
   std::vector<float> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(N) * K),
       c(static_cast<size_t>(M) * N);
@@ -253,18 +280,20 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   double best = 1e30;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f,
-                c.data(), N);
+    sgemm_split(CblasNoTrans, CblasTrans, M, N, K, a.data(), K, b.data(), K, 0.0f, c.data(), N);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::min(best, s);  // the first call is untimed (warms caches and threads)
   }
   return 2.0 * M * N * K / best / 1e9;
 }
 
+// OpenBLAS runs single-threaded: the backend splits each product over its OpenMP threads
+// itself (sgemm_split), so one thread pool holds the cores and no OpenBLAS worker spins on a
+// core the next OpenMP kernel needs.
 void set_cpu_threads(int n) {
   if (n < 1) n = 1;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);
 }
 
 }  // namespace tier::train
