@@ -263,8 +263,9 @@ void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, co
     const int lo = edge(t), hi = edge(t + 1);
     if (hi > lo) {
       if (split_rows)  // rows [lo, hi) of C and of op(A)
-        cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f, ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo,
-                    lda, B, ldb, beta, C + static_cast<long>(lo) * ldc, ldc);
+        cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f,
+                    ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo, lda, B, ldb, beta,
+                    C + static_cast<long>(lo) * ldc, ldc);
       else  // columns [lo, hi) of C and of op(B)
         cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda,
                     tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);

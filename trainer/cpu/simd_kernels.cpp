@@ -36,8 +36,14 @@
 namespace tier::train {
 
 #if defined(__x86_64__)
+// GCC's pragmas; clang (tools/lint's clang-tidy) spells the same with `attribute push`.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+#endif
 namespace isa_avx512 {
 #define TT_MK_ROWS 8
 #include "trainer/cpu/simd.inc"
@@ -46,10 +52,14 @@ namespace isa_avx512 {
 #include "trainer/cpu/rows.inc"
 #undef TT_MK_ROWS
 }  // namespace isa_avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC pop_options
-
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace isa_avx2 {
 #define TT_MK_ROWS 4
 #include "trainer/cpu/simd.inc"
@@ -58,7 +68,11 @@ namespace isa_avx2 {
 #include "trainer/cpu/rows.inc"
 #undef TT_MK_ROWS
 }  // namespace isa_avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 namespace isa_generic {
@@ -94,12 +108,12 @@ Isa isa() {
 }  // namespace
 
 #if defined(__x86_64__)
-#define TT_DISPATCH(fn, ...)                                     \
-  switch (isa()) {                                               \
-    case Isa::kAvx512: return isa_avx512::fn(__VA_ARGS__);       \
-    case Isa::kAvx2: return isa_avx2::fn(__VA_ARGS__);           \
-    case Isa::kGeneric: break;                                   \
-  }                                                              \
+#define TT_DISPATCH(fn, ...)                               \
+  switch (isa()) {                                         \
+    case Isa::kAvx512: return isa_avx512::fn(__VA_ARGS__); \
+    case Isa::kAvx2: return isa_avx2::fn(__VA_ARGS__);     \
+    case Isa::kGeneric: break;                             \
+  }                                                        \
   return isa_generic::fn(__VA_ARGS__)
 #else
 #define TT_DISPATCH(fn, ...) return isa_generic::fn(__VA_ARGS__)
@@ -129,13 +143,14 @@ void gelu_backward_simd(float* dinp, const float* inp, const float* dout, long n
   TT_DISPATCH(gelu_bwd, dinp, inp, dout, n);
 }
 
-void layernorm_forward_simd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                            long N, int C, float eps) {
+void layernorm_forward_simd(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                            const float* b, long N, int C, float eps) {
   TT_DISPATCH(ln_fwd, out, mean, rstd, inp, w, b, N, C, eps);
 }
 
-void layernorm_backward_simd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                             const float* mean, const float* rstd, long N, int C, bool accumulate) {
+void layernorm_backward_simd(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                             const float* w, const float* mean, const float* rstd, long N, int C,
+                             bool accumulate) {
   TT_DISPATCH(ln_bwd, dinp, dw, db, dout, inp, w, mean, rstd, N, C, accumulate);
 }
 
@@ -143,7 +158,8 @@ void bias_add_simd(float* out, const float* b, long N, int OC) { TT_DISPATCH(bia
 
 void bias_grad_simd(float* db, const float* dout, long N, int OC) { TT_DISPATCH(bias_grad, db, dout, N, OC); }
 
-void embed_grad_simd(float* dwte, float* dwpe, const int32_t* tokens, const float* dout, int B, int T, int C) {
+void embed_grad_simd(float* dwte, float* dwpe, const int32_t* tokens, const float* dout, int B, int T,
+                     int C) {
   TT_DISPATCH(embed_grad, dwte, dwpe, tokens, dout, B, T, C);
 }
 

@@ -16,11 +16,12 @@ void gelu_backward_simd(float* dinp, const float* inp, const float* dout, long n
 
 // LayerNorm over rows of C: out[N,C] = (inp - mean) * rstd * w[C] + b[C]; saves mean[N],
 // rstd[N] (rstd = 1 / sqrt(var + eps), var the biased variance).
-void layernorm_forward_simd(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                            long N, int C, float eps);
+void layernorm_forward_simd(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                            const float* b, long N, int C, float eps);
 // Its backward: dinp[N,C] (= or += per `accumulate`; dinp may alias dout), dw[C] +=, db[C] +=.
-void layernorm_backward_simd(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                             const float* mean, const float* rstd, long N, int C, bool accumulate);
+void layernorm_backward_simd(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                             const float* w, const float* mean, const float* rstd, long N, int C,
+                             bool accumulate);
 // out[N,OC] += b[OC] on every row.
 void bias_add_simd(float* out, const float* b, long N, int OC);
 // db[OC] += the column sums of dout[N,OC].
