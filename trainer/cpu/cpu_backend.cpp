@@ -42,13 +42,13 @@ class Timed {
 
 // cblas_sgemm, row-major, timed and counted under --profile.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
-           const float* B, int ldb, float beta, float* C, int ldc) {
+           const float* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr) {
   Timed timed(&CpuProfile::gemm_s);
   if (g_profile) {
     g_prof.gemm_flops += 2.0 * M * N * K;
     ++g_prof.gemm_calls;
   }
-  sgemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  sgemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
 }
 
 constexpr float kLnEps = 1e-5f;
@@ -70,10 +70,8 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 
 // out[N,OC] = inp[N,IC] @ W[OC,IC]^T + b[OC] (b may be null).
 void matmul_forward(float* out, const float* inp, const float* W, const float* b, long N, int IC, int OC) {
-  sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC);
-  if (b == nullptr) return;
-  Timed timed(&CpuProfile::other_s);
-  bias_add_simd(out, b, N, OC);
+  // The bias goes in with the product (each thread's part of out starts as its rows of b).
+  sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC, b);
 }
 
 // dinp[N,IC] = (or += when beta 1) dout[N,OC] @ W[OC,IC]; dW[OC,IC] += dout^T @ inp;
@@ -245,11 +243,23 @@ void set_cpu_profile(bool on) {
 
 CpuProfile cpu_profile() { return g_prof; }
 
+namespace {
+
+// C[r, c0..c1) = bias[c0..c1) for rows r in [r0, r1).
+void fill_bias(float* C, int ldc, const float* bias, int r0, int r1, int c0, int c1) {
+  for (int r = r0; r < r1; ++r)
+    std::memcpy(C + static_cast<long>(r) * ldc + c0, bias + c0, sizeof(float) * static_cast<size_t>(c1 - c0));
+}
+
+}  // namespace
+
 void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
+                 const float* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   const int threads = omp_get_max_threads();
+  if (bias != nullptr) beta = 1.0f;  // each part starts from its rows of bias
   // Below about 2^18 multiply-adds a second thread costs more than it saves.
   if (threads == 1 || static_cast<double>(M) * N * K < 262144.0) {
+    if (bias != nullptr) fill_bias(C, ldc, bias, 0, M, 0, N);
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -261,14 +271,15 @@ void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, co
     // Part t of the split dimension, in multiples of 16 (whole vectors of the kernels).
     const auto edge = [&](int i) { return i == nt ? extent : std::min(extent, extent / nt * i / 16 * 16); };
     const int lo = edge(t), hi = edge(t + 1);
-    if (hi > lo) {
-      if (split_rows)  // rows [lo, hi) of C and of op(A)
-        cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f,
-                    ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo, lda, B, ldb, beta,
-                    C + static_cast<long>(lo) * ldc, ldc);
-      else  // columns [lo, hi) of C and of op(B)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda,
-                    tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);
+    if (hi > lo && split_rows) {  // rows [lo, hi) of C and of op(A)
+      if (bias != nullptr) fill_bias(C, ldc, bias, lo, hi, 0, N);
+      cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f,
+                  ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo, lda, B, ldb, beta,
+                  C + static_cast<long>(lo) * ldc, ldc);
+    } else if (hi > lo) {  // columns [lo, hi) of C and of op(B)
+      if (bias != nullptr) fill_bias(C, ldc, bias, 0, M, lo, hi);
+      cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda,
+                  tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);
     }
   }
 }

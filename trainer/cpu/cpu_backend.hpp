@@ -21,8 +21,10 @@ void set_cpu_threads(int n);
 // the OpenMP threads by rows of C (M >= N) or columns, in parts that are multiples of 16;
 // each part one single-threaded cblas_sgemm. Every element of C is computed by one thread:
 // the same bits at the same thread count. Small products run on the calling thread.
+// With `bias` (N floats, beta ignored): C = op(A) op(B) + bias on every row, each thread
+// writing its part's bias before its product.
 void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc);
+                 const float* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr);
 
 // --profile: where the CPU backend's time goes, by kernel category, summed over every call
 // since set_cpu_profile(true) (training and validation passes alike). Off by default; off,

@@ -154,8 +154,6 @@ void layernorm_backward_simd(float* dinp, float* dw, float* db, const float* dou
   TT_DISPATCH(ln_bwd, dinp, dw, db, dout, inp, w, mean, rstd, N, C, accumulate);
 }
 
-void bias_add_simd(float* out, const float* b, long N, int OC) { TT_DISPATCH(bias_add, out, b, N, OC); }
-
 void bias_grad_simd(float* db, const float* dout, long N, int OC) { TT_DISPATCH(bias_grad, db, dout, N, OC); }
 
 void embed_grad_simd(float* dwte, float* dwpe, const int32_t* tokens, const float* dout, int B, int T,

@@ -22,8 +22,6 @@ void layernorm_forward_simd(float* out, float* mean, float* rstd, const float* i
 void layernorm_backward_simd(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                              const float* w, const float* mean, const float* rstd, long N, int C,
                              bool accumulate);
-// out[N,OC] += b[OC] on every row.
-void bias_add_simd(float* out, const float* b, long N, int OC);
 // db[OC] += the column sums of dout[N,OC].
 void bias_grad_simd(float* db, const float* dout, long N, int OC);
 // dwte[tokens[r], :] += dout[r, :] and dwpe[r % T, :] += dout[r, :] for the B*T rows of dout[B*T,C].
