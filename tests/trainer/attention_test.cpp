@@ -1,4 +1,4 @@
-// The CPU flash attention (trainer/cpu/flash_attention.cpp) against the materialized reference
+// The CPU flash attention (trainer/cpu/flash_attention.inc) against the materialized reference
 // (attention_reference.cpp): forward output and backward dqkv at GPT-2 head shapes, at
 // sequence lengths that are and are not multiples of the tile, and at T = 1; and the block
 // memory of the flash path, which must grow linearly in T.

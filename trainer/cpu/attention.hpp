@@ -2,7 +2,7 @@
 //
 //   reference  (attention_reference.cpp)  materializes the probabilities att[B,NH,T,T] in the
 //              forward and a datt[B,NH,T,T] scratch in the backward: memory quadratic in T.
-//   flash      (flash_attention.cpp)      tiles of queries x keys with an online softmax (the
+//   flash      (flash_attention.inc)      tiles of queries x keys with an online softmax (the
 //              FlashAttention recurrence): saves only the output and one logsumexp per row,
 //              lse[B,NH,T]; the backward recomputes the probabilities tile by tile from q, k
 //              and lse. Memory linear in T; no B*NH*T*T buffer anywhere.

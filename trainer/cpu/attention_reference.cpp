@@ -1,5 +1,5 @@
 // The materialized causal attention of the CPU backend (attention.hpp): the reference the
-// tiled flash attention (flash_attention.cpp) is tested against, and `--attention reference`.
+// tiled flash attention (flash_attention.inc) is tested against, and `--attention reference`.
 #include <cmath>
 #include <cstring>
 

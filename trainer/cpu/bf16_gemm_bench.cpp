@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
     }
   }
   if (threads > 0) set_cpu_threads(threads);
+  // OpenBLAS's own threads for both sides (the trainer's backend splits over OpenMP instead).
+  if (threads > 0) openblas_set_num_threads(threads);
   const Shape shapes[] = {{"qkv", 3 * C, C, L},
                           {"proj", C, C, L},
                           {"fc", 4 * C, C, L},

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trainer/cpu/attention.hpp"
+#include "trainer/cpu/simd_kernels.hpp"
 
 namespace tier::train {
 namespace {
@@ -41,38 +42,22 @@ class Timed {
 
 // cblas_sgemm, row-major, timed and counted under --profile.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
-           const float* B, int ldb, float beta, float* C, int ldc) {
+           const float* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr) {
   Timed timed(&CpuProfile::gemm_s);
   if (g_profile) {
     g_prof.gemm_flops += 2.0 * M * N * K;
     ++g_prof.gemm_calls;
   }
-  cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  sgemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
 }
 
 constexpr float kLnEps = 1e-5f;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 // out[N,C] = LayerNorm(inp[N,C]) * w[C] + b[C]; saves mean[N], rstd[N].
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                        long N, int C) {
   Timed timed(&CpuProfile::layernorm_s);
-#pragma omp parallel for
-  for (long i = 0; i < N; ++i) {
-    const float* x = inp + i * C;
-    double m = 0;
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    double v = 0;
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= C;
-    const float s = static_cast<float>(1.0 / std::sqrt(v + kLnEps));
-    const float mf = static_cast<float>(m);
-    float* o = out + i * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * s * w[c] + b[c];
-    mean[i] = mf;
-    rstd[i] = s;
-  }
+  layernorm_forward_simd(out, mean, rstd, inp, w, b, N, C, kLnEps);
 }
 
 // dinp[N,C] (= or += per `accumulate`), dw[C] +=, db[C] +=. dinp may alias dout.
@@ -80,49 +65,13 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
                         const float* w, const float* mean, const float* rstd, long N, int C,
                         bool accumulate) {
   Timed timed(&CpuProfile::layernorm_s);
-#pragma omp parallel for
-  for (int c = 0; c < C; ++c) {
-    double sw = 0, sb = 0;
-    for (long i = 0; i < N; ++i) {
-      const float g = dout[i * C + c];
-      sw += g * (inp[i * C + c] - mean[i]) * rstd[i];
-      sb += g;
-    }
-    dw[c] += static_cast<float>(sw);
-    db[c] += static_cast<float>(sb);
-  }
-#pragma omp parallel for
-  for (long i = 0; i < N; ++i) {
-    const float* g = dout + i * C;
-    const float* x = inp + i * C;
-    const float m = mean[i], s = rstd[i];
-    float dmean = 0, dnm = 0;
-    for (int c = 0; c < C; ++c) {
-      const float dn = g[c] * w[c];
-      dmean += dn;
-      dnm += dn * (x[c] - m) * s;
-    }
-    dmean /= C;
-    dnm /= C;
-    float* d = dinp + i * C;
-    for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      const float v = (g[c] * w[c] - dmean - norm * dnm) * s;
-      d[c] = accumulate ? d[c] + v : v;
-    }
-  }
+  layernorm_backward_simd(dinp, dw, db, dout, inp, w, mean, rstd, N, C, accumulate);
 }
 
 // out[N,OC] = inp[N,IC] @ W[OC,IC]^T + b[OC] (b may be null).
 void matmul_forward(float* out, const float* inp, const float* W, const float* b, long N, int IC, int OC) {
-  sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC);
-  if (b == nullptr) return;
-  Timed timed(&CpuProfile::other_s);
-#pragma omp parallel for
-  for (long i = 0; i < N; ++i) {
-    float* o = out + i * OC;
-    for (int c = 0; c < OC; ++c) o[c] += b[c];
-  }
+  // The bias goes in with the product (each thread's part of out starts as its rows of b).
+  sgemm(CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, inp, IC, W, IC, 0.0f, out, OC, b);
 }
 
 // dinp[N,IC] = (or += when beta 1) dout[N,OC] @ W[OC,IC]; dW[OC,IC] += dout^T @ inp;
@@ -133,39 +82,19 @@ void matmul_backward(float* dinp, float* dW, float* db, const float* dout, const
   sgemm(CblasTrans, CblasNoTrans, OC, IC, static_cast<int>(N), dout, OC, inp, IC, 1.0f, dW, IC);
   if (db == nullptr) return;
   Timed timed(&CpuProfile::other_s);
-#pragma omp parallel for
-  for (int c = 0; c < OC; ++c) {
-    double s = 0;
-    for (long i = 0; i < N; ++i) s += dout[i * OC + c];
-    db[c] += static_cast<float>(s);
-  }
+  bias_grad_simd(db, dout, N, OC);
 }
 
-// GELU, tanh approximation, written with the identity 0.5 * (1 + tanh(u)) = sigmoid(2u):
-// one expf per element instead of a (much slower) tanhf.
+// GELU, tanh approximation (simd_kernels.hpp), timed under --profile.
 void gelu_forward(float* out, const float* inp, long n) {
   Timed timed(&CpuProfile::gelu_s);
-#pragma omp parallel for
-  for (long i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    out[i] = x / (1.0f + std::exp(-2.0f * u));
-  }
+  gelu_forward_simd(out, inp, n);
 }
 
 // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).
 void gelu_backward(float* dinp, const float* inp, const float* dout, long n) {
   Timed timed(&CpuProfile::gelu_s);
-#pragma omp parallel for
-  for (long i = 0; i < n; ++i) {
-    const float x = inp[i];
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    const float sg = 1.0f / (1.0f + std::exp(-2.0f * u));  // 0.5 * (1 + tanh(u))
-    const float th = 2.0f * sg - 1.0f;
-    const float sech2 = 1.0f - th * th;
-    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = (sg + 0.5f * x * sech2 * du) * dout[i];
-  }
+  gelu_backward_simd(dinp, inp, dout, n);
 }
 
 class CpuBackend final : public Backend {
@@ -215,17 +144,7 @@ class CpuBackend final : public Backend {
     float* dwpe = grads + l.wpe;
     const int C = d.C;
     Timed timed(&CpuProfile::other_s);
-    // Parallel over channels: rows with the same token (or position) add into the same row of
-    // dwte (dwpe), so threads split the C columns instead of the rows.
-#pragma omp parallel for
-    for (int c = 0; c < C; ++c)
-      for (int b = 0; b < d.B; ++b)
-        for (int t = 0; t < d.T; ++t) {
-          const long row = static_cast<long>(b) * d.T + t;
-          const float g = dout[row * C + c];
-          dwte[static_cast<long>(tokens[row]) * C + c] += g;
-          dwpe[static_cast<long>(t) * C + c] += g;
-        }
+    embed_grad_simd(dwte, dwpe, tokens, dout, d.B, d.T, C);
   }
 
   void block_forward(const Dims& d, const float* params, const float* x, BlockActs a, float* y) override {
@@ -292,24 +211,9 @@ class CpuBackend final : public Backend {
     const float* wte = params + l.wte;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, params + l.lnf_w, params + l.lnf_b, N, C);
     matmul_forward(a.logits, a.lnf, wte, nullptr, N, C, V);
-    double loss = 0;
     const bool grad = dx != nullptr;
     std::optional<Timed> t_loss(std::in_place, &CpuProfile::other_s);
-#pragma omp parallel for reduction(+ : loss)
-    for (long i = 0; i < N; ++i) {
-      float* z = a.logits + i * V;
-      float maxv = -INFINITY;
-      for (int v = 0; v < V; ++v) maxv = z[v] > maxv ? z[v] : maxv;
-      double sum = 0;
-      for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v] - maxv));
-      const int tgt = targets[i];
-      loss += -(static_cast<double>(z[tgt] - maxv) - std::log(sum));
-      if (grad) {
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int v = 0; v < V; ++v) z[v] = std::exp(z[v] - maxv) * inv * loss_scale;
-        z[tgt] -= loss_scale;
-      }
-    }
+    const double loss = softmax_xent_simd(a.logits, targets, N, V, grad, loss_scale);
     t_loss.reset();
     if (!grad) return loss;
     // dlogits[N,V] in a.logits; logits = lnf @ wte^T.
@@ -339,6 +243,47 @@ void set_cpu_profile(bool on) {
 
 CpuProfile cpu_profile() { return g_prof; }
 
+namespace {
+
+// C[r, c0..c1) = bias[c0..c1) for rows r in [r0, r1).
+void fill_bias(float* C, int ldc, const float* bias, int r0, int r1, int c0, int c1) {
+  for (int r = r0; r < r1; ++r)
+    std::memcpy(C + static_cast<long>(r) * ldc + c0, bias + c0, sizeof(float) * static_cast<size_t>(c1 - c0));
+}
+
+}  // namespace
+
+void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc, const float* bias) {
+  const int threads = omp_get_max_threads();
+  if (bias != nullptr) beta = 1.0f;  // each part starts from its rows of bias
+  // Below about 2^18 multiply-adds a second thread costs more than it saves.
+  if (threads == 1 || static_cast<double>(M) * N * K < 262144.0) {
+    if (bias != nullptr) fill_bias(C, ldc, bias, 0, M, 0, N);
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const bool split_rows = M >= N;
+  const int extent = split_rows ? M : N;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    // Part t of the split dimension, in multiples of 16 (whole vectors of the kernels).
+    const auto edge = [&](int i) { return i == nt ? extent : std::min(extent, extent / nt * i / 16 * 16); };
+    const int lo = edge(t), hi = edge(t + 1);
+    if (hi > lo && split_rows) {  // rows [lo, hi) of C and of op(A)
+      if (bias != nullptr) fill_bias(C, ldc, bias, lo, hi, 0, N);
+      cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f,
+                  ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo, lda, B, ldb, beta,
+                  C + static_cast<long>(lo) * ldc, ldc);
+    } else if (hi > lo) {  // columns [lo, hi) of C and of op(B)
+      if (bias != nullptr) fill_bias(C, ldc, bias, 0, M, lo, hi);
+      cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda,
+                  tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);
+    }
+  }
+}
+
 double sgemm_gflops(int M, int N, int K, int reps) {
   std::vector<float> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(N) * K),
       c(static_cast<size_t>(M) * N);
@@ -347,18 +292,20 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   double best = 1e30;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f,
-                c.data(), N);
+    sgemm_split(CblasNoTrans, CblasTrans, M, N, K, a.data(), K, b.data(), K, 0.0f, c.data(), N);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::min(best, s);  // the first call is untimed (warms caches and threads)
   }
   return 2.0 * M * N * K / best / 1e9;
 }
 
+// OpenBLAS runs single-threaded: the backend splits each product over its OpenMP threads
+// itself (sgemm_split), so one thread pool holds the cores and no OpenBLAS worker spins on a
+// core the next OpenMP kernel needs.
 void set_cpu_threads(int n) {
   if (n < 1) n = 1;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);
 }
 
 }  // namespace tier::train
