@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "adamw_simd.hpp"
 #include "trainer/bf16.hpp"
 #include "chunked_simd.hpp"
 
@@ -49,18 +50,12 @@ namespace {
 // Chunk size per OpenMP task: large enough to amortize the fork, small enough to balance.
 constexpr size_t kChunk = 1 << 14;
 
-// The whole update over [0, n) (trainer/chunked_simd.hpp). Both variants below expand it; only
-// their target attribute differs, so the compiler vectorizes each for its own instruction set.
+// The whole update over [0, n) (trainer/chunked_simd.hpp): the loop of a CPU without AVX2 (the
+// others take the explicit loop of adamw_simd.hpp, per element the same arithmetic).
 #define TT_ADAMW_CHUNKS(BODY) \
   TT_ADAMW_LOCALS;            \
   TT_CHUNKED_SIMD(n, kChunk, BODY(i))
 #define TT_ADAMW_LOOP TT_ADAMW_CHUNKS(TT_ADAMW_BODY)
-
-__attribute__((target("avx2"))) void update_avx2(const float* p, const float* m, const float* v,
-                                                 const float* g, float* p_out, float* m_out, float* v_out,
-                                                 size_t n, const AdamWStep& s, float wd) {
-  TT_ADAMW_LOOP
-}
 
 void update_generic(const float* p, const float* m, const float* v, const float* g, float* p_out,
                     float* m_out, float* v_out, size_t n, const AdamWStep& s, float wd) {
@@ -71,13 +66,6 @@ void update_generic(const float* p, const float* m, const float* v, const float*
 #define TT_ADAMW_BF16_BODY(i) TT_ADAMW_ELEMENT(i, bf16_to_f32(g[i]), w_out[i] = bf16_from_f32(po))
 #define TT_ADAMW_BF16_LOOP TT_ADAMW_CHUNKS(TT_ADAMW_BF16_BODY)
 
-__attribute__((target("avx2"))) void update_bf16_avx2(const float* p, const float* m, const float* v,
-                                                      const uint16_t* g, float* p_out, float* m_out,
-                                                      float* v_out, uint16_t* w_out, size_t n,
-                                                      const AdamWStep& s, float wd) {
-  TT_ADAMW_BF16_LOOP
-}
-
 void update_bf16_generic(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
                          float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s,
                          float wd) {
@@ -86,19 +74,62 @@ void update_bf16_generic(const float* p, const float* m, const float* v, const u
 
 }  // namespace
 
+namespace {
+
+// Streaming stores pay off only when the outputs are far larger than the caches (below that,
+// the next reader finds ordinary stores still cached) and cannot be used in place (a line
+// just read is already cached: no write-allocate to save) or on a misaligned output.
+constexpr size_t kStreamMin = size_t{1} << 20;  // elements: 4 MiB a row
+
+bool aligned64(const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 64 == 0; }
+
+bool use_streaming(const simd::AdamWArgs& a, size_t n) {
+  if (n < kStreamMin || a.p_out == a.p || a.m_out == a.m || a.v_out == a.v) return false;
+  return aligned64(a.p_out) && aligned64(a.m_out) && aligned64(a.v_out) && aligned64(a.p_copy) &&
+         aligned64(a.w_out);
+}
+
+// The explicit-SIMD update (adamw_simd.hpp) in kChunk chunks over OpenMP threads; each thread
+// fences its streaming stores before the parallel region ends.
+void update_simd(const simd::AdamWArgs& a, size_t n, const AdamWStep& s, float wd) {
+  const simd::AdamWConsts k{s.grad_scale, s.beta1, s.beta2, s.bias1, s.bias2, s.lr, s.eps, wd};
+  const bool stream = use_streaming(a, n);
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
+#pragma omp parallel if (chunks > 1)
+  {
+#pragma omp for schedule(static)
+    for (long c = 0; c < chunks; ++c) {
+      const size_t lo = static_cast<size_t>(c) * kChunk;
+      simd::update_range(a, k, lo, std::min(n, lo + kChunk), stream);
+    }
+    if (stream) simd::stream_fence();
+  }
+}
+
+}  // namespace
+
 void adamw_update(const float* p, const float* m, const float* v, const float* g, float* p_out, float* m_out,
-                  float* v_out, size_t n, const AdamWStep& s, bool decay) {
+                  float* v_out, size_t n, const AdamWStep& s, bool decay, float* p_copy) {
   const float wd = decay ? s.weight_decay : 0.0f;
-  if (have_avx2()) update_avx2(p, m, v, g, p_out, m_out, v_out, n, s, wd);
-  else update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
+  if (simd::simd_level() > 0) {
+    update_simd({.p = p, .m = m, .v = v, .g = g, .p_out = p_out, .m_out = m_out, .v_out = v_out, .p_copy = p_copy},
+                n, s, wd);
+    return;
+  }
+  update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
+  if (p_copy != nullptr) std::copy(p_out, p_out + n, p_copy);
 }
 
 void adamw_update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
                        float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s,
                        bool decay) {
   const float wd = decay ? s.weight_decay : 0.0f;
-  if (have_avx2()) update_bf16_avx2(p, m, v, g, p_out, m_out, v_out, w_out, n, s, wd);
-  else update_bf16_generic(p, m, v, g, p_out, m_out, v_out, w_out, n, s, wd);
+  if (simd::simd_level() > 0) {
+    update_simd({.p = p, .m = m, .v = v, .g16 = g, .p_out = p_out, .m_out = m_out, .v_out = v_out, .w_out = w_out},
+                n, s, wd);
+    return;
+  }
+  update_bf16_generic(p, m, v, g, p_out, m_out, v_out, w_out, n, s, wd);
 }
 
 __attribute__((optimize("no-tree-vectorize"))) void adamw_update_scalar(const float* p, const float* m,
@@ -111,7 +142,27 @@ __attribute__((optimize("no-tree-vectorize"))) void adamw_update_scalar(const fl
   for (size_t i = 0; i < n; ++i) TT_ADAMW_BODY(i)
 }
 
-const char* adamw_isa() { return have_avx2() ? "avx2" : "generic"; }
+void stream_triad(const float* a, const float* b, float* c, float s, size_t n) {
+  if (simd::simd_level() == 0) {
+    TT_CHUNKED_SIMD(n, kChunk, c[i] = a[i] + s * b[i]);
+    return;
+  }
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
+#pragma omp parallel if (chunks > 1)
+  {
+#pragma omp for schedule(static)
+    for (long ch = 0; ch < chunks; ++ch) {
+      const size_t lo = static_cast<size_t>(ch) * kChunk;
+      simd::triad_range(a, b, c, s, lo, std::min(n, lo + kChunk));
+    }
+    simd::stream_fence();
+  }
+}
+
+const char* adamw_isa() {
+  static constexpr const char* kNames[] = {"generic", "avx2", "avx512"};
+  return kNames[simd::simd_level()];
+}
 
 namespace {
 
