@@ -91,6 +91,14 @@ def _flat_f32(t: torch.Tensor, device=None) -> torch.Tensor:
     return t.detach().reshape(-1).to(device=device or t.device, dtype=torch.float32)
 
 
+def _host_grad(p: torch.Tensor) -> torch.Tensor:
+    """p's gradient on the host, flat and contiguous: as it is for a bf16 parameter with a bf16
+    gradient (the mixed-precision update reads it so), float32 otherwise."""
+    if p.dtype == torch.bfloat16 and p.grad.dtype == torch.bfloat16 and not p.grad.is_cuda:
+        return p.grad.detach().reshape(-1).contiguous()
+    return _flat_f32(p.grad, "cpu").contiguous()
+
+
 @dataclasses.dataclass
 class _Unit:
     """A pair of tier tensors (buffers 0 and 1) of shape (3, n) and what they hold."""
@@ -392,7 +400,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         if self._world == 1:
             if self._gpu is not None:
                 return self._gpu.gradients_to_host(self._params)
-            return [None if p.grad is None else self._flat(p.grad).contiguous() for p in self._params]
+            return [None if p.grad is None else _host_grad(p) for p in self._params]
         dist = torch.distributed
         dev = self._collective_device()
         flat = torch.zeros(self._shard * self._world, dtype=torch.float32, device=dev)
@@ -408,6 +416,34 @@ class OffloadAdamW(torch.optim.Optimizer):
             dist.all_reduce(flat, group=self._pg)
             mine = flat[self._rank * self._shard:(self._rank + 1) * self._shard].clone()
         return [(mine / self._world).cpu()]
+
+    def _hyper(self, param: int, t: int) -> dict:
+        group = self.param_groups[self._group_of[param]]
+        return dict(lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
+                    weight_decay=group["weight_decay"], step=t)
+
+    def _update_in_one_pass(self, u: _Unit, g, a, b, t: int) -> bool:
+        """One process, a host parameter: the update reads rows `a` and the gradient once and
+        writes rows `b` and the model's parameter in the same pass (fp32: the new master;
+        bf16: it rounded, the gradient read as bf16), so the step moves what an in-place
+        optimizer's does plus the parameter's copy. False where that does not apply (a GPU
+        parameter, a shard, another dtype): the caller updates and copies."""
+        if self._world != 1 or isinstance(g, _GpuGrad):
+            return False
+        i = u.segments[0].param
+        p = self._params[i]
+        if p.is_cuda or not p.is_contiguous() or p.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        hyper = self._hyper(i, t)
+        if p.dtype == torch.float32 and g.dtype == torch.float32:
+            tierd.adamw_step(a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], p_copy=p.detach().view(-1).numpy(),
+                             **hyper)
+            return True
+        if p.dtype == torch.bfloat16 and g.dtype == torch.bfloat16:
+            tierd.adamw_step_bf16(a[0], a[1], a[2], g.view(torch.int16).numpy(), b[0], b[1], b[2],
+                                  p.detach().view(-1).view(torch.int16).numpy(), **hyper)
+            return True
+        return False
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -427,14 +463,14 @@ class OffloadAdamW(torch.optim.Optimizer):
                     b[:] = a
                 else:
                     b[:, covered:] = a[:, covered:]  # the last rank's padding
+                    if self._update_in_one_pass(u, g, a, b, t):
+                        return None  # the kernel wrote the model's parameter too
                     gn = g.wait() if isinstance(g, _GpuGrad) else g.numpy()
                     for s in u.segments:
                         group = self.param_groups[self._group_of[s.param]]
                         lo, hi = s.unit_off, s.unit_off + s.length
                         tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
-                                         b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
-                                         beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
-                                         weight_decay=group["weight_decay"], step=t)
+                                         b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], **self._hyper(s.param, t))
                 if self._world == 1:  # straight from the lease into the parameter: no extra copy
                     p = self._params[u.segments[0].param]
                     if self._gpu is not None and p.is_cuda:
