@@ -455,6 +455,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         t = self._step + 1
         src, dst = self._buffer, 1 - self._buffer
         grads = self._gradients()
+        # Every unit's two leases in two round trips (not two per unit); each pair is released
+        # right after its unit's update.
+        outs = self._client.lease_batch([u.tensors[dst] for u in self._units], "o")
+        ins = self._client.lease_batch([u.tensors[src] for u in self._units], "r")
         masters = []
         for ui, (u, g) in enumerate(zip(self._units, grads)):
             def update(b, a, u=u, g=g):
@@ -479,7 +483,8 @@ class OffloadAdamW(torch.optim.Optimizer):
                         p.copy_(torch.from_numpy(b[0]).view_as(p))
                     return None
                 return torch.from_numpy(b[0].copy())  # this rank's slice, for the all-gather
-            masters.append(self._leased(u.tensors[dst], "o", update, other=u.tensors[src]))
+            with outs[ui] as out, ins[ui] as inp:
+                masters.append(update(out.numpy(), inp.numpy()))
             _kill_point(self._rank, t, ui)
         if self._world > 1:
             self._set_params(masters)
