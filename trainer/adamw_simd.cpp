@@ -92,10 +92,8 @@ inline void element(const AdamWArgs& a, const AdamWConsts& k, size_t i) {
   const float gi = (a.g16 != nullptr ? bf16_to_f32(a.g16[i]) : a.g[i]) * k.gs;
   const float mi = k.b1 * a.m[i] + (1.0f - k.b1) * gi;
   const float vi = k.b2 * a.v[i] + (1.0f - k.b2) * gi * gi;
-  const float mhat = mi / k.c1;
-  const float vhat = vi / k.c2;
-  const float pi = a.p[i];
-  const float po = pi - k.lr * (mhat / (std::sqrt(vhat) + k.eps) + k.wd * pi);
+  const float denom = std::sqrt(vi) * k.rc2 + k.eps;
+  const float po = a.p[i] * k.keep - k.step * (mi / denom);
   a.p_out[i] = po;
   a.m_out[i] = mi;
   a.v_out[i] = vi;
@@ -110,17 +108,15 @@ inline void element(const AdamWArgs& a, const AdamWConsts& k, size_t i) {
   {                                                                                                       \
     using V = S::V;                                                                                       \
     const V gs = S::set(k.gs), b1 = S::set(k.b1), nb1 = S::set(1.0f - k.b1), b2 = S::set(k.b2),           \
-            nb2 = S::set(1.0f - k.b2), c1 = S::set(k.c1), c2 = S::set(k.c2), lr = S::set(k.lr),           \
-            eps = S::set(k.eps), wd = S::set(k.wd);                                                       \
+            nb2 = S::set(1.0f - k.b2), rc2 = S::set(k.rc2), eps = S::set(k.eps), keep = S::set(k.keep),   \
+            step = S::set(k.step);                                                                        \
     size_t i = lo;                                                                                        \
     for (; i + S::W <= hi; i += S::W) {                                                                   \
       const V gi = S::mul((BF16G) ? S::load_bf16(a.g16 + i) : S::load(a.g + i), gs);                      \
       const V mi = S::add(S::mul(b1, S::load(a.m + i)), S::mul(nb1, gi));                                 \
       const V vi = S::add(S::mul(b2, S::load(a.v + i)), S::mul(S::mul(nb2, gi), gi));                     \
-      const V mhat = S::div(mi, c1);                                                                      \
-      const V vhat = S::div(vi, c2);                                                                      \
-      const V pi = S::load(a.p + i);                                                                      \
-      const V po = S::sub(pi, S::mul(lr, S::add(S::div(mhat, S::add(S::sqrt(vhat), eps)), S::mul(wd, pi)))); \
+      const V denom = S::add(S::mul(S::sqrt(vi), rc2), eps);                                              \
+      const V po = S::sub(S::mul(S::load(a.p + i), keep), S::mul(step, S::div(mi, denom)));               \
       S::store(a.p_out + i, po, stream);                                                                  \
       S::store(a.m_out + i, mi, stream);                                                                  \
       S::store(a.v_out + i, vi, stream);                                                                  \
@@ -163,6 +159,16 @@ __attribute__((target("avx2"))) void triad_avx2(const float* a, const float* b, 
 }
 
 }  // namespace
+
+AdamWConsts consts_of(const AdamWStep& s, float wd) {
+  return {.gs = s.grad_scale,
+          .b1 = s.beta1,
+          .b2 = s.beta2,
+          .eps = s.eps,
+          .rc2 = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.bias2))),
+          .keep = 1.0f - s.lr * wd,
+          .step = s.lr / s.bias1};
+}
 
 int simd_level() {
   static const int level = [] {

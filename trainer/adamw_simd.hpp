@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "trainer/optimizer.hpp"
+
 
 namespace tier::train::simd {
 
@@ -30,10 +32,14 @@ struct AdamWArgs {
   uint16_t* w_out = nullptr;
 };
 
-// The scalars of one step, with the weight decay already 0 where it does not apply.
+// The scalars of one step's element update (optimizer.cpp's TT_ADAMW_ELEMENT): gradient scale,
+// betas, eps, rc2 = 1 / sqrt(bias2), keep = 1 - lr * wd (1 where no decay applies) and
+// step = lr / bias1.
 struct AdamWConsts {
-  float gs, b1, b2, c1, c2, lr, eps, wd;
+  float gs, b1, b2, eps, rc2, keep, step;
 };
+// Those of step `s` with weight decay `wd` (0 where it does not apply).
+AdamWConsts consts_of(const AdamWStep& s, float wd);
 
 // Which explicit path this CPU takes: 2 = AVX-512 (F, BW, VL), 1 = AVX2, 0 = none (the caller
 // runs its generic loop).

@@ -26,26 +26,28 @@ namespace {
 
 // The element update, shared by every path (fp32 and bf16). Written so that the compiler
 // vectorizes it. GRAD is element i's fp32 gradient; AFTER runs last, with the new weight `po`.
-#define TT_ADAMW_ELEMENT(i, GRAD, AFTER)                                   \
-  {                                                                        \
-    const float gi = (GRAD) * gs;                                          \
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;                         \
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;                    \
-    const float mhat = mi / c1;                                            \
-    const float vhat = vi / c2;                                            \
-    const float pi = p[i];                                                 \
-    const float po = pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi); \
-    p_out[i] = po;                                                         \
-    m_out[i] = mi;                                                         \
-    v_out[i] = vi;                                                         \
-    AFTER;                                                                 \
+// torch.optim.AdamW's order, p * (1 - lr wd) - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps),
+// except that 1 / sqrt(bias2) is a constant of the step (a multiply): an element costs one
+// square root and one division (the divider bounds the loop when the cores are shared).
+#define TT_ADAMW_ELEMENT(i, GRAD, AFTER)               \
+  {                                                    \
+    const float gi = (GRAD) * gs;                      \
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;     \
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi; \
+    const float denom = std::sqrt(vi) * rc2 + eps;     \
+    const float po = p[i] * keep - step * (mi / denom); \
+    p_out[i] = po;                                     \
+    m_out[i] = mi;                                     \
+    v_out[i] = vi;                                     \
+    AFTER;                                             \
   }
 #define TT_ADAMW_BODY(i) TT_ADAMW_ELEMENT(i, g[i], (void)0)
-// The step's scalars as locals: the outputs may alias nothing the compiler can prove, so
-// reading them through `s` inside the loop would block vectorization.
-#define TT_ADAMW_LOCALS                                                                             \
-  const float gs = s.grad_scale, b1 = s.beta1, b2 = s.beta2, c1 = s.bias1, c2 = s.bias2, lr = s.lr, \
-              eps = s.eps
+// The step's scalars as locals (simd::consts_of): the outputs may alias nothing the compiler
+// can prove, so reading them through a struct inside the loop would block vectorization.
+#define TT_ADAMW_LOCALS                                                                         \
+  const simd::AdamWConsts k_ = simd::consts_of(s, wd);                                          \
+  const float gs = k_.gs, b1 = k_.b1, b2 = k_.b2, rc2 = k_.rc2, eps = k_.eps, keep = k_.keep, \
+              step = k_.step
 
 // Chunk size per OpenMP task: large enough to amortize the fork, small enough to balance.
 constexpr size_t kChunk = 1 << 14;
@@ -92,7 +94,7 @@ bool use_streaming(const simd::AdamWArgs& a, size_t n) {
 // The explicit-SIMD update (adamw_simd.hpp) in kChunk chunks over OpenMP threads; each thread
 // fences its streaming stores before the parallel region ends.
 void update_simd(const simd::AdamWArgs& a, size_t n, const AdamWStep& s, float wd) {
-  const simd::AdamWConsts k{s.grad_scale, s.beta1, s.beta2, s.bias1, s.bias2, s.lr, s.eps, wd};
+  const simd::AdamWConsts k = simd::consts_of(s, wd);
   const bool stream = use_streaming(a, n);
   const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
 #pragma omp parallel if (chunks > 1)
