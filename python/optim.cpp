@@ -30,7 +30,7 @@ bool is_format(const std::string& f, char c) {
   return f.size() == 1 ? f[0] == c : f.size() == 2 && (f[0] == '<' || f[0] == '=') && f[1] == c;
 }
 
-F32 typed(py::buffer b, const char* what, bool writable, bool bf16) {
+F32 typed(const py::buffer& b, const char* what, bool writable, bool bf16) {
   py::buffer_info info = b.request(writable);
   if (bf16 && (info.itemsize != 2 || !(is_format(info.format, 'h') || is_format(info.format, 'H'))))
     throw py::type_error(std::string(what) + ": expected bf16 bits as 16-bit integers, got format '" +
@@ -47,20 +47,21 @@ F32 typed(py::buffer b, const char* what, bool writable, bool bf16) {
   return F32{std::move(info)};
 }
 
-F32 f32(py::buffer b, const char* what, bool writable) { return typed(std::move(b), what, writable, false); }
+F32 f32(const py::buffer& b, const char* what, bool writable) { return typed(b, what, writable, false); }
 
 // Every buffer holds n elements.
 void check_sizes(std::initializer_list<const F32*> bufs, size_t n) {
   for (const F32* b : bufs)
     if (b->size() != n)
-      throw py::value_error("adamw_step: every buffer must hold " + std::to_string(n) + " elements, one holds " +
-                            std::to_string(b->size()));
+      throw py::value_error("adamw_step: every buffer must hold " + std::to_string(n) +
+                            " elements, one holds " + std::to_string(b->size()));
 }
 
-tier::train::AdamWStep step_of(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                               float grad_scale) {
+tier::train::AdamWStep step_of(float lr, float beta1, float beta2, float eps, float weight_decay,
+                               int64_t step, float grad_scale) {
   if (step < 1) throw py::value_error("step is 1-based (bias correction uses beta^step)");
-  tier::train::AdamWConfig cfg{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+  tier::train::AdamWConfig cfg{
+      .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
   return tier::train::make_step(cfg, lr, step, grad_scale);
 }
 
@@ -69,11 +70,13 @@ tier::train::AdamWStep step_of(float lr, float beta1, float beta2, float eps, fl
 void register_optim(py::module_& m) {
   m.def(
       "adamw_step",
-      [](py::buffer p, py::buffer mom, py::buffer var, py::buffer g, py::buffer p_out, py::buffer m_out,
-         py::buffer v_out, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
-         float grad_scale, std::optional<py::buffer> p_copy) {
+      [](const py::buffer& p, const py::buffer& mom, const py::buffer& var, const py::buffer& g,
+         const py::buffer& p_out, const py::buffer& m_out, const py::buffer& v_out, float lr, float beta1,
+         float beta2, float eps, float weight_decay, int64_t step, float grad_scale,
+         const std::optional<py::buffer>& p_copy) {
         const tier::train::AdamWStep s = step_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-        F32 ip = f32(p, "p", false), im = f32(mom, "m", false), iv = f32(var, "v", false), ig = f32(g, "g", false);
+        F32 ip = f32(p, "p", false), im = f32(mom, "m", false), iv = f32(var, "v", false),
+            ig = f32(g, "g", false);
         F32 op = f32(p_out, "p_out", true), om = f32(m_out, "m_out", true), ov = f32(v_out, "v_out", true);
         std::optional<F32> oc;
         if (p_copy) oc = f32(*p_copy, "p_copy", true);
@@ -81,8 +84,8 @@ void register_optim(py::module_& m) {
         check_sizes({&im, &iv, &ig, &op, &om, &ov}, n);
         if (oc) check_sizes({&*oc}, n);
         py::gil_scoped_release nogil;
-        tier::train::adamw_update(ip.data(), im.data(), iv.data(), ig.data(), op.data(), om.data(), ov.data(), n, s,
-                                  weight_decay != 0.0f, oc ? oc->data() : nullptr);
+        tier::train::adamw_update(ip.data(), im.data(), iv.data(), ig.data(), op.data(), om.data(), ov.data(),
+                                  n, s, weight_decay != 0.0f, oc ? oc->data() : nullptr);
       },
       py::arg("p"), py::arg("m"), py::arg("v"), py::arg("g"), py::arg("p_out"), py::arg("m_out"),
       py::arg("v_out"), py::kw_only(), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
@@ -93,9 +96,9 @@ void register_optim(py::module_& m) {
       "parameters too, in the same pass. Runs without the GIL, on OpenMP threads.");
   m.def(
       "adamw_step_bf16",
-      [](py::buffer p, py::buffer mom, py::buffer var, py::buffer g, py::buffer p_out, py::buffer m_out,
-         py::buffer v_out, py::buffer w_out, float lr, float beta1, float beta2, float eps, float weight_decay,
-         int64_t step, float grad_scale) {
+      [](const py::buffer& p, const py::buffer& mom, const py::buffer& var, const py::buffer& g,
+         const py::buffer& p_out, const py::buffer& m_out, const py::buffer& v_out, const py::buffer& w_out,
+         float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
         const tier::train::AdamWStep s = step_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
         F32 ip = f32(p, "p", false), im = f32(mom, "m", false), iv = f32(var, "v", false);
         F32 ig = typed(g, "g", false, true), ow = typed(w_out, "w_out", true, true);
@@ -114,7 +117,7 @@ void register_optim(py::module_& m) {
       "p_out, m_out, v_out and w_out = bf16(p_out) (bits, rounded to nearest even) in one pass.");
   m.def(
       "stream_triad",
-      [](py::buffer a, py::buffer b, py::buffer c, float scalar) {
+      [](const py::buffer& a, const py::buffer& b, const py::buffer& c, float scalar) {
         F32 ia = f32(a, "a", false), ib = f32(b, "b", false), oc = f32(c, "c", true);
         check_sizes({&ib, &oc}, ia.size());
         py::gil_scoped_release nogil;

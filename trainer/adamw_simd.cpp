@@ -11,7 +11,9 @@
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_*() inside
 // the widening intrinsics (a self-initialized placeholder, not a read of anything).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace tier::train::simd {
 namespace {
@@ -46,7 +48,8 @@ struct Avx512 {
     const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __m512i rne =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
     const __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
     const __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rne, qnan));
     if (stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
@@ -78,7 +81,8 @@ struct Avx2 {
     const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
     const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i rne =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
     const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
     const __m256i r = _mm256_blendv_epi8(rne, qnan, nan);  // every lane < 2^16: packus is exact
     const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
@@ -104,52 +108,54 @@ inline void element(const AdamWArgs& a, const AdamWConsts& k, size_t i) {
 // The vector body over [lo, lo + W * floor((hi - lo) / W)) for ISA S, then the remainder element
 // by element; BF16G: the gradient is g16. A macro, not a template: GCC inlines the ISA's
 // target-specific operations only into a function of that target.
-#define TT_SIMD_BODY(S, BF16G)                                                                              \
-  {                                                                                                       \
-    using V = S::V;                                                                                       \
-    const V gs = S::set(k.gs), b1 = S::set(k.b1), nb1 = S::set(1.0f - k.b1), b2 = S::set(k.b2),           \
-            nb2 = S::set(1.0f - k.b2), rc2 = S::set(k.rc2), eps = S::set(k.eps), keep = S::set(k.keep),   \
-            step = S::set(k.step);                                                                        \
-    size_t i = lo;                                                                                        \
-    for (; i + S::W <= hi; i += S::W) {                                                                   \
-      const V gi = S::mul((BF16G) ? S::load_bf16(a.g16 + i) : S::load(a.g + i), gs);                      \
-      const V mi = S::add(S::mul(b1, S::load(a.m + i)), S::mul(nb1, gi));                                 \
-      const V vi = S::add(S::mul(b2, S::load(a.v + i)), S::mul(S::mul(nb2, gi), gi));                     \
-      const V denom = S::add(S::mul(S::sqrt(vi), rc2), eps);                                              \
-      const V po = S::sub(S::mul(S::load(a.p + i), keep), S::mul(step, S::div(mi, denom)));               \
-      S::store(a.p_out + i, po, stream);                                                                  \
-      S::store(a.m_out + i, mi, stream);                                                                  \
-      S::store(a.v_out + i, vi, stream);                                                                  \
-      if (a.p_copy != nullptr) S::store(a.p_copy + i, po, stream);                                        \
-      if (a.w_out != nullptr) S::store_bf16(a.w_out + i, po, stream);                                     \
-    }                                                                                                     \
-    for (; i < hi; ++i) element(a, k, i);                                                                 \
+#define TT_SIMD_BODY(S, BF16G)                                                                          \
+  {                                                                                                     \
+    using V = S::V;                                                                                     \
+    const V gs = S::set(k.gs), b1 = S::set(k.b1), nb1 = S::set(1.0f - k.b1), b2 = S::set(k.b2),         \
+            nb2 = S::set(1.0f - k.b2), rc2 = S::set(k.rc2), eps = S::set(k.eps), keep = S::set(k.keep), \
+            step = S::set(k.step);                                                                      \
+    size_t i = lo;                                                                                      \
+    for (; i + S::W <= hi; i += S::W) {                                                                 \
+      const V gi = S::mul((BF16G) ? S::load_bf16(a.g16 + i) : S::load(a.g + i), gs);                    \
+      const V mi = S::add(S::mul(b1, S::load(a.m + i)), S::mul(nb1, gi));                               \
+      const V vi = S::add(S::mul(b2, S::load(a.v + i)), S::mul(S::mul(nb2, gi), gi));                   \
+      const V denom = S::add(S::mul(S::sqrt(vi), rc2), eps);                                            \
+      const V po = S::sub(S::mul(S::load(a.p + i), keep), S::mul(step, S::div(mi, denom)));             \
+      S::store(a.p_out + i, po, stream);                                                                \
+      S::store(a.m_out + i, mi, stream);                                                                \
+      S::store(a.v_out + i, vi, stream);                                                                \
+      if (a.p_copy != nullptr) S::store(a.p_copy + i, po, stream);                                      \
+      if (a.w_out != nullptr) S::store_bf16(a.w_out + i, po, stream);                                   \
+    }                                                                                                   \
+    for (; i < hi; ++i) element(a, k, i);                                                               \
   }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void range_avx512(const AdamWArgs& a, const AdamWConsts& k,
-                                                                     size_t lo, size_t hi, bool stream) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void range_avx512(const AdamWArgs& a,
+                                                                       const AdamWConsts& k, size_t lo,
+                                                                       size_t hi, bool stream) {
   if (a.g16 != nullptr) TT_SIMD_BODY(Avx512, true)
   else TT_SIMD_BODY(Avx512, false)
 }
 
-__attribute__((target("avx2"))) void range_avx2(const AdamWArgs& a, const AdamWConsts& k, size_t lo, size_t hi,
-                                                bool stream) {
+__attribute__((target("avx2"))) void range_avx2(const AdamWArgs& a, const AdamWConsts& k, size_t lo,
+                                                size_t hi, bool stream) {
   if (a.g16 != nullptr) TT_SIMD_BODY(Avx2, true)
   else TT_SIMD_BODY(Avx2, false)
 }
 
-#define TT_TRIAD_BODY(S)                                                            \
-  {                                                                                 \
-    const bool stream = reinterpret_cast<uintptr_t>(c + lo) % (S::W * 4) == 0;      \
-    const S::V sv = S::set(s);                                                      \
-    size_t i = lo;                                                                  \
-    for (; i + S::W <= hi; i += S::W)                                               \
-      S::store(c + i, S::add(S::load(a + i), S::mul(sv, S::load(b + i))), stream);  \
-    for (; i < hi; ++i) c[i] = a[i] + s * b[i];                                     \
+#define TT_TRIAD_BODY(S)                                                           \
+  {                                                                                \
+    const bool stream = reinterpret_cast<uintptr_t>(c + lo) % (S::W * 4) == 0;     \
+    const S::V sv = S::set(s);                                                     \
+    size_t i = lo;                                                                 \
+    for (; i + S::W <= hi; i += S::W)                                              \
+      S::store(c + i, S::add(S::load(a + i), S::mul(sv, S::load(b + i))), stream); \
+    for (; i < hi; ++i) c[i] = a[i] + s * b[i];                                    \
   }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void triad_avx512(const float* a, const float* b, float* c,
-                                                                     float s, size_t lo, size_t hi) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void triad_avx512(const float* a, const float* b,
+                                                                       float* c, float s, size_t lo,
+                                                                       size_t hi) {
   TT_TRIAD_BODY(Avx512)
 }
 

@@ -19,7 +19,6 @@
 
 #include "trainer/optimizer.hpp"
 
-
 namespace tier::train::simd {
 
 // One call's buffers. p, m, v, g (or g16 for a bf16 gradient) are read; p_out, m_out, v_out are

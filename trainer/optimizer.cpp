@@ -29,25 +29,24 @@ namespace {
 // torch.optim.AdamW's order, p * (1 - lr wd) - (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps),
 // except that 1 / sqrt(bias2) is a constant of the step (a multiply): an element costs one
 // square root and one division (the divider bounds the loop when the cores are shared).
-#define TT_ADAMW_ELEMENT(i, GRAD, AFTER)               \
-  {                                                    \
-    const float gi = (GRAD) * gs;                      \
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;     \
+#define TT_ADAMW_ELEMENT(i, GRAD, AFTER)                \
+  {                                                     \
+    const float gi = (GRAD)*gs;                         \
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;      \
     const float vi = b2 * v[i] + (1.0f - b2) * gi * gi; \
-    const float denom = std::sqrt(vi) * rc2 + eps;     \
+    const float denom = std::sqrt(vi) * rc2 + eps;      \
     const float po = p[i] * keep - step * (mi / denom); \
-    p_out[i] = po;                                     \
-    m_out[i] = mi;                                     \
-    v_out[i] = vi;                                     \
-    AFTER;                                             \
+    p_out[i] = po;                                      \
+    m_out[i] = mi;                                      \
+    v_out[i] = vi;                                      \
+    AFTER;                                              \
   }
 #define TT_ADAMW_BODY(i) TT_ADAMW_ELEMENT(i, g[i], (void)0)
 // The step's scalars as locals (simd::consts_of): the outputs may alias nothing the compiler
 // can prove, so reading them through a struct inside the loop would block vectorization.
-#define TT_ADAMW_LOCALS                                                                         \
-  const simd::AdamWConsts k_ = simd::consts_of(s, wd);                                          \
-  const float gs = k_.gs, b1 = k_.b1, b2 = k_.b2, rc2 = k_.rc2, eps = k_.eps, keep = k_.keep, \
-              step = k_.step
+#define TT_ADAMW_LOCALS                                \
+  const simd::AdamWConsts k_ = simd::consts_of(s, wd); \
+  const float gs = k_.gs, b1 = k_.b1, b2 = k_.b2, rc2 = k_.rc2, eps = k_.eps, keep = k_.keep, step = k_.step
 
 // Chunk size per OpenMP task: large enough to amortize the fork, small enough to balance.
 constexpr size_t kChunk = 1 << 14;
@@ -114,8 +113,9 @@ void adamw_update(const float* p, const float* m, const float* v, const float* g
                   float* v_out, size_t n, const AdamWStep& s, bool decay, float* p_copy) {
   const float wd = decay ? s.weight_decay : 0.0f;
   if (simd::simd_level() > 0) {
-    update_simd({.p = p, .m = m, .v = v, .g = g, .p_out = p_out, .m_out = m_out, .v_out = v_out, .p_copy = p_copy},
-                n, s, wd);
+    update_simd(
+        {.p = p, .m = m, .v = v, .g = g, .p_out = p_out, .m_out = m_out, .v_out = v_out, .p_copy = p_copy}, n,
+        s, wd);
     return;
   }
   update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
@@ -127,8 +127,9 @@ void adamw_update_bf16(const float* p, const float* m, const float* v, const uin
                        bool decay) {
   const float wd = decay ? s.weight_decay : 0.0f;
   if (simd::simd_level() > 0) {
-    update_simd({.p = p, .m = m, .v = v, .g16 = g, .p_out = p_out, .m_out = m_out, .v_out = v_out, .w_out = w_out},
-                n, s, wd);
+    update_simd(
+        {.p = p, .m = m, .v = v, .g16 = g, .p_out = p_out, .m_out = m_out, .v_out = v_out, .w_out = w_out}, n,
+        s, wd);
     return;
   }
   update_bf16_generic(p, m, v, g, p_out, m_out, v_out, w_out, n, s, wd);

@@ -1,12 +1,12 @@
 """tierd.torch.OffloadAdamW against torch.optim.AdamW, and its warm resume after kill -9.
 
-Run by ctest (label python) with a real tierd on a temporary socket. Tolerance against
-torch.optim.AdamW: both compute the same update in float32 but in a different order
-(tier-train's kernel divides by sqrt(v / (1 - beta2^t)) and folds the weight decay into the
-same expression; torch scales p by (1 - lr*wd) first and divides by sqrt(v)/sqrt(1 - beta2^t)),
-so each element differs by a few ulps per step and the differences feed back through the
-gradients; over 20 steps that stays below a relative 1e-5 per tensor (the norm of the
-difference over the norm of the parameter). The resume test asks for bit-identical losses.
+Run by ctest (label python, and torch2 under PyTorch 2.11) with a real tierd on a temporary
+socket. Tolerance against torch.optim.AdamW: both compute the same update in float32 in nearly
+the same order (tier-train's kernel multiplies sqrt(v) by 1 / sqrt(1 - beta2^t) where torch
+divides by sqrt(1 - beta2^t), and torch's foreach and fused kernels group the operations their
+own way), so an element may differ by an ulp or so per step and the differences feed back
+through the gradients; over 20 steps that stays below a relative 1e-5 per tensor (the norm of
+the difference over the norm of the parameter). The resume test asks for bit-identical losses.
 """
 import json
 import os

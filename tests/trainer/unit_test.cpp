@@ -86,8 +86,8 @@ template <class T> struct Aligned {
   T* data_;
   size_t n;
   explicit Aligned(size_t count) : buf(count + 64 / sizeof(T)), n(count) {
-    auto a = reinterpret_cast<uintptr_t>(buf.data());
-    data_ = reinterpret_cast<T*>((a + 63) / 64 * 64);
+    const auto a = reinterpret_cast<uintptr_t>(buf.data());
+    data_ = buf.data() + (64 - a % 64) % 64 / sizeof(T);
   }
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -118,7 +118,8 @@ TEST_CASE("AdamW: a large out-of-place update (streaming stores) and its copy ma
   CHECK(same_bits(v1, v2));
   CHECK(same_bits(copy, p2));
   // In place (no streaming) gives the same bits as well.
-  adamw_update(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.data(), s.m.data(), s.v.data(), n, st, true);
+  adamw_update(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.data(), s.m.data(), s.v.data(), n, st,
+               true);
   CHECK(same_bits(s.p, p2));
   CHECK(same_bits(s.m, m2));
   CHECK(same_bits(s.v, v2));
