@@ -31,7 +31,7 @@ namespace {
 // square root and one division (the divider bounds the loop when the cores are shared).
 #define TT_ADAMW_ELEMENT(i, GRAD, AFTER)                \
   {                                                     \
-    const float gi = (GRAD)*gs;                         \
+    const float gi = (GRAD) * gs;                       \
     const float mi = b1 * m[i] + (1.0f - b1) * gi;      \
     const float vi = b2 * v[i] + (1.0f - b2) * gi * gi; \
     const float denom = std::sqrt(vi) * rc2 + eps;      \
