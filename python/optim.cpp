@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <vector>
 #include <string>
 
 #include "binding.hpp"
@@ -115,6 +116,44 @@ void register_optim(py::module_& m) {
       "adamw_step's mixed-precision form: float32 master p and moments m, v, a bf16 gradient g "
       "(its bits as a 16-bit integer buffer, e.g. torch's bf16 tensor .view(torch.int16)); writes "
       "p_out, m_out, v_out and w_out = bf16(p_out) (bits, rounded to nearest even) in one pass.");
+  m.def(
+      "adamw_step_many",
+      [](const py::list& jobs, int64_t step) {
+        std::vector<F32> held;  // the buffers stay requested until the update is done
+        held.reserve(jobs.size() * 8);
+        std::vector<tier::train::AdamWJob> batch;
+        for (const py::handle& h : jobs) {
+          const auto job = h.cast<py::tuple>();
+          if (job.size() != 13)
+            throw py::value_error("adamw_step_many: a job is (p, m, v, g, p_out, m_out, v_out, p_copy, lr, "
+                                  "beta1, beta2, eps, weight_decay)");
+          const size_t first = held.size();
+          for (size_t i = 0; i < 7; ++i) held.push_back(f32(job[i].cast<py::buffer>(), "buffer", i >= 4));
+          const bool copy = !job[7].is_none();
+          if (copy) held.push_back(f32(job[7].cast<py::buffer>(), "p_copy", true));
+          const size_t n = held[first].size();
+          for (size_t i = first + 1; i < held.size(); ++i) check_sizes({&held[i]}, n);
+          const auto wd = job[12].cast<float>();
+          batch.push_back({.p = held[first].data(),
+                           .m = held[first + 1].data(),
+                           .v = held[first + 2].data(),
+                           .g = held[first + 3].data(),
+                           .p_out = held[first + 4].data(),
+                           .m_out = held[first + 5].data(),
+                           .v_out = held[first + 6].data(),
+                           .p_copy = copy ? held[first + 7].data() : nullptr,
+                           .n = n,
+                           .step = step_of(job[8].cast<float>(), job[9].cast<float>(), job[10].cast<float>(),
+                                           job[11].cast<float>(), wd, step, 1.0f),
+                           .decay = wd != 0.0f});
+        }
+        py::gil_scoped_release nogil;
+        tier::train::adamw_update_many(batch.data(), batch.size());
+      },
+      py::arg("jobs"), py::kw_only(), py::arg("step"),
+      "adamw_step over several parameters in one pass of the threads (one fork and join, not one "
+      "per parameter). Each job is (p, m, v, g, p_out, m_out, v_out, p_copy or None, lr, beta1, "
+      "beta2, eps, weight_decay); `step` is common. Same bits as one adamw_step per job.");
   m.def(
       "stream_triad",
       [](const py::buffer& a, const py::buffer& b, const py::buffer& c, float scalar) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "adamw_simd.hpp"
 #include "trainer/bf16.hpp"
@@ -120,6 +122,44 @@ void adamw_update(const float* p, const float* m, const float* v, const float* g
   }
   update_generic(p, m, v, g, p_out, m_out, v_out, n, s, wd);
   if (p_copy != nullptr) std::copy(p_out, p_out + n, p_copy);
+}
+
+void adamw_update_many(const AdamWJob* jobs, size_t count) {
+  if (simd::simd_level() == 0) {
+    for (size_t j = 0; j < count; ++j) {
+      const AdamWJob& b = jobs[j];
+      adamw_update(b.p, b.m, b.v, b.g, b.p_out, b.m_out, b.v_out, b.n, b.step, b.decay, b.p_copy);
+    }
+    return;
+  }
+  struct Piece {
+    simd::AdamWArgs a;
+    simd::AdamWConsts k;
+    size_t n;
+    bool stream;
+  };
+  std::vector<Piece> pieces;
+  std::vector<std::pair<size_t, size_t>> chunks;  // (piece, first element)
+  bool any_stream = false;
+  for (size_t j = 0; j < count; ++j) {
+    const AdamWJob& b = jobs[j];
+    const simd::AdamWArgs a{.p = b.p, .m = b.m, .v = b.v, .g = b.g, .p_out = b.p_out, .m_out = b.m_out,
+                            .v_out = b.v_out, .p_copy = b.p_copy};
+    pieces.push_back({a, simd::consts_of(b.step, b.decay ? b.step.weight_decay : 0.0f), b.n, use_streaming(a, b.n)});
+    any_stream = any_stream || pieces.back().stream;
+    for (size_t lo = 0; lo < b.n; lo += kChunk) chunks.emplace_back(j, lo);
+  }
+  const long total = static_cast<long>(chunks.size());
+#pragma omp parallel if (total > 1)
+  {
+#pragma omp for schedule(static)
+    for (long c = 0; c < total; ++c) {
+      const Piece& q = pieces[chunks[static_cast<size_t>(c)].first];
+      const size_t lo = chunks[static_cast<size_t>(c)].second;
+      simd::update_range(q.a, q.k, lo, std::min(q.n, lo + kChunk), q.stream);
+    }
+    if (any_stream) simd::stream_fence();
+  }
 }
 
 void adamw_update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,

@@ -47,6 +47,19 @@ void adamw_update_scalar(const float* p, const float* m, const float* v, const f
 // adamw_update with g widened exactly, so it is as bit-identical whatever the shard boundaries.
 void adamw_update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
                        float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s, bool decay);
+// One piece of a batched update (adamw_update_many): adamw_update's arguments, p_copy optional.
+struct AdamWJob {
+  const float *p, *m, *v, *g;
+  float *p_out, *m_out, *v_out, *p_copy;
+  size_t n;
+  AdamWStep step;
+  bool decay;
+};
+// adamw_update of every job, in one OpenMP parallel region over all their chunks (per element
+// the same bits): a step over many parameters forks and joins the threads once, not once per
+// parameter (each join waits for the slowest thread, a descheduled one on a shared machine).
+void adamw_update_many(const AdamWJob* jobs, size_t count);
+
 // The bandwidth probe of the AdamW benchmarks: c[i] = a[i] + s * b[i] (the STREAM triad) over
 // OpenMP threads, with the streaming stores adamw_update uses where c is 64-byte aligned, so it
 // moves 12 bytes an element and no more. Vectorized like adamw_update.

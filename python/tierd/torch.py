@@ -36,6 +36,7 @@ the updated master copy back into the parameter (any floating dtype), synchronou
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -445,6 +446,33 @@ class OffloadAdamW(torch.optim.Optimizer):
             return True
         return False
 
+    def _batched(self, grads) -> bool:
+        """One process, every parameter with a gradient a contiguous float32 host tensor with a
+        float32 gradient: the whole update is one tierd.adamw_step_many call."""
+        if self._world != 1:
+            return False
+        for u, g in zip(self._units, grads):
+            p = self._params[u.segments[0].param]
+            if g is not None and (isinstance(g, _GpuGrad) or p.is_cuda or not p.is_contiguous() or
+                                  p.dtype != torch.float32 or g.dtype != torch.float32):
+                return False
+        return True
+
+    def _update_batched(self, outs, ins, grads, t: int) -> None:
+        """Rows `ins` (committed) and the gradients into rows `outs` and the parameters, in one
+        call. The lease views live only in this frame, so the caller can release the leases."""
+        jobs = []
+        for u, g, out, inp in zip(self._units, grads, outs, ins):
+            b, a = out.numpy(), inp.numpy()
+            if g is None:  # no gradient: the state carries over unchanged
+                b[:] = a
+                continue
+            i = u.segments[0].param
+            h = self._hyper(i, t)
+            jobs.append((a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], self._params[i].detach().view(-1).numpy(),
+                         h["lr"], h["beta1"], h["beta2"], h["eps"], h["weight_decay"]))
+        tierd.adamw_step_many(jobs, step=t)
+
     @torch.no_grad()
     def step(self, closure=None):
         """One AdamW step over every parameter, then the commit. Returns closure()'s loss."""
@@ -460,7 +488,15 @@ class OffloadAdamW(torch.optim.Optimizer):
         outs = self._client.lease_batch([u.tensors[dst] for u in self._units], "o")
         ins = self._client.lease_batch([u.tensors[src] for u in self._units], "r")
         masters = []
-        for ui, (u, g) in enumerate(zip(self._units, grads)):
+        if self._batched(grads):  # every host parameter in one pass of the threads
+            with contextlib.ExitStack() as held:
+                for lease in (*outs, *ins):
+                    held.enter_context(lease)
+                self._update_batched(outs, ins, grads, t)
+            for ui in range(len(self._units)):
+                _kill_point(self._rank, t, ui)
+            outs = ins = []  # nothing left for the loop below
+        for ui, (u, g) in enumerate(zip(self._units, grads) if outs else ()):
             def update(b, a, u=u, g=g):
                 covered = u.covered
                 if g is None:  # no gradient: the state carries over unchanged

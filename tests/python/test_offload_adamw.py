@@ -203,6 +203,27 @@ class KernelBindings(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "bf16"):
             tierd.adamw_step_bf16(self.p, self.m, self.v, self.g, *a, w.view(torch.int16).numpy(), **self.hyper)
 
+    def test_many_in_one_call_are_the_single_calls(self):
+        np = self.np
+        cuts = [(0, 1000), (1000, 1000 + (1 << 20))]  # a small job and one past the streaming threshold
+        one, many = self.outputs(), self.outputs()
+        copy = np.empty(self.n, dtype=np.float32)
+        jobs = []
+        for k, (lo, hi) in enumerate(cuts):
+            wd = 0.1 if k else 0.0  # per-job hyperparameters
+            hyper = dict(self.hyper, weight_decay=wd, lr=1e-3 * (k + 1))
+            tierd.adamw_step(self.p[lo:hi], self.m[lo:hi], self.v[lo:hi], self.g[lo:hi],
+                             *(x[lo:hi] for x in one), **hyper)
+            jobs.append((self.p[lo:hi], self.m[lo:hi], self.v[lo:hi], self.g[lo:hi], *(x[lo:hi] for x in many),
+                         copy[lo:hi] if k else None, hyper["lr"], 0.9, 0.95, 1e-8, wd))
+        tierd.adamw_step_many(jobs, step=self.hyper["step"])
+        end = cuts[-1][1]
+        for x, y in zip(one, many):
+            self.assertTrue((x[:end].view(np.uint32) == y[:end].view(np.uint32)).all())
+        self.assertTrue((copy[1000:end].view(np.uint32) == one[0][1000:end].view(np.uint32)).all())
+        with self.assertRaises(ValueError):
+            tierd.adamw_step_many([jobs[0][:12]], step=1)
+
     def test_stream_triad(self):
         c = self.np.empty(self.n, dtype=self.np.float32)
         tierd.stream_triad(self.p, self.g, c, 1.5)
