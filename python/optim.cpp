@@ -125,8 +125,9 @@ void register_optim(py::module_& m) {
         for (const py::handle& h : jobs) {
           const auto job = h.cast<py::tuple>();
           if (job.size() != 13)
-            throw py::value_error("adamw_step_many: a job is (p, m, v, g, p_out, m_out, v_out, p_copy, lr, "
-                                  "beta1, beta2, eps, weight_decay)");
+            throw py::value_error(
+                "adamw_step_many: a job is (p, m, v, g, p_out, m_out, v_out, p_copy, lr, "
+                "beta1, beta2, eps, weight_decay)");
           const size_t first = held.size();
           for (size_t i = 0; i < 7; ++i) held.push_back(f32(job[i].cast<py::buffer>(), "buffer", i >= 4));
           const bool copy = !job[7].is_none();

@@ -143,9 +143,16 @@ void adamw_update_many(const AdamWJob* jobs, size_t count) {
   bool any_stream = false;
   for (size_t j = 0; j < count; ++j) {
     const AdamWJob& b = jobs[j];
-    const simd::AdamWArgs a{.p = b.p, .m = b.m, .v = b.v, .g = b.g, .p_out = b.p_out, .m_out = b.m_out,
-                            .v_out = b.v_out, .p_copy = b.p_copy};
-    pieces.push_back({a, simd::consts_of(b.step, b.decay ? b.step.weight_decay : 0.0f), b.n, use_streaming(a, b.n)});
+    const simd::AdamWArgs a{.p = b.p,
+                            .m = b.m,
+                            .v = b.v,
+                            .g = b.g,
+                            .p_out = b.p_out,
+                            .m_out = b.m_out,
+                            .v_out = b.v_out,
+                            .p_copy = b.p_copy};
+    pieces.push_back(
+        {a, simd::consts_of(b.step, b.decay ? b.step.weight_decay : 0.0f), b.n, use_streaming(a, b.n)});
     any_stream = any_stream || pieces.back().stream;
     for (size_t lo = 0; lo < b.n; lo += kChunk) chunks.emplace_back(j, lo);
   }
