@@ -129,24 +129,29 @@ void register_optim(py::module_& m) {
                 "adamw_step_many: a job is (p, m, v, g, p_out, m_out, v_out, p_copy, lr, "
                 "beta1, beta2, eps, weight_decay)");
           const size_t first = held.size();
-          for (size_t i = 0; i < 7; ++i) held.push_back(f32(job[i].cast<py::buffer>(), "buffer", i >= 4));
+          // A gradient of 2-byte elements is bf16 bits: the job is adamw_step_bf16's, p_copy its w_out.
+          const bool bf16 = job[3].cast<py::buffer>().request().itemsize == 2;
+          for (size_t i = 0; i < 7; ++i)
+            held.push_back(typed(job[i].cast<py::buffer>(), "buffer", i >= 4, bf16 && i == 3));
           const bool copy = !job[7].is_none();
-          if (copy) held.push_back(f32(job[7].cast<py::buffer>(), "p_copy", true));
+          if (copy) held.push_back(typed(job[7].cast<py::buffer>(), "p_copy", true, bf16));
           const size_t n = held[first].size();
           for (size_t i = first + 1; i < held.size(); ++i) check_sizes({&held[i]}, n);
           const auto wd = job[12].cast<float>();
           batch.push_back({.p = held[first].data(),
                            .m = held[first + 1].data(),
                            .v = held[first + 2].data(),
-                           .g = held[first + 3].data(),
+                           .g = bf16 ? nullptr : held[first + 3].data(),
                            .p_out = held[first + 4].data(),
                            .m_out = held[first + 5].data(),
                            .v_out = held[first + 6].data(),
-                           .p_copy = copy ? held[first + 7].data() : nullptr,
+                           .p_copy = copy && !bf16 ? held[first + 7].data() : nullptr,
                            .n = n,
                            .step = step_of(job[8].cast<float>(), job[9].cast<float>(), job[10].cast<float>(),
                                            job[11].cast<float>(), wd, step, 1.0f),
-                           .decay = wd != 0.0f});
+                           .decay = wd != 0.0f,
+                           .g16 = bf16 ? held[first + 3].bits16() : nullptr,
+                           .w_out = copy && bf16 ? held[first + 7].bits16() : nullptr});
         }
         py::gil_scoped_release nogil;
         tier::train::adamw_update_many(batch.data(), batch.size());
@@ -154,7 +159,8 @@ void register_optim(py::module_& m) {
       py::arg("jobs"), py::kw_only(), py::arg("step"),
       "adamw_step over several parameters in one pass of the threads (one fork and join, not one "
       "per parameter). Each job is (p, m, v, g, p_out, m_out, v_out, p_copy or None, lr, beta1, "
-      "beta2, eps, weight_decay); `step` is common. Same bits as one adamw_step per job.");
+      "beta2, eps, weight_decay); `step` is common. A job whose g has 2-byte elements is "
+      "adamw_step_bf16's (g bf16 bits, p_copy its bf16 w_out). Same bits as one call per job.");
   m.def(
       "stream_triad",
       [](const py::buffer& a, const py::buffer& b, const py::buffer& c, float scalar) {

@@ -128,7 +128,9 @@ void adamw_update_many(const AdamWJob* jobs, size_t count) {
   if (simd::simd_level() == 0) {
     for (size_t j = 0; j < count; ++j) {
       const AdamWJob& b = jobs[j];
-      adamw_update(b.p, b.m, b.v, b.g, b.p_out, b.m_out, b.v_out, b.n, b.step, b.decay, b.p_copy);
+      if (b.g16 != nullptr)
+        adamw_update_bf16(b.p, b.m, b.v, b.g16, b.p_out, b.m_out, b.v_out, b.w_out, b.n, b.step, b.decay);
+      else adamw_update(b.p, b.m, b.v, b.g, b.p_out, b.m_out, b.v_out, b.n, b.step, b.decay, b.p_copy);
     }
     return;
   }
@@ -146,11 +148,13 @@ void adamw_update_many(const AdamWJob* jobs, size_t count) {
     const simd::AdamWArgs a{.p = b.p,
                             .m = b.m,
                             .v = b.v,
-                            .g = b.g,
+                            .g = b.g16 != nullptr ? nullptr : b.g,
+                            .g16 = b.g16,
                             .p_out = b.p_out,
                             .m_out = b.m_out,
                             .v_out = b.v_out,
-                            .p_copy = b.p_copy};
+                            .p_copy = b.p_copy,
+                            .w_out = b.w_out};
     pieces.push_back(
         {a, simd::consts_of(b.step, b.decay ? b.step.weight_decay : 0.0f), b.n, use_streaming(a, b.n)});
     any_stream = any_stream || pieces.back().stream;

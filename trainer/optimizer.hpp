@@ -47,13 +47,16 @@ void adamw_update_scalar(const float* p, const float* m, const float* v, const f
 // adamw_update with g widened exactly, so it is as bit-identical whatever the shard boundaries.
 void adamw_update_bf16(const float* p, const float* m, const float* v, const uint16_t* g, float* p_out,
                        float* m_out, float* v_out, uint16_t* w_out, size_t n, const AdamWStep& s, bool decay);
-// One piece of a batched update (adamw_update_many): adamw_update's arguments, p_copy optional.
+// One piece of a batched update (adamw_update_many): adamw_update's arguments, p_copy optional;
+// or, with g16 (a bf16 gradient) instead of g, adamw_update_bf16's, w_out optional.
 struct AdamWJob {
   const float *p, *m, *v, *g;
   float *p_out, *m_out, *v_out, *p_copy;
   size_t n;
   AdamWStep step;
   bool decay;
+  const uint16_t* g16 = nullptr;
+  uint16_t* w_out = nullptr;
 };
 // adamw_update of every job, in one OpenMP parallel region over all their chunks (per element
 // the same bits): a step over many parameters forks and joins the threads once, not once per

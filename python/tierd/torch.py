@@ -447,14 +447,15 @@ class OffloadAdamW(torch.optim.Optimizer):
         return False
 
     def _batched(self, grads) -> bool:
-        """One process, every parameter with a gradient a contiguous float32 host tensor with a
-        float32 gradient: the whole update is one tierd.adamw_step_many call."""
+        """One process, every parameter with a gradient a contiguous host tensor, float32 with a
+        float32 gradient or bf16 with a bf16 one: the whole update is one tierd.adamw_step_many
+        call."""
         if self._world != 1:
             return False
         for u, g in zip(self._units, grads):
             p = self._params[u.segments[0].param]
             if g is not None and (isinstance(g, _GpuGrad) or p.is_cuda or not p.is_contiguous() or
-                                  p.dtype != torch.float32 or g.dtype != torch.float32):
+                                  p.dtype not in (torch.float32, torch.bfloat16) or g.dtype != p.dtype):
                 return False
         return True
 
@@ -469,8 +470,11 @@ class OffloadAdamW(torch.optim.Optimizer):
                 continue
             i = u.segments[0].param
             h = self._hyper(i, t)
-            jobs.append((a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], self._params[i].detach().view(-1).numpy(),
-                         h["lr"], h["beta1"], h["beta2"], h["eps"], h["weight_decay"]))
+            p = self._params[i].detach().view(-1)
+            if p.dtype == torch.bfloat16:  # bf16 bits: the kernel reads g and writes p as int16
+                g, p = g.view(torch.int16), p.view(torch.int16)
+            jobs.append((a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], p.numpy(), h["lr"], h["beta1"],
+                         h["beta2"], h["eps"], h["weight_decay"]))
         tierd.adamw_step_many(jobs, step=t)
 
     @torch.no_grad()

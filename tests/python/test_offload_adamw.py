@@ -223,6 +223,17 @@ class KernelBindings(unittest.TestCase):
         self.assertTrue((copy[1000:end].view(np.uint32) == one[0][1000:end].view(np.uint32)).all())
         with self.assertRaises(ValueError):
             tierd.adamw_step_many([jobs[0][:12]], step=1)
+        # A bf16 job (2-byte gradient) is adamw_step_bf16's, beside a float32 one in the same call.
+        g16 = torch.from_numpy(self.g).to(torch.bfloat16).view(torch.int16).numpy()
+        one, many = self.outputs(), self.outputs()
+        w1, w2 = (np.empty(self.n, dtype=np.int16) for _ in range(2))
+        tierd.adamw_step_bf16(self.p, self.m, self.v, g16, *one, w1, **self.hyper)
+        hy = self.hyper
+        tierd.adamw_step_many([(self.p, self.m, self.v, g16, *many, w2, hy["lr"], hy["beta1"], hy["beta2"],
+                                hy["eps"], hy["weight_decay"]), jobs[0]], step=hy["step"])
+        for x, y in zip(one, many):
+            self.assertTrue((x.view(np.uint32) == y.view(np.uint32)).all())
+        self.assertTrue((w1 == w2).all())
 
     def test_stream_triad(self):
         c = self.np.empty(self.n, dtype=self.np.float32)
