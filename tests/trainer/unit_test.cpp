@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "trainer/bf16.hpp"
 #include "trainer/data.hpp"
 #include "trainer/model.hpp"
 #include "trainer/optimizer.hpp"
@@ -52,6 +55,103 @@ TEST_CASE("AdamW: the vectorized, threaded update is bit-identical to the scalar
     CHECK(std::memcmp(p1.data(), p2.data(), (n - off) * 4) == 0);
     CHECK(std::memcmp(m1.data(), m2.data(), (n - off) * 4) == 0);
     CHECK(std::memcmp(v1.data(), v2.data(), (n - off) * 4) == 0);
+  }
+}
+
+namespace {
+
+// A shard past the streaming threshold (64-byte aligned vectors: the streaming stores' case).
+struct BigShard {
+  static constexpr size_t n = (size_t{1} << 20) + 37;  // a remainder after the last vector
+  std::vector<float> p, m, v, g;
+  BigShard() : p(n), m(n), v(n), g(n) {
+    Rng r(11);
+    for (size_t i = 0; i < n; ++i) {
+      p[i] = r.normal();
+      m[i] = r.normal() * 1e-2f;
+      v[i] = std::fabs(r.normal()) * 1e-4f;
+      g[i] = r.normal();
+    }
+    // Lanes whose new weight is not finite, so the bf16 rounding's NaN and overflow cases run.
+    p[5] = std::numeric_limits<float>::quiet_NaN();
+    p[6] = std::numeric_limits<float>::infinity();
+    p[7] = 3.4e38f;
+    g[8] = std::numeric_limits<float>::quiet_NaN();
+  }
+};
+
+// n elements at a 64-byte aligned address (std::vector's are 16-byte aligned at most).
+template <class T> struct Aligned {
+  std::vector<T> buf;
+  T* data_;
+  size_t n;
+  explicit Aligned(size_t count) : buf(count + 64 / sizeof(T)), n(count) {
+    const auto a = reinterpret_cast<uintptr_t>(buf.data());
+    data_ = buf.data() + (64 - a % 64) % 64 / sizeof(T);
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return n; }
+};
+
+template <class A, class B> bool same_bits(const A& a, const B& b) {
+  using T = std::remove_cvref_t<decltype(*a.data())>;
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("AdamW: a large out-of-place update (streaming stores) and its copy match the scalar loop",
+          "[trainer][optimizer]") {
+  BigShard s;
+  const size_t n = BigShard::n;
+  const AdamWStep st = make_step(AdamWConfig{}, 1e-3f, 3, 0.5f);
+  Aligned<float> p1(n), m1(n), v1(n), copy(n);
+  std::vector<float> p2(n), m2(n), v2(n);
+  adamw_update(s.p.data(), s.m.data(), s.v.data(), s.g.data(), p1.data(), m1.data(), v1.data(), n, st, true,
+               copy.data());
+  adamw_update_scalar(s.p.data(), s.m.data(), s.v.data(), s.g.data(), p2.data(), m2.data(), v2.data(), n, st,
+                      true);
+  INFO("isa " << adamw_isa());
+  CHECK(same_bits(p1, p2));
+  CHECK(same_bits(m1, m2));
+  CHECK(same_bits(v1, v2));
+  CHECK(same_bits(copy, p2));
+  // In place (no streaming) gives the same bits as well.
+  adamw_update(s.p.data(), s.m.data(), s.v.data(), s.g.data(), s.p.data(), s.m.data(), s.v.data(), n, st,
+               true);
+  CHECK(same_bits(s.p, p2));
+  CHECK(same_bits(s.m, m2));
+  CHECK(same_bits(s.v, v2));
+}
+
+TEST_CASE("AdamW bf16: a large update (streaming stores) matches the fp32 loop on the widened gradient",
+          "[trainer][optimizer][bf16]") {
+  BigShard s;
+  const size_t n = BigShard::n;
+  std::vector<bf16_t> g16(n);
+  std::vector<float> gw(n);
+  for (size_t i = 0; i < n; ++i) {
+    g16[i] = bf16_from_f32(s.g[i]);
+    gw[i] = bf16_to_f32(g16[i]);
+  }
+  const AdamWStep st = make_step(AdamWConfig{}, 1e-3f, 2, 1.0f);
+  for (size_t off : {size_t{0}, size_t{5}}) {  // inputs at any offset; the outputs are aligned
+    const size_t k = n - off;
+    Aligned<float> p1(k), m1(k), v1(k);
+    Aligned<bf16_t> w1(k);
+    std::vector<float> p2(k), m2(k), v2(k);
+    std::vector<bf16_t> w2(k);
+    adamw_update_bf16(s.p.data() + off, s.m.data() + off, s.v.data() + off, g16.data() + off, p1.data(),
+                      m1.data(), v1.data(), w1.data(), k, st, true);
+    adamw_update_scalar(s.p.data() + off, s.m.data() + off, s.v.data() + off, gw.data() + off, p2.data(),
+                        m2.data(), v2.data(), k, st, true);
+    for (size_t i = 0; i < k; ++i) w2[i] = bf16_from_f32(p2[i]);
+    INFO("offset " << off << " isa " << adamw_isa());
+    CHECK(same_bits(p1, p2));
+    CHECK(same_bits(m1, m2));
+    CHECK(same_bits(v1, v2));
+    CHECK(same_bits(w1, w2));
   }
 }
 

@@ -42,6 +42,7 @@ the updated master copy back into the parameter (any floating dtype), synchronou
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -96,6 +97,14 @@ def _flat_f32(t: torch.Tensor, device=None) -> torch.Tensor:
     """`t` as one flat float32 tensor (on `device`; default: where it is). No copy when it
     already is one."""
     return t.detach().reshape(-1).to(device=device or t.device, dtype=torch.float32)
+
+
+def _host_grad(p: torch.Tensor) -> torch.Tensor:
+    """p's gradient on the host, flat and contiguous: as it is for a bf16 parameter with a bf16
+    gradient (the mixed-precision update reads it so), float32 otherwise."""
+    if p.dtype == torch.bfloat16 and p.grad.dtype == torch.bfloat16 and not p.grad.is_cuda:
+        return p.grad.detach().reshape(-1).contiguous()
+    return _flat_f32(p.grad, "cpu").contiguous()
 
 
 @dataclasses.dataclass
@@ -407,7 +416,7 @@ class OffloadAdamW(torch.optim.Optimizer):
         if not self._zero:
             if self._gpu is not None:
                 return self._gpu.gradients_to_host(self._params)
-            return [None if p.grad is None else self._flat(p.grad).contiguous() for p in self._params]
+            return [None if p.grad is None else _host_grad(p) for p in self._params]
         dist = torch.distributed
         dev = self._collective_device()
         flat = torch.zeros(self._shard * self._world, dtype=torch.float32, device=dev)
@@ -424,6 +433,65 @@ class OffloadAdamW(torch.optim.Optimizer):
             mine = flat[self._rank * self._shard:(self._rank + 1) * self._shard].clone()
         return [(mine / self._world).cpu()]
 
+    def _hyper(self, param: int, t: int) -> dict:
+        group = self.param_groups[self._group_of[param]]
+        return dict(lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
+                    weight_decay=group["weight_decay"], step=t)
+
+    def _update_in_one_pass(self, u: _Unit, g, a, b, t: int) -> bool:
+        """One process, a host parameter: the update reads rows `a` and the gradient once and
+        writes rows `b` and the model's parameter in the same pass (fp32: the new master;
+        bf16: it rounded, the gradient read as bf16), so the step moves what an in-place
+        optimizer's does plus the parameter's copy. False where that does not apply (a GPU
+        parameter, a shard, another dtype): the caller updates and copies."""
+        if self._zero or isinstance(g, _GpuGrad):
+            return False
+        i = u.segments[0].param
+        p = self._params[i]
+        if p.is_cuda or not p.is_contiguous() or p.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        hyper = self._hyper(i, t)
+        if p.dtype == torch.float32 and g.dtype == torch.float32:
+            tierd.adamw_step(a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], p_copy=p.detach().view(-1).numpy(),
+                             **hyper)
+            return True
+        if p.dtype == torch.bfloat16 and g.dtype == torch.bfloat16:
+            tierd.adamw_step_bf16(a[0], a[1], a[2], g.view(torch.int16).numpy(), b[0], b[1], b[2],
+                                  p.detach().view(-1).view(torch.int16).numpy(), **hyper)
+            return True
+        return False
+
+    def _batched(self, grads) -> bool:
+        """One process, every parameter with a gradient a contiguous host tensor, float32 with a
+        float32 gradient or bf16 with a bf16 one: the whole update is one tierd.adamw_step_many
+        call. With FSDP2 each unit is one parameter's local shard, so that holds there too."""
+        if self._zero:
+            return False
+        for u, g in zip(self._units, grads):
+            p = self._params[u.segments[0].param]
+            if g is not None and (isinstance(g, _GpuGrad) or p.is_cuda or not p.is_contiguous() or
+                                  p.dtype not in (torch.float32, torch.bfloat16) or g.dtype != p.dtype):
+                return False
+        return True
+
+    def _update_batched(self, outs, ins, grads, t: int) -> None:
+        """Rows `ins` (committed) and the gradients into rows `outs` and the parameters, in one
+        call. The lease views live only in this frame, so the caller can release the leases."""
+        jobs = []
+        for u, g, out, inp in zip(self._units, grads, outs, ins):
+            b, a = out.numpy(), inp.numpy()
+            if g is None:  # no gradient: the state carries over unchanged
+                b[:] = a
+                continue
+            i = u.segments[0].param
+            h = self._hyper(i, t)
+            p = self._params[i].detach().view(-1)
+            if p.dtype == torch.bfloat16:  # bf16 bits: the kernel reads g and writes p as int16
+                g, p = g.view(torch.int16), p.view(torch.int16)
+            jobs.append((a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], p.numpy(), h["lr"], h["beta1"],
+                         h["beta2"], h["eps"], h["weight_decay"]))
+        tierd.adamw_step_many(jobs, step=t)
+
     @torch.no_grad()
     def step(self, closure=None):
         """One AdamW step over every parameter, then the commit. Returns closure()'s loss."""
@@ -437,22 +505,34 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._params = _fsdp.local_views(self._dparams)
             _fsdp.attach_grads(self._dparams, self._params)
         grads = self._gradients()
+        # Every unit's two leases in two round trips (not two per unit); each pair is released
+        # right after its unit's update.
+        outs = self._client.lease_batch([u.tensors[dst] for u in self._units], "o")
+        ins = self._client.lease_batch([u.tensors[src] for u in self._units], "r")
         masters = []
-        for ui, (u, g) in enumerate(zip(self._units, grads)):
+        if self._batched(grads):  # every host parameter in one pass of the threads
+            with contextlib.ExitStack() as held:
+                for lease in (*outs, *ins):
+                    held.enter_context(lease)
+                self._update_batched(outs, ins, grads, t)
+            for ui in range(len(self._units)):
+                _kill_point(self._rank, t, ui)
+            outs = ins = []  # nothing left for the loop below
+        for ui, (u, g) in enumerate(zip(self._units, grads) if outs else ()):
             def update(b, a, u=u, g=g):
                 covered = u.covered
                 if g is None:  # no gradient: the state carries over unchanged
                     b[:] = a
                 else:
                     b[:, covered:] = a[:, covered:]  # the last rank's padding
+                    if self._update_in_one_pass(u, g, a, b, t):
+                        return None  # the kernel wrote the model's parameter too
                     gn = g.wait() if isinstance(g, _GpuGrad) else g.numpy()
                     for s in u.segments:
                         group = self.param_groups[self._group_of[s.param]]
                         lo, hi = s.unit_off, s.unit_off + s.length
                         tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
-                                         b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
-                                         beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
-                                         weight_decay=group["weight_decay"], step=t)
+                                         b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], **self._hyper(s.param, t))
                 if not self._zero:  # straight from the lease into the parameter: no extra copy
                     p = self._params[u.segments[0].param]
                     if self._gpu is not None and p.is_cuda:
@@ -461,7 +541,8 @@ class OffloadAdamW(torch.optim.Optimizer):
                         p.copy_(torch.from_numpy(b[0]).view_as(p))
                     return None
                 return torch.from_numpy(b[0].copy())  # this rank's slice, for the all-gather
-            masters.append(self._leased(u.tensors[dst], "o", update, other=u.tensors[src]))
+            with outs[ui] as out, ins[ui] as inp:
+                masters.append(update(out.numpy(), inp.numpy()))
             _kill_point(self._rank, t, ui)
         if self._zero:
             self._set_params(masters)
