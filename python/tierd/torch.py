@@ -59,7 +59,8 @@ _MASK63 = (1 << 63) - 1
 # A fault-injection point for the crash tests (tests/python/test_offload_adamw.py):
 # TIERD_TORCH_KILL_AT="STEP:WHERE" kills this process with SIGKILL inside step() number STEP:
 # WHERE a number INDEX: right after the new state of unit INDEX (a parameter; the rank's slice
-# when sharded) was written; WHERE "commit": after every update (and the all-gather) and just
+# when sharded) was written; "INDEX:leased": the same, while its leases are still held;
+# WHERE "commit": after every update (and the all-gather) and just
 # before the commit record. TIERD_TORCH_KILL_RANK=R limits it to rank R.
 _KILL_AT = os.environ.get("TIERD_TORCH_KILL_AT", "")
 _KILL_RANK = os.environ.get("TIERD_TORCH_KILL_RANK", "")
@@ -435,6 +436,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                                          b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], lr=group["lr"],
                                          beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"],
                                          weight_decay=group["weight_decay"], step=t)
+                _kill_point(self._rank, t, f"{ui}:leased")
                 if self._world == 1:  # straight from the lease into the parameter: no extra copy
                     p = self._params[u.segments[0].param]
                     if self._gpu is not None and p.is_cuda:
