@@ -98,6 +98,8 @@ TEST_CASE("config: errors name the problem") {
   expect_err("nvme_flush_behind = \"fast\"", "nvme_flush_behind");
   expect_err("state_dir = \"\"", "state_dir");
   expect_err("ram = \"1G\"\nram = \"2G\"", "line 2");
+  expect_err("snapshot_free_floor = \"lots\"", "snapshot_free_floor");
+  expect_err("journal_reserve = -1", "journal_reserve");
   expect_err("[section]\nx = 1", "unknown config key 'section'");
   expect_err("ram = \"1G", "syntax error");
 }
@@ -148,6 +150,8 @@ TEST_CASE("config: the shipped example parses and equals the defaults") {
   CHECK(c->max_leases_per_client == d.max_leases_per_client);
   CHECK(c->nvme_hash_threads == d.nvme_hash_threads);
   CHECK(c->nvme_flush_behind == d.nvme_flush_behind);
+  CHECK(c->snapshot_free_floor == d.snapshot_free_floor);
+  CHECK(c->journal_reserve == d.journal_reserve);
   // The commented nvme example is itself valid.
   std::string uncommented = ss.str();
   for (std::string from : {"# nvme = [", "#   { path = \"/mnt/nvme0/tierd\", numa_node = 0 },",
