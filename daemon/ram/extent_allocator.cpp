@@ -1,5 +1,7 @@
 #include "daemon/ram/extent_allocator.hpp"
 
+#include <algorithm>
+
 #include <iterator>
 
 namespace tier::daemon {
@@ -89,6 +91,17 @@ bool ExtentAllocator::reserve(uint64_t offset, uint64_t size) {
   if (off + len > offset + size) insert_free(offset + size, off + len - offset - size);
   used_ += size;
   return true;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> ExtentAllocator::free_within(uint64_t begin, uint64_t end) const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  auto it = by_offset_.upper_bound(begin);
+  if (it != by_offset_.begin()) --it;
+  for (; it != by_offset_.end() && it->first < end; ++it) {
+    const uint64_t b = std::max(begin, it->first), e = std::min(end, it->first + it->second);
+    if (b < e) out.emplace_back(b, e - b);
+  }
+  return out;
 }
 
 uint64_t ExtentAllocator::largest_free() const noexcept {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "tier/types.hpp"
 
@@ -35,6 +36,9 @@ class ExtentAllocator {
   // Marks a specific range allocated (re-attaching a catalog after a restart). False when
   // any part of it is not free.
   bool reserve(uint64_t offset, uint64_t size);
+
+  // The free ranges within [begin, end), clipped to it, in offset order (compaction).
+  [[nodiscard]] std::vector<std::pair<uint64_t, uint64_t>> free_within(uint64_t begin, uint64_t end) const;
 
   uint64_t capacity() const noexcept { return capacity_; }
   uint64_t used() const noexcept { return used_; }

@@ -1,5 +1,7 @@
 #include "daemon/ram/ram_tier.hpp"
 
+#include <cstring>
+
 #include "daemon/log.hpp"
 #include "wire/errors.hpp"
 #include "wire/sizes.hpp"
@@ -35,7 +37,7 @@ uint64_t RamTier::used() const noexcept {
   return u;
 }
 
-Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
+Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size, bool packed) {
   NodeUsage* nu = usage(node);
   if (!nu) return fail(Code::kInvalidArgument, "NUMA node " + std::to_string(node) + " has no RAM tier");
   uint64_t gran = ExtentAllocator::kGranule;
@@ -64,6 +66,7 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
     ++generation_;
   }
   auto off = it->second.alloc.allocate(need, align);
+  if (!off && packed && align > gran) off = it->second.alloc.allocate(need, gran);
   if (!off)
     return fail(Code::kResourceExhausted, "pool '" + pool.name + "': no free range of " + format_size(need) +
                                               " in its arena on node " + std::to_string(node) + " (" +
@@ -80,6 +83,31 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
   nu->used += need;
   nu->tensors += 1;
   return RamLocation{id, node, *off, need};
+}
+
+ExtentAllocator* RamTier::allocator(uint64_t id) noexcept {
+  auto it = arenas_.find(id);
+  return it == arenas_.end() ? nullptr : &it->second.alloc;
+}
+
+uint64_t RamTier::alignment_for(uint64_t length) const noexcept {
+  return length >= opts_.alignment ? opts_.alignment : ExtentAllocator::kGranule;
+}
+
+Result<RamLocation> RamTier::move_down(const RamLocation& loc, uint64_t offset) {
+  auto it = arenas_.find(loc.arena_id);
+  if (it == arenas_.end()) return fail(Code::kInternal, "move: no arena " + std::to_string(loc.arena_id));
+  ExtentAllocator& alloc = it->second.alloc;
+  if (offset >= loc.offset || !alloc.free(loc.offset, loc.length)) return fail(Code::kInvalidArgument, "move: bad range");
+  if (!alloc.reserve(offset, loc.length)) {
+    (void)alloc.reserve(loc.offset, loc.length);  // just freed: cannot fail
+    return fail(Code::kInvalidArgument, "move: the range below is not free");
+  }
+  std::byte* base = it->second.arena->base();
+  std::memmove(base + offset, base + loc.offset, loc.length);
+  RamLocation moved = loc;
+  moved.offset = offset;
+  return moved;
 }
 
 void RamTier::release(Pool& pool, const RamLocation& loc) {
