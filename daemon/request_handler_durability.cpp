@@ -33,10 +33,11 @@ Status charge_snapshot(DaemonState& st, const Pool& p) {
       if (q && q->owner_uid == p.owner_uid) used += q->nvme_used + d.snapshot_bytes(q->id);
     }
     if (used > uq || uq - used < need)
-      return Status(Code::kResourceExhausted,
-                    "snapshot of pool '" + p.name + "' refused: it needs " + format_size(need) + " and uid " +
-                        std::to_string(p.owner_uid) + " uses " + format_size(used) + " of its NVMe quota of " +
-                        format_size(uq) + " (uid_nvme_quota) in NVMe copies and snapshots");
+      return Status(Code::kResourceExhausted, "snapshot of pool '" + p.name + "' refused: it needs " +
+                                                  format_size(need) + " and uid " +
+                                                  std::to_string(p.owner_uid) + " uses " + format_size(used) +
+                                                  " of its NVMe quota of " + format_size(uq) +
+                                                  " (uid_nvme_quota) in NVMe copies and snapshots");
   }
   return Status::ok();
 }

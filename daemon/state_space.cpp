@@ -18,7 +18,7 @@ Result<StateSpace> StateSpace::open(const std::string& state_dir, const std::str
                                     const std::string& reserve_text) {
   StateSpace s;
   s.dir_ = state_dir;
-  struct statvfs vfs {};
+  struct statvfs vfs{};
   if (::statvfs(state_dir.c_str(), &vfs) != 0) return fail(Status::from_errno(errno, "statvfs " + state_dir));
   const uint64_t total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
   auto floor = parse_size(floor_text, total);
@@ -62,8 +62,8 @@ Status StateSpace::take_reserve() {
   // fallocate, not ftruncate: the blocks must really be taken from the file system.
   if (int err = ::posix_fallocate(fd_, 0, static_cast<off_t>(reserve_)); err != 0) {
     (void)::ftruncate(fd_, 0);
-    return Status::from_errno(err, "journal_reserve: preallocate " + format_size(reserve_) + " in " +
-                                       reserve_path_);
+    return Status::from_errno(
+        err, "journal_reserve: preallocate " + format_size(reserve_) + " in " + reserve_path_);
   }
   if (::fdatasync(fd_) != 0) return Status::from_errno(errno, "fdatasync " + reserve_path_);
   held_ = true;
@@ -74,14 +74,15 @@ bool StateSpace::release_reserve() {
   if (fd_ < 0 || !held_ || reserve_ == 0) return false;
   if (::ftruncate(fd_, 0) != 0) return false;
   held_ = false;
-  log_warn("the state dir's file system {} is full: released the journal's reserve of {}; snapshots are "
-           "refused until it can be taken again",
-           dir_, format_size(reserve_));
+  log_warn(
+      "the state dir's file system {} is full: released the journal's reserve of {}; snapshots are "
+      "refused until it can be taken again",
+      dir_, format_size(reserve_));
   return true;
 }
 
 Result<uint64_t> StateSpace::free_bytes() const {
-  struct statvfs vfs {};
+  struct statvfs vfs{};
   if (::statvfs(dir_.c_str(), &vfs) != 0) return fail(Status::from_errno(errno, "statvfs " + dir_));
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
@@ -104,11 +105,12 @@ Status StateSpace::admit(uint64_t bytes, uint64_t pending) {
   }
   const uint64_t need = bytes + pending;
   if (*free < floor_ || *free - floor_ < need)
-    return Status(Code::kResourceExhausted,
-                  "snapshot refused: it needs " + format_size(bytes) +
-                      (pending > 0 ? " (and snapshots being written " + format_size(pending) + ")" : std::string()) +
-                      " of the state dir's file system, which has " + format_size(*free) +
-                      " free and keeps " + format_size(floor_) + " free (snapshot_free_floor)");
+    return Status(
+        Code::kResourceExhausted,
+        "snapshot refused: it needs " + format_size(bytes) +
+            (pending > 0 ? " (and snapshots being written " + format_size(pending) + ")" : std::string()) +
+            " of the state dir's file system, which has " + format_size(*free) + " free and keeps " +
+            format_size(floor_) + " free (snapshot_free_floor)");
   return Status::ok();
 }
 

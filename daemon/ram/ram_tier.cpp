@@ -98,7 +98,8 @@ Result<RamLocation> RamTier::move_down(const RamLocation& loc, uint64_t offset) 
   auto it = arenas_.find(loc.arena_id);
   if (it == arenas_.end()) return fail(Code::kInternal, "move: no arena " + std::to_string(loc.arena_id));
   ExtentAllocator& alloc = it->second.alloc;
-  if (offset >= loc.offset || !alloc.free(loc.offset, loc.length)) return fail(Code::kInvalidArgument, "move: bad range");
+  if (offset >= loc.offset || !alloc.free(loc.offset, loc.length))
+    return fail(Code::kInvalidArgument, "move: bad range");
   if (!alloc.reserve(offset, loc.length)) {
     (void)alloc.reserve(loc.offset, loc.length);  // just freed: cannot fail
     return fail(Code::kInvalidArgument, "move: the range below is not free");

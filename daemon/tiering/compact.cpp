@@ -36,7 +36,8 @@ uint64_t NvmeTier::pack(Pool& pool, uint64_t arena, bool keep_alignment, uint64_
   std::vector<Tensor*> in;  // the pool's tensors in this arena, by offset
   for (auto& [id, t] : pool.tensors)
     if (t.ram && t.ram->arena_id == arena) in.push_back(&t);
-  std::sort(in.begin(), in.end(), [](const Tensor* a, const Tensor* b) { return a->ram->offset < b->ram->offset; });
+  std::sort(in.begin(), in.end(),
+            [](const Tensor* a, const Tensor* b) { return a->ram->offset < b->ram->offset; });
   uint64_t pos = 0, moved = 0;
   for (Tensor* t : in) {
     const RamLocation r = *t->ram;
@@ -69,8 +70,9 @@ bool NvmeTier::compact(Pool& pool, int32_t node, uint64_t size) {
   uint64_t moved = pack(pool, aid, /*keep_alignment=*/true, bytes);
   if (alloc->largest_free() < need) moved += pack(pool, aid, /*keep_alignment=*/false, bytes);
   if (moved > 0)
-    log_info("pool '{}': compacted its arena on node {}: moved {} tensors ({}); largest free range {}, {} needed",
-             pool.name, node, moved, format_size(bytes), format_size(alloc->largest_free()), format_size(need));
+    log_info(
+        "pool '{}': compacted its arena on node {}: moved {} tensors ({}); largest free range {}, {} needed",
+        pool.name, node, moved, format_size(bytes), format_size(alloc->largest_free()), format_size(need));
   return moved > 0 && alloc->largest_free() >= need;
 }
 

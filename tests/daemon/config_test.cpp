@@ -119,20 +119,21 @@ TEST_CASE("config: non-ASCII text outside strings and comments is refused before
   REQUIRE_FALSE(c);
   CHECK(c.error().message().find("line 3") != std::string::npos);
   // Strings and comments may hold UTF-8, also across multi-line strings and escapes.
-  auto ok = parse_config("# \xd1\x89 comment\nstate_dir = \"/var/lib/t\xd1\x89\" # \xc2\xa1\n"
-                         "socket = '/run/\xd1\x89'\n");
+  auto ok = parse_config(
+      "# \xd1\x89 comment\nstate_dir = \"/var/lib/t\xd1\x89\" # \xc2\xa1\n"
+      "socket = '/run/\xd1\x89'\n");
   INFO((ok ? std::string() : ok.error().message()));
   REQUIRE(ok);
   CHECK(ok->state_dir == "/var/lib/t\xd1\x89");
   using tier::toml_text::text_problem;
   CHECK_FALSE(text_problem("a = \"\"\"x\n\xd1\x89 \\\" \"\"\"\"\"\nb = 1"));
   CHECK_FALSE(text_problem("a = '''x\n\xd1\x89'''\nb = \"\\\"\xd1\x89\""));
-  CHECK(text_problem("a = \"\"\"x\"\"\" \xd1\x89"));   // after the string closed
-  CHECK(text_problem("a = \"x\\\"\" \xd1\x89"));       // \" inside, then the close
-  CHECK(text_problem("a = \"\xd1\""));                 // truncated UTF-8
+  CHECK(text_problem("a = \"\"\"x\"\"\" \xd1\x89"));  // after the string closed
+  CHECK(text_problem("a = \"x\\\"\" \xd1\x89"));      // \" inside, then the close
+  CHECK(text_problem("a = \"\xd1\""));                // truncated UTF-8
   CHECK(text_problem("a = \"\xc0\x80\""));            // overlong
-  CHECK(text_problem("a = \"\xed\xa0\x80\""));       // a surrogate
-  CHECK(text_problem("a = \"x\n\xd1\x89"));          // an unterminated string ends at its line
+  CHECK(text_problem("a = \"\xed\xa0\x80\""));        // a surrogate
+  CHECK(text_problem("a = \"x\n\xd1\x89"));           // an unterminated string ends at its line
 }
 
 TEST_CASE("config: the shipped example parses and equals the defaults") {

@@ -51,7 +51,8 @@ TEST_CASE("every acknowledged tensor stays leasable when free RAM is fragmented"
   // about 1.5 MiB (packed at 4 KiB in RAM) until the tiers are full: RAM holds them dirty, and
   // NVMe has no room to write them back.
   for (int i = 0; i < 50; ++i)
-    REQUIRE(put(*c, "b" + std::to_string(i), (4u << 20) - 4096u * static_cast<uint64_t>((i * 37) % 100) - 1237u,
+    REQUIRE(put(*c, "b" + std::to_string(i),
+                (4u << 20) - 4096u * static_cast<uint64_t>((i * 37) % 100) - 1237u,
                 1000 + static_cast<uint64_t>(i), acked));
   const size_t bigs = acked.size();
   for (int i = 0; i < 400; ++i)

@@ -130,7 +130,8 @@ TEST_CASE("kill -9 and --resume at once, before tierd handled the hang-up, give 
   tier::test::TestDaemon daemon(o);
   REQUIRE(daemon.running());
   const std::string base =
-      "--model tiny --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1 --state tier --socket " + daemon.socket();
+      "--model tiny --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1 --state tier --socket " +
+      daemon.socket();
   const std::map<long, double> want = losses_by_step(run_trainer(2, base + " --job ref"), 6);
   const auto [a, b] = kill_and_resume(base, " --job crash", "4:optimizer:1");
   CHECK(b.steps.back() == 6);
