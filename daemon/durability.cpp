@@ -79,7 +79,7 @@ Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, Recove
   OpenReport orep;
   auto j = Journal::open(jdir, JournalOptions{}, d->image_.replayer(), &orep);
   if (!j) {
-    Status e = j.error();
+    const Status& e = j.error();
     return fail(e.code(), "journal " + jdir + "/" + std::string(Journal::kFileName) + ": " + e.message());
   }
   d->journal_ = std::move(*j);
