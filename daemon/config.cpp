@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "daemon/toml_text.hpp"
 #include "tier/types.hpp"
 #include "wire/errors.hpp"
 #include "wire/sizes.hpp"
@@ -211,6 +212,8 @@ Status apply_table(const toml::table& tbl, Config& c) {
     } else if (key == "metrics_http_per_pool") st = get_bool(key, v, c.metrics_http_per_pool);
     else if (key == "max_waiters_per_client") st = get_u32(key, v, c.max_waiters_per_client, 1);
     else if (key == "lease_reclaim_timeout_ms") st = get_u32(key, v, c.lease_reclaim_timeout_ms, 0);
+    else if (key == "snapshot_free_floor") st = get_size(key, v, c.snapshot_free_floor);
+    else if (key == "journal_reserve") st = get_size(key, v, c.journal_reserve);
     else if (key == "max_plan_uses") st = get_u32(key, v, c.max_plan_uses, 1);
     else if (key == "metrics_listen") {
       st = get_string(key, v, c.metrics_listen);
@@ -247,6 +250,9 @@ Status check_alignment(const std::string& text) {
 
 Result<Config> parse_config(std::string_view toml_text) {
   Config c;
+  // toml++ 3.3.0 has undefined behaviour on some non-ASCII text outside strings (toml_text.hpp).
+  if (auto bad = ::tier::toml_text::text_problem(toml_text); bad)
+    return fail(Code::kInvalidArgument, "config syntax error at " + *bad);
   try {
     toml::table tbl = toml::parse(toml_text, std::string_view("config"));
     Status st = apply_table(tbl, c);

@@ -70,11 +70,16 @@ Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, Recove
     return fail(Code::kIo, "cannot create " + d->snapshot_root() + ": " + st.message());
   d->efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (d->efd_ < 0) return fail(Status::from_errno(errno, "eventfd"));
+  if (!d->deps_.snapshot_free_floor.empty()) {  // before anything is appended
+    auto space = StateSpace::open(d->deps_.state_dir, d->deps_.snapshot_free_floor, d->deps_.journal_reserve);
+    if (!space) return fail(space.error());
+    d->space_ = std::move(*space);
+  }
 
   OpenReport orep;
   auto j = Journal::open(jdir, JournalOptions{}, d->image_.replayer(), &orep);
   if (!j) {
-    Status e = j.error();
+    const Status& e = j.error();
     return fail(e.code(), "journal " + jdir + "/" + std::string(Journal::kFileName) + ": " + e.message());
   }
   d->journal_ = std::move(*j);
@@ -288,6 +293,10 @@ void Durability::append(const Record& r) {
     return;
   }
   auto seq = journal_->append(r);
+  // A full disk (something else filled it: snapshots keep above a floor): the journal's
+  // reserve goes back to the file system and the append is tried again.
+  if (!seq && seq.error().code() == Code::kResourceExhausted && space_.release_reserve())
+    seq = journal_->append(r);
   if (seq && ack) ack_seq_ = *seq;
   if (seq && !lease) sync_seq_ = *seq;
   if (!seq) {

@@ -63,6 +63,7 @@
 #include "daemon/journal/journal.hpp"
 #include "daemon/residency_log.hpp"
 #include "daemon/snapshot_writer.hpp"
+#include "daemon/state_space.hpp"
 #include "tier/status.hpp"
 
 namespace tier::nvme {
@@ -110,6 +111,9 @@ struct DurabilityDeps {
   // Where a tensor evicted to NVMe comes back when its pool has no arena (the first node).
   int32_t default_node = 0;
   const nvme::Engine* nvme = nullptr;  // null without an NVMe tier
+  // The state dir's space (daemon/state_space.hpp): config text of snapshot_free_floor and
+  // journal_reserve; empty floor: no floor and no reserve (tests of the journal alone).
+  std::string snapshot_free_floor, journal_reserve;
 };
 
 class Durability final : public ResidencyLog {
@@ -192,6 +196,12 @@ class Durability final : public ResidencyLog {
   [[nodiscard]] Result<RestoreCounts> restore_snapshot(Pool& pool, uint64_t snapshot_id,
                                                        const RestoreHooks& hooks);
   bool snapshot_running(uint64_t pool_id) const;
+  // What a snapshot of `pool` taken now writes to the state dir, about (data and manifest).
+  [[nodiscard]] static uint64_t snapshot_estimate(const Pool& pool);
+  // Bytes of `pool_id`'s snapshots in the state dir: the durable ones and one being written
+  // (its estimate). Charged to the pool's and its owner's NVMe quotas.
+  [[nodiscard]] uint64_t snapshot_bytes(uint64_t pool_id) const;
+  const StateSpace& space() const noexcept { return space_; }
   // Before a write lease on `tensors` is decided: those a running snapshot has not copied yet
   // are handed to its writer now and pinned, so the lease waits (conflict) until they are in
   // the snapshot. Cheap when no snapshot runs.
@@ -229,6 +239,7 @@ class Durability final : public ResidencyLog {
     uint64_t in_flight = 0, in_flight_bytes = 0;
     bool finishing = false;
     uint64_t bytes = 0, stall_us = 0;
+    uint64_t estimate = 0;  // snapshot_estimate() at the start: what it may still write
     uint32_t keep = 1;
     uint16_t reply_type = 0;
     std::unique_ptr<SnapshotWriter> writer;
@@ -264,6 +275,7 @@ class Durability final : public ResidencyLog {
 
   DurabilityDeps deps_;
   std::unordered_map<uint64_t, uint64_t> next_snapshot_ids_;  // by pool id (next_snapshot_id())
+  StateSpace space_;
   std::unique_ptr<journal::Journal> journal_;
   journal::CatalogImage image_;
   Status failed_;

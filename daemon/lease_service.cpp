@@ -84,6 +84,10 @@ bool LeaseService::snapshot_pinned() const {
   return state_.durable && state_.durable->pinned(scratch_tensors_);
 }
 
+bool LeaseService::holders_gone(LeaseMode mode) const {
+  return peer_gone_ && state_.leases.conflicts_only_with(mode, scratch_tensors_, peer_gone_);
+}
+
 Status LeaseService::grant(Session& s, LeaseMode mode, uint32_t request_id, std::vector<std::byte>& out) {
   scratch_ids_.clear();
   // The grant hands out t->ram; a tensor that left RAM since it was checked would hand out an
@@ -162,8 +166,10 @@ LeaseService::Outcome LeaseService::request(Session& s, uint32_t request_id, con
     latency_.observe(now_ns() - t_receipt);
     return {Status::ok()};
   }
-  // A snapshot's pin is not a client's lease: a fail-fast lease waits for it (one tensor copy).
-  if (st.code() != Code::kBusy || (req.timeout_ms == 0 && !snapshot_pinned())) return {st};
+  // A snapshot's pin is not a client's lease: a fail-fast lease waits for it (one tensor copy),
+  // and for the leases of clients that hung up (their sessions close in this iteration).
+  if (st.code() != Code::kBusy || (req.timeout_ms == 0 && !snapshot_pinned() && !holders_gone(mode)))
+    return {st};
   if (s.waiting >= state_.config.max_waiters_per_client)
     return {Status(Code::kResourceExhausted,
                    "this client has " + std::to_string(s.waiting) + " lease requests waiting; the limit is " +
@@ -208,7 +214,7 @@ void LeaseService::retry_waiters() {
       }
     }
     if (st) st = grant(s, w.mode, w.request_id, deferred_buf_);
-    if (!st && st.code() == Code::kBusy && (!w.fail_fast || snapshot_pinned())) {
+    if (!st && st.code() == Code::kBusy && (!w.fail_fast || snapshot_pinned() || holders_gone(w.mode))) {
       if (state_.tiering) state_.tiering->pin(w.tensor_ids);
       return false;  // still waiting
     }

@@ -33,6 +33,12 @@ class LeaseService {
   explicit LeaseService(DaemonState& state);
 
   void set_deferred_sink(DeferredSink sink) { sink_ = std::move(sink); }
+  // Whether a session's client has hung up though the server has not closed the session yet
+  // (its hang-up is pending). A fail-fast lease that conflicts only with leases of such
+  // sessions waits for them to close instead of answering kBusy: a job killed and restarted at
+  // once must find its tensors free. The server closes such a session soon after saying so.
+  using PeerGone = std::function<bool(uint64_t session_id)>;
+  void set_peer_gone(PeerGone f) { peer_gone_ = std::move(f); }
   const DeferredSink& deferred_sink() const noexcept { return sink_; }
 
   void session_opened(Session& s);
@@ -76,9 +82,13 @@ class LeaseService {
   void wait(const Session& s, uint32_t request_id, const wire::LeaseReq& req, bool io);
   // Whether a running snapshot pins one of scratch_tensors_ while it copies it.
   [[nodiscard]] bool snapshot_pinned() const;
+  // Whether every lease that conflicts with scratch_tensors_ in `mode` is held by a session
+  // whose client is gone (PeerGone).
+  [[nodiscard]] bool holders_gone(LeaseMode mode) const;
 
   DaemonState& state_;
   DeferredSink sink_;
+  PeerGone peer_gone_;
   std::unordered_map<uint64_t, Session*> sessions_;
   // Hot-path scratch, reused so that lease and release allocate nothing in steady state.
   std::vector<Tensor*> scratch_tensors_;

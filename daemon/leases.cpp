@@ -2,6 +2,7 @@
 #include "wire/errors.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace tier::daemon {
 
@@ -39,6 +40,32 @@ Status LeaseTable::check(LeaseMode mode, std::span<Tensor* const> tensors) const
       return Status(Code::kInvalidArgument, "tensor '" + dup->name + "' appears twice in one write lease");
   }
   return Status::ok();
+}
+
+bool LeaseTable::conflicts_only_with(LeaseMode mode, std::span<Tensor* const> tensors,
+                                     const std::function<bool(uint64_t)>& gone) const {
+  // Conflicts each tensor has, minus those explained by leases of gone sessions.
+  std::unordered_map<uint64_t, uint64_t> unexplained;
+  for (const Tensor* t : tensors) {
+    uint64_t n = t->writer ? 1 : 0;
+    if (is_write(mode)) n += t->readers;
+    if (n > 0) unexplained[t->id] = n;
+  }
+  if (unexplained.empty()) return false;
+  std::unordered_map<uint64_t, bool> asked;  // gone() once per session: it may cost a syscall
+  for (const Slot& sl : slots_) {
+    if (!sl.live) continue;
+    auto it = unexplained.find(sl.lease.tensor_id);
+    if (it == unexplained.end()) continue;
+    if (mode == LeaseMode::kRead && sl.lease.mode == LeaseMode::kRead) continue;  // no conflict
+    auto [known, fresh] = asked.try_emplace(sl.lease.session_id, false);
+    if (fresh) known->second = gone(sl.lease.session_id);
+    if (!known->second) return false;
+    if (it->second > 0) it->second--;
+  }
+  for (const auto& [id, n] : unexplained)
+    if (n > 0) return false;
+  return true;
 }
 
 Status LeaseTable::acquire(SessionLeases& s, LeaseMode mode, std::span<Tensor* const> tensors,

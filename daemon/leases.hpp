@@ -73,6 +73,12 @@ class LeaseTable {
   // Called with every write lease as it ends (release, release_all), before the tensor's
   // writer flag is cleared; not for transfer(). The daemon journals the end (lease_reclaim.hpp).
   std::function<void(const Lease&)> on_write_end;
+  // Whether every lease that keeps `tensors` from being leased in `mode` belongs to a session
+  // for which `gone(session_id)` is true (and at least one does). A tensor whose conflict no
+  // live lease explains (a write lease from before a restart, daemon/lease_reclaim.hpp) makes it
+  // false. Scans every live lease: for the conflict path only.
+  [[nodiscard]] bool conflicts_only_with(LeaseMode mode, std::span<Tensor* const> tensors,
+                                         const std::function<bool(uint64_t)>& gone) const;
   // The live lease or nullptr.
   [[nodiscard]] const Lease* find(uint64_t lease_id) const noexcept;
   uint64_t live() const noexcept { return live_; }

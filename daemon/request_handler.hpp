@@ -55,6 +55,7 @@ class RequestHandler {
   ~RequestHandler();
 
   void set_deferred_sink(DeferredSink sink) { leases_.set_deferred_sink(std::move(sink)); }
+  void set_peer_gone(LeaseService::PeerGone f) { leases_.set_peer_gone(std::move(f)); }
   // Sessions are registered while their connection is open; `s` must outlive the registration.
   void session_opened(Session& s);
   // Releases the session's leases, drops its waiters and retries the others.

@@ -5,10 +5,44 @@
 #include "daemon/request_util.hpp"
 #include "daemon/tiering/nvme_tier.hpp"
 #include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 
 using namespace tier::wire;
+
+namespace {
+
+// Snapshots live in the state dir and are charged to the pool's NVMe quota and its owner's
+// uid_nvme_quota (with the pools' NVMe copies): one uid cannot fill the disk with them.
+Status charge_snapshot(DaemonState& st, const Pool& p) {
+  const Durability& d = *st.durable;
+  const uint64_t need = Durability::snapshot_estimate(p);
+  const uint64_t quota = st.tiering ? st.tiering->nvme_quota(p) : p.nvme_quota;
+  const uint64_t snaps = d.snapshot_bytes(p.id);
+  if (quota > 0 && (p.nvme_used + snaps > quota || quota - p.nvme_used - snaps < need))
+    return Status(Code::kResourceExhausted,
+                  "snapshot of pool '" + p.name + "' refused: it needs " + format_size(need) +
+                      " of the pool's NVMe quota of " + format_size(quota) + ", which holds " +
+                      format_size(p.nvme_used) + " of NVMe copies and " + format_size(snaps) +
+                      " of snapshots (snapshots count against the NVMe quota: keep fewer)");
+  if (const uint64_t uq = st.sizes.uid_nvme_quota; uq > 0) {
+    uint64_t used = 0;
+    for (const auto& [name, id] : st.catalog.pool_names()) {
+      const Pool* q = st.catalog.find_pool(id);
+      if (q && q->owner_uid == p.owner_uid) used += q->nvme_used + d.snapshot_bytes(q->id);
+    }
+    if (used > uq || uq - used < need)
+      return Status(Code::kResourceExhausted, "snapshot of pool '" + p.name + "' refused: it needs " +
+                                                  format_size(need) + " and uid " +
+                                                  std::to_string(p.owner_uid) + " uses " + format_size(used) +
+                                                  " of its NVMe quota of " + format_size(uq) +
+                                                  " (uid_nvme_quota) in NVMe copies and snapshots");
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Result<Pool*> RequestHandler::snapshot_pool(const Session& s, const std::string& name) {
   auto pr = pool_for(s, name, PoolAccess::kUse);
@@ -21,6 +55,7 @@ void RequestHandler::take_snapshot(Session& s, const Header& h, const std::strin
                                    uint32_t keep, Reply& out) {
   auto pr = snapshot_pool(s, pool);
   if (!pr) return reply_err(h, pr.error(), out);
+  if (Status st = charge_snapshot(state_, **pr); !st) return reply_err(h, st, out);
   if (Status st = state_.durable->start_snapshot(**pr, s.id, h.request_id, h.type, tag, keep); !st)
     return reply_err(h, st, out);
   out.deferred = true;  // answered by Durability::poll once the snapshot is durable

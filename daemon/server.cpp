@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <malloc.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -13,7 +14,9 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -91,13 +94,24 @@ struct Server::Impl {
   // Reply bytes queued per uid, over its connections (max_reply_bytes_per_uid).
   std::unordered_map<uid_t, uint64_t> uid_queued;
   bool trim_due = false;
+  // Test knob TIERD_TEST_HANGUP_DELAY_MS: a client's hang-up is handled this long after it is
+  // read, so tests can make "a request served before the hang-up" deterministic (docs/daemon.md).
+  std::chrono::milliseconds hangup_delay{0};
+  struct DelayedHangup {
+    uint64_t sid;
+    Clock::time_point due;
+  };
+  std::deque<DelayedHangup> delayed_hangups;
 
   Impl(DaemonState& s, std::string p) : st(s), handler(s), path(std::move(p)) {
     handler.set_deferred_sink([this](uint64_t sid, std::span<const std::byte> bytes) {
       auto it = conns.find(sid);
       if (it != conns.end()) send(*it->second, bytes, -1);
     });
+    handler.set_peer_gone([this](uint64_t sid) { return peer_gone(sid); });
     rbuf.resize(wire::kMaxMessageBytes + 1);
+    if (const char* e = std::getenv("TIERD_TEST_HANGUP_DELAY_MS"); e && *e)
+      hangup_delay = std::chrono::milliseconds(std::strtoul(e, nullptr, 10));
   }
 
   ~Impl() {
@@ -161,6 +175,43 @@ struct Server::Impl {
     if (c.dead) return;
     c.dead = true;
     to_close.push_back(c.session.id);
+  }
+
+  // The client closed its end (read returned 0, or the socket reports a hang-up).
+  void hang_up(Conn& c) {
+    if (hangup_delay.count() <= 0 || c.dead) return kill(c);
+    ::epoll_ctl(epfd, EPOLL_CTL_DEL, c.fd, nullptr);
+    delayed_hangups.push_back({c.session.id, Clock::now() + hangup_delay});
+  }
+
+  // The delayed hang-ups that are due are handled; returns the epoll_wait timeout (ms) until
+  // the next one, or -1.
+  int handle_delayed_hangups() {
+    const auto now = Clock::now();
+    while (!delayed_hangups.empty() && delayed_hangups.front().due <= now) {
+      if (auto it = conns.find(delayed_hangups.front().sid); it != conns.end()) kill(*it->second);
+      delayed_hangups.pop_front();
+    }
+    if (!to_close.empty()) return 0;  // closed at the end of the next iteration: do not block
+    if (delayed_hangups.empty()) return -1;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(delayed_hangups.front().due - now).count();
+    return static_cast<int>(std::max<int64_t>(ms, 0));
+  }
+
+  // LeaseService::PeerGone: whether session `sid`'s client has hung up (both directions shut:
+  // it closed the socket or died). When it left nothing unread, the session is closed at the
+  // end of this iteration; otherwise the loop reads what is left first, then sees the close.
+  bool peer_gone(uint64_t sid) {
+    auto it = conns.find(sid);
+    if (it == conns.end()) return false;
+    Conn& c = *it->second;
+    if (c.dead) return true;
+    pollfd p{c.fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & (POLLHUP | POLLERR))) return false;
+    char b;
+    ssize_t n = ::recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) kill(c);
+    return true;
   }
 
   // Sends now, or queues when the socket is full. `pass_fd` is borrowed.
@@ -308,7 +359,7 @@ struct Server::Impl {
         }
       }
       if (n == 0) {
-        kill(c);
+        hang_up(c);
         return;
       }
       std::span<const std::byte> dgram(rbuf.data(), static_cast<size_t>(n));
@@ -478,7 +529,7 @@ Status Server::run() {
   bool stop = false;
   while (!stop) {
     m.arm_lease_timer();
-    int n = ::epoll_wait(m.epfd, events, 64, -1);
+    int n = ::epoll_wait(m.epfd, events, 64, m.handle_delayed_hangups());
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status::from_errno(errno, "epoll_wait");
@@ -517,7 +568,7 @@ Status Server::run() {
         if (events[i].events & EPOLLOUT) m.flush(c);
         if (events[i].events & EPOLLIN) m.read_conn(c);
         if (events[i].events & (EPOLLERR | EPOLLHUP)) {
-          if (!(events[i].events & EPOLLIN)) m.kill(c);
+          if (!(events[i].events & EPOLLIN)) m.hang_up(c);
           else m.read_conn(c);  // drain what is left; read sees the close
         }
       }

@@ -75,8 +75,14 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
     return Status(Code::kBusy, "pool '" + pool.name + "' has " + std::to_string(writers) +
                                    " write leases held; a snapshot needs a point where nothing "
                                    "writes (retry after they are released)");
+  // The state dir's space: a tenant's snapshots must not fill what the journal needs.
+  const uint64_t estimate = snapshot_estimate(pool);
+  uint64_t pending = 0;
+  for (const auto& j : jobs_) pending += j->estimate;
+  if (Status st = space_.admit(estimate, pending); !st) return st;
   auto t0 = std::chrono::steady_clock::now();
   auto job = std::make_unique<Job>();
+  job->estimate = estimate;
   job->pool_id = pool.id;
   job->snapshot_id = next_snapshot_id(pool.id);
   job->session_id = session_id;
@@ -114,6 +120,23 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
            job->entries.size(), format_size(off));
   jobs_.push_back(std::move(job));
   return Status::ok();
+}
+
+uint64_t Durability::snapshot_estimate(const Pool& pool) {
+  uint64_t bytes = 4096;  // the manifest's header and the directories
+  for (const auto& [id, t] : pool.tensors)
+    bytes += t.size + 256 + t.name.size() + 8 * t.shape.size();  // data and manifest record
+  return bytes;
+}
+
+uint64_t Durability::snapshot_bytes(uint64_t pool_id) const {
+  uint64_t bytes = 0;
+  if (auto it = image_.pools().find(pool_id); it != image_.pools().end())
+    for (const auto& [sid, snap] : it->second.snapshots)
+      if (snap.durable) bytes += snap.bytes;
+  for (const auto& j : jobs_)
+    if (j->pool_id == pool_id) bytes += j->estimate;
+  return bytes;
 }
 
 void Durability::hand_out(Job& job, uint64_t id, bool urgent) {

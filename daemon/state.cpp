@@ -42,9 +42,13 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
 }
 
 Status open_durability(DaemonState& st, RecoveryReport* report) {
-  DurabilityDeps deps{st.catalog, *st.ram, st.config.state_dir,
+  DurabilityDeps deps{st.catalog,
+                      *st.ram,
+                      st.config.state_dir,
                       st.topology.nodes.empty() ? 0 : st.topology.nodes.front().id,
-                      st.tiering ? &st.tiering->engine() : nullptr};
+                      st.tiering ? &st.tiering->engine() : nullptr,
+                      st.config.snapshot_free_floor,
+                      st.config.journal_reserve};
   auto d = Durability::open(std::move(deps), report);
   if (!d) return d.error();
   // Write leases held when the previous tierd died stay reserved for their holders.

@@ -37,7 +37,8 @@ class ExtentAllocator {
   // any part of it is not free.
   bool reserve(uint64_t offset, uint64_t size);
 
-  // The free parts of [begin, end), ascending, as (offset, length). O(log n + parts).
+  // The free parts of [begin, end), clipped to it, ascending, as (offset, length) (pins,
+  // compaction). O(log n + parts).
   [[nodiscard]] std::vector<std::pair<uint64_t, uint64_t>> free_within(uint64_t begin, uint64_t end) const;
 
   uint64_t capacity() const noexcept { return capacity_; }

@@ -46,7 +46,7 @@ uint64_t RamTier::charged() const noexcept {
   return u;
 }
 
-Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
+Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size, bool packed) {
   NodeUsage* nu = usage(node);
   if (!nu) return fail(Code::kInvalidArgument, "NUMA node " + std::to_string(node) + " has no RAM tier");
   uint64_t gran = ExtentAllocator::kGranule;
@@ -70,6 +70,7 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size) {
     ++generation_;
   }
   auto off = it->second.alloc.allocate(need, align);
+  if (!off && packed && align > gran) off = it->second.alloc.allocate(need, gran);
   if (!off)
     return fail(Code::kResourceExhausted, "pool '" + pool.name + "': no free range of " + format_size(need) +
                                               " in its arena on node " + std::to_string(node) + " (" +
@@ -111,6 +112,39 @@ Status RamTier::fits(const Pool& pool, const NodeUsage& nu, uint64_t adds, uint6
                       (nu.pinned > 0 ? ", " + format_size(nu.pinned) + " of it pinned for DMA" : "") +
                       ", need " + format_size(need) + ")");
   return Status::ok();
+}
+
+ExtentAllocator* RamTier::allocator(uint64_t id) noexcept {
+  auto it = arenas_.find(id);
+  return it == arenas_.end() ? nullptr : &it->second.alloc;
+}
+
+uint64_t RamTier::alignment_for(uint64_t length) const noexcept {
+  return length >= opts_.alignment ? opts_.alignment : ExtentAllocator::kGranule;
+}
+
+Result<RamLocation> RamTier::move_down(const RamLocation& loc, uint64_t offset) {
+  auto it = arenas_.find(loc.arena_id);
+  if (it == arenas_.end()) return fail(Code::kInternal, "move: no arena " + std::to_string(loc.arena_id));
+  ExtentAllocator& alloc = it->second.alloc;
+  // Pinned pages are charged by where they lie (pinned_free, the pool's and node's pinned
+  // counts): a move across them would leave those counts wrong, so an arena with pins stays put.
+  if (!pins_.covered(loc.arena_id).empty())
+    return fail(Code::kBusy, "move: the arena has DMA pins");
+  if (offset >= loc.offset || !alloc.free(loc.offset, loc.length))
+    return fail(Code::kInvalidArgument, "move: bad range");
+  if (!alloc.reserve(offset, loc.length)) {
+    (void)alloc.reserve(loc.offset, loc.length);  // just freed: cannot fail
+    return fail(Code::kInvalidArgument, "move: the range below is not free");
+  }
+  std::byte* base = it->second.arena->base();
+  std::memmove(base + offset, base + loc.offset, loc.length);
+  // The part of the old range the new one does not cover is free now: give its pages back.
+  const uint64_t tail = std::max(offset + loc.length, loc.offset);
+  punch(it->second, tail, loc.offset + loc.length - tail);
+  RamLocation moved = loc;
+  moved.offset = offset;
+  return moved;
 }
 
 void RamTier::release(Pool& pool, const RamLocation& loc, bool punch_pages) {

@@ -58,7 +58,9 @@ class RamTier {
 
   // Places `size` bytes of `pool` on `node`: checks the pool quota and the node's capacity,
   // creates the arena on first use. kResourceExhausted with the reason when it does not fit.
-  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
+  // `packed`: after a compaction, a range at the granule's alignment does when none at the
+  // tensor's alignment is free.
+  [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size, bool packed = false);
   // Frees the extent; with `punch`, its pages no pin covers are punched out of the arena
   // (not with prefault). Without: they stay for an allocation about to reuse them.
   void release(Pool& pool, const RamLocation& loc, bool punch_pages = true);
@@ -90,6 +92,15 @@ class RamTier {
   // count it). kCorruption when it overlaps another or lies outside the arena.
   [[nodiscard]] Status reserve(Pool& pool, const RamLocation& loc);
   [[nodiscard]] Arena* arena(uint64_t id) noexcept;
+  // Compaction (daemon/tiering/compact.cpp): the allocator of arena `id` (nullptr when none),
+  // and the alignment allocate() gives `length` bytes.
+  [[nodiscard]] ExtentAllocator* allocator(uint64_t id) noexcept;
+  [[nodiscard]] uint64_t alignment_for(uint64_t length) const noexcept;
+  // Moves the `loc.length` bytes at `loc` down to `offset` of the same arena (memmove: the
+  // ranges may overlap); [offset, loc.offset) must be free. The usage counts do not change.
+  // Nobody may read or write the bytes meanwhile (the caller moves only unleased tensors
+  // without I/O in flight). kInvalidArgument when the range is not free.
+  [[nodiscard]] Result<RamLocation> move_down(const RamLocation& loc, uint64_t offset);
   // Unlinks and unmaps every arena of the pool (its tensors are gone).
   void drop_pool(uint64_t pool_id);
   // Before drop_pool(): takes `bytes` in `tensors` extents of the pool on `node` off the usage

@@ -223,6 +223,12 @@ class NvmeTier {
   // Leaving RAM costs a write-back: newer than its NVMe copy, or no copy there, unless dead.
   [[nodiscard]] bool needs_writeback(const Tensor& t) const;
   [[nodiscard]] bool evictable(const Tensor& t) const;
+  // Moves unleased tensors of `pool`'s arena on `node` so that a free range of `size` bytes
+  // exists there (daemon/tiering/compact.cpp); true when it made one.
+  [[nodiscard]] bool compact(Pool& pool, int32_t node, uint64_t size);
+  // One packing pass over `pool`'s tensors in `arena`; returns how many moved (their bytes
+  // added to `bytes`).
+  uint64_t pack(Pool& pool, uint64_t arena, bool keep_alignment, uint64_t& bytes);
   // The RAM tier's usage of `node`, or null when it has no RAM tier there.
   [[nodiscard]] const NodeUsage* node_usage(int32_t node) const;
   // A prefetch's use: `uses` ahead in a plan advancing every `seconds_per_use` (0: unknown).

@@ -123,8 +123,9 @@ Result<RamLocation> NvmeTier::allocate(Pool& pool, int32_t node, uint64_t size) 
   Status last_error;
   NvmeShort short_of;
   last_spill_error_ = Status::ok();
+  bool compacted = false;
   for (;;) {
-    auto loc = ram_.allocate(pool, node, size);
+    auto loc = ram_.allocate(pool, node, size, compacted);
     if (loc) {
       maintain();
       return loc;
@@ -151,6 +152,11 @@ Result<RamLocation> NvmeTier::allocate(Pool& pool, int32_t node, uint64_t size) 
     uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node, &short_of);
     if (freed > 0) continue;
     if (engine_->pending() > 0) return fail(Code::kBusy, "RAM is being freed by write-backs");
+    // Room enough but in pieces, and nothing more can leave RAM: move tensors together.
+    if (in_pool && on_node && !compacted && compact(pool, node, size)) {
+      compacted = true;  // once: a range it made that still does not serve is not fragmentation
+      continue;
+    }
     // Say what is really short: NVMe space for the victims' write-backs, a failing device, or
     // evictable tensors (the rest leased or pinned).
     std::string why = loc.error().message();

@@ -26,9 +26,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "daemon/toml_text.hpp"
 #include "generator_paths.hpp"
 
 namespace {
@@ -48,7 +50,15 @@ int main(int argc, char** argv) {
 
   std::error_code ec;
   if (!std::filesystem::exists(config, ec)) return 0;  // not configured yet: the unit as shipped
-  toml::parse_result parsed = toml::parse_file(config);
+  std::ifstream in(config, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // toml++ 3.3.0 has undefined behaviour on some non-ASCII text outside strings: not parsed.
+  if (auto bad = tier::toml_text::text_problem(text); bad) {
+    std::fprintf(stderr, "tierd-generator: %s: %s; no ReadWritePaths= drop-in written\n", config.c_str(),
+                 bad->c_str());
+    return 0;
+  }
+  toml::parse_result parsed = toml::parse(text, config);
   if (!parsed) {
     std::fprintf(stderr, "tierd-generator: %s: %s; no ReadWritePaths= drop-in written\n", config.c_str(),
                  std::string(parsed.error().description()).c_str());

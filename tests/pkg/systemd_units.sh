@@ -66,6 +66,14 @@ gen_case malformed 'nvme = [ { path = "/srv/nvme0" '"
 grep -q "no ReadWritePaths= drop-in written" "$tmp/malformed.err" || fail "no message for a syntax error"
 gen_case wrong_type 'nvme = "/srv/nvme0"
 ' ''
+# A code point toml++ 3.3.0 has undefined behaviour on outside a string (issue 33): not parsed.
+gen_case non_ascii_key "nvme = [ { path = \"/srv/nvme0\" } ]
+$(printf '\321\211') = 1
+" ''
+grep -q "line 2: byte 0xd1 outside a quoted string" "$tmp/non_ascii_key.err" || fail "no message for a non-ASCII key"
+gen_case non_ascii_string "# $(printf '\321\211') in a comment
+nvme = [ { path = \"/srv/$(printf '\321\211')\" } ]
+" "ReadWritePaths=\"-/srv/$(printf '\321\211')\""
 TIERD_GENERATOR_CONFIG=$tmp/does-not-exist.toml "$gen" "$tmp/gen-missing" || fail "missing config: exit $?"
 [ ! -e "$tmp/gen-missing" ] || fail "missing config: wrote something"
 echo "generator missing-config ok"

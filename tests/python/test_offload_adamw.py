@@ -282,11 +282,11 @@ STEPS = 12
 ARGS = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16", "--batch", "2", "--steps", str(STEPS)]
 
 
-def run_example(pool, *extra, env_extra=None, kill_after_lines=None, kill_delay=0.0):
+def run_example(pool, *extra, env_extra=None, kill_after_lines=None, kill_delay=0.0, socket=None):
     """Runs train_gpt.py; with kill_after_lines, SIGKILLs it kill_delay s after that many lines."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.update(env_extra or {})
-    cmd = [sys.executable, EXAMPLE, "--pool", pool, "--socket", daemon.socket, *ARGS, *extra]
+    cmd = [sys.executable, EXAMPLE, "--pool", pool, "--socket", socket or daemon.socket, *ARGS, *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     lines = []
     if kill_after_lines is None:
@@ -350,6 +350,35 @@ class WarmResume(unittest.TestCase):
             rc, second, err = run_example(pool, "--resume")
             self.assertEqual(rc, 0, err)
             self.check_resumed(first, second)
+
+
+class ResumeAtOnce(unittest.TestCase):
+    """kill -9 while leases are held, then --resume at once, served before tierd handles the
+    dead process's hang-up (TIERD_TEST_HANGUP_DELAY_MS: 5 s late here): its leases wait for the
+    dead session to close instead of failing with tierd.Busy (issue 33)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.late = tu.Daemon(ram="512M", env={"TIERD_TEST_HANGUP_DELAY_MS": "5000"})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.late.stop()
+
+    def test_resume_at_once_while_the_hang_up_is_pending(self):
+        step = 4
+        rc, first, _ = run_example("at-once", env_extra={"TIERD_TORCH_KILL_AT": f"{step}:1:leased"},
+                                   socket=self.late.socket)
+        self.assertEqual(rc, -signal.SIGKILL)
+        rc, second, err = run_example("at-once", "--resume", socket=self.late.socket)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(second[0]["resumed_step"], step - 1)
+        self.assertEqual(sorted(losses(second)), list(range(step, STEPS + 1)))
+        rc, ref, err = run_example("at-once-ref", socket=self.late.socket)
+        self.assertEqual(rc, 0, err)
+        want = losses(ref)
+        for k, loss in {**losses(first), **losses(second)}.items():
+            self.assertEqual(loss, want[k], f"step {k}")  # bit-identical to the uninterrupted run
 
 
 def free_port():

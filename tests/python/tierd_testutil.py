@@ -38,7 +38,7 @@ class Daemon:
 
     Stopped with SIGTERM (SIGKILL after 10 s) and its directory removed by stop()."""
 
-    def __init__(self, ram="256M", extra=()):
+    def __init__(self, ram="256M", extra=(), env=None):
         exe = bin_path("tierd")
         if not os.access(exe, os.X_OK):
             skip(f"{exe} is not built")
@@ -51,7 +51,7 @@ class Daemon:
             self.proc = subprocess.Popen(
                 [exe, "--socket", self.socket, "--state-dir", self.state_dir, "--ram", ram,
                  "--foreground", "--remove-arenas-on-exit", *extra],
-                stdout=log, stderr=log)
+                stdout=log, stderr=log, env=dict(os.environ, **(env or {})))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

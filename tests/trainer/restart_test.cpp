@@ -121,6 +121,24 @@ TEST_CASE("kill -9 of a rank at each point of a step and --resume give the unint
   }
 }
 
+// Issue 33: the resumed job is served before tierd handles the killed ranks' hang-up
+// (TIERD_TEST_HANGUP_DELAY_MS); its leases wait for the dead sessions, none fails.
+TEST_CASE("kill -9 and --resume at once, before tierd handled the hang-up, give the uninterrupted losses",
+          "[trainer][mpi][tier][restart]") {
+  tier::test::DaemonOptions o;
+  o.env = {"TIERD_TEST_HANGUP_DELAY_MS=3000"};
+  tier::test::TestDaemon daemon(o);
+  REQUIRE(daemon.running());
+  const std::string base =
+      "--model tiny --steps 6 --batch 4 --lr 3e-3 --seed 3 --val-every -1 --state tier --socket " +
+      daemon.socket();
+  const std::map<long, double> want = losses_by_step(run_trainer(2, base + " --job ref"), 6);
+  const auto [a, b] = kill_and_resume(base, " --job crash", "4:optimizer:1");
+  CHECK(b.steps.back() == 6);
+  check_losses(want, a);
+  check_losses(want, b);
+}
+
 TEST_CASE("two daemons on one host: kill -9 and --resume read every daemon's marker",
           "[trainer][mpi][tier][restart]") {
   // Two tierds on this host, two ranks each (the MPMD line of one tierd per node): MPI sees one

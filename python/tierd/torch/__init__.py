@@ -67,7 +67,8 @@ _MASK63 = (1 << 63) - 1
 # A fault-injection point for the crash tests (tests/python/test_offload_adamw.py):
 # TIERD_TORCH_KILL_AT="STEP:WHERE" kills this process with SIGKILL inside step() number STEP:
 # WHERE a number INDEX: right after the new state of unit INDEX (a parameter; the rank's slice
-# when sharded) was written; WHERE "commit": after every update (and the all-gather) and just
+# when sharded) was written; "INDEX:leased": the same, while its leases are still held;
+# WHERE "commit": after every update (and the all-gather) and just
 # before the commit record. TIERD_TORCH_KILL_RANK=R limits it to rank R.
 _KILL_AT = os.environ.get("TIERD_TORCH_KILL_AT", "")
 _KILL_RANK = os.environ.get("TIERD_TORCH_KILL_RANK", "")
@@ -515,6 +516,8 @@ class OffloadAdamW(torch.optim.Optimizer):
                 for lease in (*outs, *ins):
                     held.enter_context(lease)
                 self._update_batched(outs, ins, grads, t)
+                for ui in range(len(self._units)):  # dying with every lease still held
+                    _kill_point(self._rank, t, f"{ui}:leased")
             for ui in range(len(self._units)):
                 _kill_point(self._rank, t, ui)
             outs = ins = []  # nothing left for the loop below
@@ -533,6 +536,7 @@ class OffloadAdamW(torch.optim.Optimizer):
                         lo, hi = s.unit_off, s.unit_off + s.length
                         tierd.adamw_step(a[0][lo:hi], a[1][lo:hi], a[2][lo:hi], gn[lo:hi],
                                          b[0][lo:hi], b[1][lo:hi], b[2][lo:hi], **self._hyper(s.param, t))
+                _kill_point(self._rank, t, f"{ui}:leased")
                 if not self._zero:  # straight from the lease into the parameter: no extra copy
                     p = self._params[u.segments[0].param]
                     if self._gpu is not None and p.is_cuda:
