@@ -147,6 +147,8 @@ def main():
     p.add_argument("--sizes", default="1,4,16,64,256")
     p.add_argument("--dir", default=None, help="where DeepSpeed's files go (default: a temporary dir)")
     args = p.parse_args()
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="bench-deepspeed.", dir=args.dir)
     d = tu.Daemon(ram="3G")
     print(f"tools/bench-deepspeed {' '.join(sys.argv[1:])}: tierd {d.socket}, files in {work}, "
