@@ -32,7 +32,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < inner.size(); ++i) {
       const auto c = static_cast<unsigned char>(inner[i]);
       FUZZ_CHECK(c >= 0x20 && c != 0x7f && c != '\\' && c != '"');
-      if (c == '%') FUZZ_CHECK(i + 1 < inner.size() && inner[++i] == '%');  // specifiers doubled
+      if (c == '%') {  // specifiers doubled
+        FUZZ_CHECK(i + 1 < inner.size() && inner[i + 1] == '%');
+        ++i;
+      }
     }
     ++lines;
     at = end + 1;

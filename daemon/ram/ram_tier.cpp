@@ -129,8 +129,7 @@ Result<RamLocation> RamTier::move_down(const RamLocation& loc, uint64_t offset) 
   ExtentAllocator& alloc = it->second.alloc;
   // Pinned pages are charged by where they lie (pinned_free, the pool's and node's pinned
   // counts): a move across them would leave those counts wrong, so an arena with pins stays put.
-  if (!pins_.covered(loc.arena_id).empty())
-    return fail(Code::kBusy, "move: the arena has DMA pins");
+  if (!pins_.covered(loc.arena_id).empty()) return fail(Code::kBusy, "move: the arena has DMA pins");
   if (offset >= loc.offset || !alloc.free(loc.offset, loc.length))
     return fail(Code::kInvalidArgument, "move: bad range");
   if (!alloc.reserve(offset, loc.length)) {

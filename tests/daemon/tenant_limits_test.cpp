@@ -66,7 +66,7 @@ void fresh_shm(const char* size) {
 }
 
 uint64_t shm_used() {
-  struct statvfs v {};
+  struct statvfs v{};
   REQUIRE(::statvfs("/dev/shm", &v) == 0);
   return (static_cast<uint64_t>(v.f_blocks) - v.f_bfree) * v.f_frsize;
 }
