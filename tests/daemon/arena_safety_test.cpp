@@ -35,10 +35,15 @@
 #include "daemon/ram/arena.hpp"
 #include "support/daemon_fixture.hpp"
 #include "support/raw_client.hpp"
+#include "support/tenant.hpp"
 
 using namespace tier;
 using namespace tier::wire;
+using tier::test::access_tensor;
+using tier::test::as_nobody;
 using tier::test::DaemonOptions;
+using tier::test::fresh_shm;
+using tier::test::must_connect;
 using tier::test::RawClient;
 using tier::test::TestDaemon;
 
@@ -46,69 +51,11 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-// A fresh tmpfs on /dev/shm in this process's own mount namespace (entered on first use):
-// a reboot as far as shared memory goes.
-void fresh_shm(const char* size = "1g") {
-  static bool entered = false;
-  if (!entered) {
-    REQUIRE(::unshare(CLONE_NEWNS | CLONE_NEWIPC) == 0);
-    REQUIRE(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0);
-    entered = true;
-  } else {
-    (void)::umount2("/dev/shm", MNT_DETACH);
-  }
-  std::string opts = std::string("mode=1777,size=") + size;
-  REQUIRE(::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) == 0);
-}
-
-// Runs `fn` in a child as uid/gid 65534; its return value is the child's exit code (-1 when the
-// child did not exit normally).
-int as_nobody(const std::function<int()>& fn) {
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(100);
-    _exit(fn());
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 DaemonOptions opts(std::vector<std::string> extra = {}) {
   DaemonOptions o;
   o.ram = "512M";
   o.extra_args = std::move(extra);
   return o;
-}
-
-// Leases tensor `id`, maps its arena through MapArena and fills (write) or checks (read) every
-// byte against `pattern`. Returns 0 when it matched/was written, else a non-zero step code.
-int access_tensor(RawClient& c, uint64_t id, bool write, unsigned char pattern) {
-  auto l = c.lease(write ? LeaseMode::kWrite : LeaseMode::kRead, {id}, 5000);
-  if (!l || l->grants.size() != 1) return 1;
-  const LeaseGrant& g = l->grants[0];
-  int fd = -1;
-  auto m = c.call<MapArenaRep>(MsgType::kMapArena, MapArenaReq{g.arena_id}, &fd);
-  if (!m || fd < 0) return 2;
-  void* p = ::mmap(nullptr, m->size, write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return 3;
-  auto* b = static_cast<unsigned char*>(p) + g.offset;
-  int rc = 0;
-  if (write) std::memset(b, pattern, g.length);
-  else
-    for (uint64_t i = 0; i < g.length && rc == 0; ++i)
-      if (b[i] != pattern) rc = 4;
-  ::munmap(p, m->size);
-  if (!c.release({g.lease_id})) return 5;
-  return rc;
-}
-
-RawClient must_connect(const TestDaemon& d) {
-  auto c = RawClient::connect(d.socket());
-  REQUIRE(c);
-  return std::move(*c);
 }
 
 // The object path ("/tierd-...") of pool `pool`'s arena on `node`, from the daemon's log.

@@ -8,10 +8,12 @@
 
 #include "support/daemon_fixture.hpp"
 #include "support/raw_client.hpp"
+#include "support/tenant.hpp"
 
 using namespace tier;
 using namespace tier::wire;
 using tier::test::DaemonOptions;
+using tier::test::must_connect;
 using tier::test::RawClient;
 using tier::test::TestDaemon;
 
@@ -22,12 +24,6 @@ DaemonOptions late_hangups() {
   o.extra_args = {"--remove-arenas-on-exit"};
   o.env = {"TIERD_TEST_HANGUP_DELAY_MS=4000"};
   return o;
-}
-
-RawClient must_connect(const TestDaemon& d) {
-  auto c = RawClient::connect(d.socket());
-  REQUIRE(c);
-  return std::move(*c);
 }
 
 }  // namespace

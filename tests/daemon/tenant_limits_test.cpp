@@ -39,11 +39,15 @@
 
 #include "support/daemon_fixture.hpp"
 #include "support/raw_client.hpp"
+#include "support/tenant.hpp"
 #include "../tools/run_binary.hpp"
 
 using namespace tier;
 using namespace tier::wire;
+using tier::test::as_nobody;
 using tier::test::DaemonOptions;
+using tier::test::fresh_shm;
+using tier::test::must_connect;
 using tier::test::RawClient;
 using tier::test::TestDaemon;
 
@@ -51,40 +55,10 @@ namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-// A fresh tmpfs of `size` on /dev/shm in this process's own mount + IPC namespace.
-void fresh_shm(const char* size) {
-  static bool entered = false;
-  if (!entered) {
-    REQUIRE(::unshare(CLONE_NEWNS | CLONE_NEWIPC) == 0);
-    REQUIRE(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0);
-    entered = true;
-  } else {
-    (void)::umount2("/dev/shm", MNT_DETACH);
-  }
-  std::string opts = std::string("mode=1777,size=") + size;
-  REQUIRE(::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) == 0);
-}
-
 uint64_t shm_used() {
   struct statvfs v{};
   REQUIRE(::statvfs("/dev/shm", &v) == 0);
   return (static_cast<uint64_t>(v.f_blocks) - v.f_bfree) * v.f_frsize;
-}
-
-// Runs `fn` in a child as uid/gid 65534; its return value is the child's exit code (-1 when
-// the child did not exit normally, e.g. killed by SIGBUS).
-int as_nobody(const std::function<int()>& fn) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(100);
-    _exit(fn());
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  if (WIFSIGNALED(st)) std::cerr << "the tenant died of signal " << WTERMSIG(st) << "\n";
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 // A directory under /tmp that uid 65534 may enter, removed with its contents at the end.
@@ -99,12 +73,6 @@ struct TmpDir {
     std::filesystem::remove_all(path, ec);
   }
 };
-
-RawClient must_connect(const TestDaemon& d) {
-  auto c = RawClient::connect(d.socket());
-  REQUIRE(c);
-  return std::move(*c);
-}
 
 // Maps arena `arena` through MapArena; nullptr on failure. *size gets its size.
 std::byte* map_arena(RawClient& c, uint64_t arena, uint64_t* size) {
