@@ -30,19 +30,26 @@ _HEADER = 16  # magic, little-endian u64 payload length
 _PLACEHOLDER = "tierd checkpoint file: its bytes are in tierd,"
 
 
+def _tensor_of_size(client, pool: str, name: str, size: int):
+    """Tensor `name` of exactly `size` bytes: the existing one when it has that size, else a new
+    one in its place."""
+    try:
+        info = client.open_tensor(pool, name)
+        if info.size == size:
+            return info
+        client.delete_tensor(pool, name)
+    except tierd.NotFound:
+        pass
+    return client.create_tensor(pool, name, size=size)
+
+
 def _put_bytes(client, pool: str, name: str, payload, what: str) -> None:
     """Tensor `name` made to hold header + payload (a bytes-like object or uint8 tensor)."""
     src = payload if isinstance(payload, torch.Tensor) else torch.frombuffer(payload, dtype=torch.uint8)
     n = src.numel()
     size = _HEADER + n
     try:
-        try:
-            info = client.open_tensor(pool, name)
-            if info.size != size:
-                client.delete_tensor(pool, name)
-                info = client.create_tensor(pool, name, size=size)
-        except tierd.NotFound:
-            info = client.create_tensor(pool, name, size=size)
+        info = _tensor_of_size(client, pool, name, size)
         with client.lease(info, "o", timeout=LEASE_TIMEOUT_S) as lease:
             dst = torch.frombuffer(lease, dtype=torch.uint8)
             dst[:8].copy_(torch.frombuffer(bytearray(_MAGIC), dtype=torch.uint8))
@@ -140,13 +147,7 @@ def _save_in_place(client, pool: str, name: str, state_dict, what: str) -> None:
     """torch.save straight into a pool tensor sized by _estimate (header: the real length)."""
     size = _HEADER + _estimate(state_dict)
     try:
-        try:
-            info = client.open_tensor(pool, name)
-            if info.size != size:
-                client.delete_tensor(pool, name)
-                info = client.create_tensor(pool, name, size=size)
-        except tierd.NotFound:
-            info = client.create_tensor(pool, name, size=size)
+        info = _tensor_of_size(client, pool, name, size)
         with client.lease(info, "o", timeout=LEASE_TIMEOUT_S) as lease:
             mv = lease.memoryview()
             body = mv[_HEADER:]
