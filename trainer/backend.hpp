@@ -185,6 +185,24 @@ inline HeadActs carve_head_acts(float* base, const Dims& d) {
   return a;
 }
 
+// A layer's parameters as a layer method receives them (the layouts above either way): fp32
+// (what every backend takes), or the bf16 working copy (uint16_t bits, trainer/bf16.hpp) on a
+// backend whose bf16_params() is true, which then computes from those bits without an fp32
+// copy of the layer. Exactly one pointer is set. Converts implicitly from `const float*`, so
+// fp32 callers pass their pointer as before.
+struct LayerParams {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  LayerParams() = default;
+  LayerParams(const float* p) : f32(p) {}  // NOLINT(google-explicit-constructor): fp32 call sites
+  static LayerParams of_bf16(const uint16_t* p) {
+    LayerParams l;
+    l.bf16 = p;
+    return l;
+  }
+  const void* ptr() const { return f32 != nullptr ? static_cast<const void*>(f32) : bf16; }
+};
+
 // Scratch a block's backward needs (not saved across calls): one buffer shared by all blocks.
 inline size_t block_scratch_floats(const Dims& d) {
   const size_t BT = static_cast<size_t>(d.B) * d.T, C = static_cast<size_t>(d.C);
@@ -242,27 +260,30 @@ class Backend {
     return false;
   }
 
+  // True when the layer methods accept LayerParams::bf16 (the CUDA backend: bf16 GEMMs from
+  // the gathered bf16 layer). Default: fp32 parameters only.
+  virtual bool bf16_params() const { return false; }
+
   // ---- layers ----
   // embed: out[B,T,C] = wte[tokens[b,t]] + wpe[t]. `params` is layer 0 (EmbedLayout).
-  virtual void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) = 0;
+  virtual void embed_forward(const Dims& d, LayerParams params, const int32_t* tokens, float* out) = 0;
   // Accumulates (+=) into grads (layer 0 layout) the gradient of wte and wpe from dout[B,T,C].
   virtual void embed_backward(const Dims& d, float* grads, const int32_t* tokens, const float* dout) = 0;
 
   // block: y[B,T,C] = block(x[B,T,C]); `params` is one BlockLayout buffer. Saves what the
   // backward needs into `acts` (carve_block_acts). x and y must not alias.
-  virtual void block_forward(const Dims& d, const float* params, const float* x, BlockActs acts,
-                             float* y) = 0;
+  virtual void block_forward(const Dims& d, LayerParams params, const float* x, BlockActs acts, float* y) = 0;
   // Given dy[B,T,C], writes dx[B,T,C] (overwrites) and accumulates (+=) parameter gradients
   // into `grads` (BlockLayout). `x` and `acts` are exactly those of the matching forward.
   // `scratch` holds block_scratch_floats(d) floats. dx may alias dy.
-  virtual void block_backward(const Dims& d, const float* params, float* grads, const float* x,
-                              BlockActs acts, const float* dy, float* dx, float* scratch) = 0;
+  virtual void block_backward(const Dims& d, LayerParams params, float* grads, const float* x, BlockActs acts,
+                              const float* dy, float* dx, float* scratch) = 0;
 
   // head: logits = lnf(x) @ wte^T; returns sum over the B*T positions of the cross-entropy
   // -log softmax(logits)[target] (a host value; synchronizes). When `dx` is not null it also
   // runs the backward of loss_scale * that sum: writes dx[B,T,C] (overwrites) and accumulates
   // (+=) the gradients of wte, lnf_w, lnf_b into `grads` (layer 0 layout). `params`: layer 0.
-  virtual double head_forward(const Dims& d, const float* params, const float* x, const int32_t* targets,
+  virtual double head_forward(const Dims& d, LayerParams params, const float* x, const int32_t* targets,
                               HeadActs acts, float* dx, float* grads, float loss_scale) = 0;
 };
 

@@ -23,6 +23,7 @@
 #include <span>
 
 #include "tier/status.hpp"
+#include "trainer/backend.hpp"
 #include "trainer/state.hpp"
 
 namespace tier::train {
@@ -36,16 +37,18 @@ class LayerStream {
   // (elements per rank, per layer) with `depth` fetches open at once (K + 1), and registers the
   // store's memory for DMA. `precision` is the store's: with kBf16 the parameter and gradient
   // shards handed to fetch() and push_grad() hold bf16 values (Pinned::bf16()), which the
-  // stream moves and reduces as bf16; the device buffers it returns are fp32 either way.
+  // stream moves and reduces as bf16. The gradient buffers it returns are fp32 either way; the
+  // parameters are bf16 (LayerParams::bf16) when the store is bf16 and the backend computes
+  // from bf16 (Backend::bf16_params()), and fp32 otherwise.
   // The stream keeps a reference to `store` until it is destroyed.
   [[nodiscard]] virtual Status open(ShardStore& store, std::span<const size_t> shard_floats, int depth,
                                     Precision precision) = 0;
 
   // Enqueues the copy of `shard` (this rank's parameter shard of `layer`, pinned) to the device
   // and the all-gather of the layer; returns the device buffer that will hold the whole padded
-  // layer (ranks x shard floats). Backend calls issued after this returns see the layer. The
-  // buffer stays valid until done_with_oldest() released it.
-  [[nodiscard]] virtual Result<float*> fetch(int layer, Pinned shard) = 0;
+  // layer (ranks x shard elements, fp32 or bf16: open()). Backend calls issued after this
+  // returns see the layer. The buffer stays valid until done_with_oldest() released it.
+  [[nodiscard]] virtual Result<LayerParams> fetch(int layer, Pinned shard) = 0;
   // The backend calls that read the oldest open fetch have all been issued: its slot may be
   // refilled by the next fetch (the device orders the refill after those calls).
   [[nodiscard]] virtual Status done_with_oldest() = 0;

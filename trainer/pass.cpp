@@ -43,7 +43,7 @@ class HostPass final : public Pass {
     for (size_t j = 0; j <= static_cast<size_t>(t_.K) && j < uses_.size(); ++j) issue_gather(j);
     return {};
   }
-  Result<const float*> params(size_t i) override {
+  Result<LayerParams> params(size_t i) override {
     const size_t slot = i % (static_cast<size_t>(t_.K) + 1);
     if (auto s = wait(gh_[i]); !s) return fail(s);
     float* P = t_.buf.slots[slot];
@@ -171,14 +171,14 @@ class HostPass final : public Pass {
 class StreamPass final : public Pass {
  public:
   StreamPass(Trainer& t, const std::vector<Use>& uses, int cur, bool grad)
-      : Pass(t, uses, cur, grad), ls_(*t.opts.stream), fetched_(uses.size(), nullptr) {}
+      : Pass(t, uses, cur, grad), ls_(*t.opts.stream), fetched_(uses.size()) {}
 
   Status begin() override {
     for (size_t j = 0; j <= static_cast<size_t>(t_.K) && j < uses_.size(); ++j)
       if (auto s = fetch(j); !s) return s;
     return {};
   }
-  Result<const float*> params(size_t i) override { return fetched_[i]; }
+  Result<LayerParams> params(size_t i) override { return fetched_[i]; }
   Result<float*> grad_buffer(int layer) override { return ls_.grad_buffer(layer); }
   // The reduce-scatter writes every float of the shard: nothing to read back.
   Status push_grad(int layer, float*) override {
@@ -220,7 +220,7 @@ class StreamPass final : public Pass {
   }
 
   LayerStream& ls_;
-  std::vector<float*> fetched_;  // per use: its params on the device [pad[layer]]
+  std::vector<LayerParams> fetched_;  // per use: its params on the device [pad[layer]]
 };
 
 }  // namespace
@@ -322,7 +322,7 @@ Status Trainer::save_block_input(int l) {
 // update runs after the pass), so the recomputed activations are the forward's bit for bit.
 // Offloaded, x_{l-1} comes back into xs[0] (free once the head has read x_L). The block's
 // output is not needed: it goes to the scratch, which the backward overwrites next.
-Result<const float*> Trainer::recompute_block(int l, const float* params) {
+Result<const float*> Trainer::recompute_block(int l, LayerParams params) {
   float* x = x_at(l - 1);
   if (offload_ckpt) {
     x = buf.xs[0];

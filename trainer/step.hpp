@@ -120,8 +120,9 @@ class Pass {
   bool grad() const { return grad_; }
   // Starts the gathers of the first K+1 uses.
   [[nodiscard]] virtual Status begin() = 0;
-  // Use i's layer params, gathered [pad[layer]], on the device.
-  [[nodiscard]] virtual Result<const float*> params(size_t i) = 0;
+  // Use i's layer params, gathered [pad[layer]], on the device: fp32, or the bf16 working copy
+  // when the pass's LayerStream hands the backend bf16 layers (Backend::bf16_params()).
+  [[nodiscard]] virtual Result<LayerParams> params(size_t i) = 0;
   // The zeroed (or to-be-overwritten) device buffer layer's gradient is written to [pad[layer]].
   [[nodiscard]] virtual Result<float*> grad_buffer(int layer) = 0;
   // Reduce-scatters `g` (from grad_buffer(layer)) into the rank's grad shard, and takes the
@@ -187,7 +188,7 @@ struct Trainer {
   [[nodiscard]] Status save_block_input(int l);
   // --checkpoint-activations, backward: block l's input x_{l-1} [B,T,C] on the device (read
   // back from the tier when offloaded) and its activations recomputed from it with `params`.
-  [[nodiscard]] Result<const float*> recompute_block(int l, const float* params);
+  [[nodiscard]] Result<const float*> recompute_block(int l, LayerParams params);
 
   // update.cpp
   struct GradNorm {

@@ -1,7 +1,8 @@
 // The layer pipeline and the NCCL communicator on one rank: fetch puts a shard's bytes into the
 // layer buffer the compute stream sees, push_grad brings a gradient back into its host shard,
 // the GPU AdamW over host shards matches the CPU AdamW, and a one-rank NCCL communicator
-// (no MPI needed) gathers and reduce-scatters; the same in bf16 (--precision bf16). Skips
+// (no MPI needed) gathers and reduce-scatters; the same in bf16 (--precision bf16), and a bf16
+// pipeline whose compute reads the gathered bf16 layer itself (compute_bf16). Skips
 // visibly without a device.
 #include <cuda_runtime_api.h>
 
@@ -214,6 +215,47 @@ TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, 
   CHECK((*fp32)->fetch_bf16(0, std::span<const uint16_t>(shards[0].data(), 16)).error().code() ==
         tier::Code::kInvalidArgument);
   fp32->reset();
+  pl->reset();
+}
+
+TEST_CASE("layer pipeline computing from bf16: fetch_bf16_layer gives the gathered bf16 bits",
+          "[gpu][bf16]") {
+  if (!tier::test::have_cuda_device()) return;
+  const auto dev = open_device();
+  cudaStream_t compute = dev->compute;
+  const size_t n = 100003;
+  namespace tt = tier::train;
+  auto pl = tt::cuda::LayerPipeline::create(
+      *dev->stager, nullptr, compute, {.shard_floats = n, .depth = 2, .bf16 = true, .compute_bf16 = true});
+  REQUIRE(pl.has_value());
+  auto& p = **pl;
+  // Three layers through two slots: each arrives as the same bf16 bits, not widened.
+  std::vector<std::vector<uint16_t>> shards;
+  for (int l = 0; l < 3; ++l) {
+    const std::vector<float> f = ramp(n, static_cast<float>(l) - 1.0f, 3.0f);
+    shards.emplace_back(n);
+    tt::f32_to_bf16(f.data(), shards.back().data(), n);
+  }
+  for (int l = 0; l < 3; ++l) {
+    auto layer = p.fetch_bf16_layer(l, shards[l]);
+    REQUIRE(layer.has_value());
+    std::vector<uint16_t> got(n);
+    REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+    REQUIRE(cudaMemcpy(got.data(), *layer, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(got == shards[l]);
+    REQUIRE(p.done_with(l).is_ok());
+  }
+  // Gradients still go back rounded from the fp32 layer gradient.
+  std::vector<uint16_t> grad_host(n, 0xdead);
+  const std::vector<float> g = ramp(n, -0.5f, 1.0f);
+  push_gradient(p, g, compute, [&] { return p.push_grad_bf16(5, grad_host); });
+  std::vector<uint16_t> g16(n);
+  tt::f32_to_bf16(g.data(), g16.data(), n);
+  CHECK(grad_host == g16);
+  // The widening fetch and fp32 moves are refused: the slots hold no fp32 layer.
+  CHECK(p.fetch_bf16(0, shards[0]).error().code() == tier::Code::kInvalidArgument);
+  const std::vector<float> f32(n, 1.0f);
+  CHECK(p.fetch(0, f32).error().code() == tier::Code::kInvalidArgument);
   pl->reset();
 }
 

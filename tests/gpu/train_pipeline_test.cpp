@@ -293,6 +293,17 @@ TEST_CASE_METHOD(OneRankWithDaemon,
       check_close(got, fp32, 1e-2);
     }
   CHECK(cuda::backend_error(*be).empty());
+  // bf16 tensor-core GEMMs: the pipeline hands the backend the gathered bf16 layers and its
+  // blocks run bf16 x bf16 GEMMs from them (no fp32 copy); the host path widens each layer and
+  // runs the fp32-parameter GEMMs, which round the same operands to bf16 inside cuBLAS. Other
+  // GEMM kernels, so not the 1e-4 of the same kernels: 2e-3 (a flipped bf16 rounding is 2^-9).
+  auto tc = cuda_backend(false);
+  REQUIRE(tc->bf16_params());
+  const std::vector<double> host = run_in_tierd(o, *comm, *tc, daemon.socket(), "gpu-bf16-tc-h", false);
+  const std::vector<double> direct = run_in_tierd(o, *comm, *tc, daemon.socket(), "gpu-bf16-tc-p", true);
+  check_close(direct, host, 2e-3);
+  check_close(direct, bf16, 3e-2);
+  CHECK(cuda::backend_error(*tc).empty());
 }
 
 TEST_CASE("2 ranks of tier-train --collectives nccl match 1 CPU rank", "[gpu][trainer][mpi]") {

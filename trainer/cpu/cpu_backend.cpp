@@ -121,7 +121,9 @@ class CpuBackend final : public Backend {
   }
   void synchronize() override {}
 
-  void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) override {
+  // fp32 parameters only (bf16_params() is false): LayerParams::f32.
+  void embed_forward(const Dims& d, LayerParams lp, const int32_t* tokens, float* out) override {
+    const float* params = lp.f32;
     const EmbedLayout l = embed_layout(d);
     const float* wte = params + l.wte;
     const float* wpe = params + l.wpe;
@@ -147,11 +149,11 @@ class CpuBackend final : public Backend {
     embed_grad_simd(dwte, dwpe, tokens, dout, d.B, d.T, C);
   }
 
-  void block_forward(const Dims& d, const float* params, const float* x, BlockActs a, float* y) override {
+  void block_forward(const Dims& d, LayerParams params, const float* x, BlockActs a, float* y) override {
     const BlockLayout l = block_layout(d);
     const long N = static_cast<long>(d.B) * d.T;
     const int C = d.C;
-    const float* p = params;
+    const float* p = params.f32;
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C);
     {
@@ -169,12 +171,12 @@ class CpuBackend final : public Backend {
     add_inplace(y, a.r, N * C);
   }
 
-  void block_backward(const Dims& d, const float* params, float* grads, const float* x, BlockActs a,
+  void block_backward(const Dims& d, LayerParams params, float* grads, const float* x, BlockActs a,
                       const float* dy, float* dx, float* scratch) override {
     const BlockLayout l = block_layout(d);
     const long N = static_cast<long>(d.B) * d.T;
     const int C = d.C;
-    const float* p = params;
+    const float* p = params.f32;
     float* g = grads;
     float* dln = scratch;                            // [N,C]
     float* dqkv = dln + N * C;                       // [N,3C]
@@ -203,8 +205,9 @@ class CpuBackend final : public Backend {
     layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean, a.ln1_rstd, N, C, true);
   }
 
-  double head_forward(const Dims& d, const float* params, const float* x, const int32_t* targets, HeadActs a,
+  double head_forward(const Dims& d, LayerParams lp, const float* x, const int32_t* targets, HeadActs a,
                       float* dx, float* grads, float loss_scale) override {
+    const float* params = lp.f32;
     const EmbedLayout l = embed_layout(d);
     const long N = static_cast<long>(d.B) * d.T;
     const int C = d.C, V = d.V;

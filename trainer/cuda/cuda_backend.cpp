@@ -36,13 +36,29 @@ bool no_device(cudaError_t e) {
          e == cudaErrorDevicesUnavailable;
 }
 
+// A linear layer's weight as a GEMM reads it: fp32 or bf16 (exactly one set).
+struct Matrix {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
+// A block's parameters as its kernels read them: LayerNorm scales and shifts and the biases in
+// fp32, the four weight matrices fp32 or bf16.
+struct Weights {
+  const float *ln1_w = nullptr, *ln1_b = nullptr, *qkv_b = nullptr, *proj_b = nullptr;
+  const float *ln2_w = nullptr, *ln2_b = nullptr, *fc_b = nullptr, *fcproj_b = nullptr;
+  Matrix qkv_w, proj_w, fc_w, fcproj_w;
+};
+
 class CudaBackend final : public Backend {
  public:
-  // A device buffer of bf16 values that upload_bf16 / download_bf16 stage through.
-  struct Staging16 {
-    uint16_t* p = nullptr;
+  // A device buffer of T, grown on demand and never shrunk (growing frees the old one, which
+  // synchronizes the device: nothing still reads it).
+  template <class T> struct DeviceBuf {
+    T* p = nullptr;
     size_t n = 0;
   };
+  using Staging16 = DeviceBuf<uint16_t>;
 
   CudaBackend(const CudaBackendOptions& o) : opts_(o) {}
 
@@ -85,7 +101,9 @@ class CudaBackend final : public Backend {
     if (all_) (void)cudaEventDestroy(all_);
     if (copied_) (void)cudaEventDestroy(copied_);
     if (staged_) (void)cudaEventDestroy(staged_);
-    for (Staging16* st : {&up16_, &down16_})
+    for (Staging16* st : {&up16_, &down16_, &act16_})
+      if (st->p) (void)cudaFree(st->p);
+    for (DeviceBuf<float>* st : {&wide_, &vec_})
       if (st->p) (void)cudaFree(st->p);
     if (copy_) (void)cudaStreamDestroy(copy_);
     if (blas_) (void)cublasDestroy(blas_);
@@ -167,12 +185,18 @@ class CudaBackend final : public Backend {
   void unpin_host(void* p) override { ::tier::train::cuda_unpin_host(p); }
 
   // ---- layers ----
-  void embed_forward(const Dims& d, const float* params, const int32_t* tokens, float* out) override {
+  // Layer 0 (wte, wpe, lnf; (V + max_T + 2) * C values, small beside a block's 12 C^2) is
+  // widened whole when it comes as bf16; blocks compute from their bf16 matrices directly.
+  bool bf16_params() const override { return true; }
+
+  void embed_forward(const Dims& d, LayerParams lp, const int32_t* tokens, float* out) override {
     if (!ok()) return;
     const EmbedLayout l = embed_layout(d);
+    const float* params = fp32_params(lp, l.total);
+    if (!params) return;
     cu(encoder_forward(out, tokens, params + l.wte, params + l.wpe, d.B, d.T, d.C, stream_),
        "encoder_forward");
-    note_use(params);
+    note_use(lp.ptr());
   }
 
   void embed_backward(const Dims& d, float* grads, const int32_t* tokens, const float* dout) override {
@@ -182,13 +206,15 @@ class CudaBackend final : public Backend {
        "encoder_backward");
   }
 
-  void block_forward(const Dims& d, const float* p, const float* x, BlockActs a, float* y) override {
+  void block_forward(const Dims& d, LayerParams lp, const float* x, BlockActs a, float* y) override {
     if (!ok()) return;
     const BlockLayout l = block_layout(d);
+    const Weights p = weights(lp, l, d.C);
+    if (!ok()) return;
     const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
     const size_t BTC = size_t(N) * C;
-    cu(layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + l.ln1_w, p + l.ln1_b, N, C, stream_), "ln1");
-    linear_forward(a.qkv, a.ln1, p + l.qkv_w, p + l.qkv_b, N, C, 3 * C, 0.0f);
+    cu(layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C, stream_), "ln1");
+    linear_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C, 0.0f);
     if (d.attention == Attention::kFlash) {
       if (tensor_core_attention(d))
         cu(flash_attention_forward_tc(a.atty, a.lse, a.qkv, d.B, d.T, C, NH, stream_),
@@ -212,20 +238,22 @@ class CudaBackend final : public Backend {
     }
     // r = x + proj(atty)
     copy_d2d(a.r, x, BTC);
-    linear_forward(a.r, a.atty, p + l.proj_w, p + l.proj_b, N, C, C, 1.0f);
-    cu(layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r, p + l.ln2_w, p + l.ln2_b, N, C, stream_), "ln2");
-    linear_forward(a.fch, a.ln2, p + l.fc_w, p + l.fc_b, N, C, 4 * C, 0.0f);
+    linear_forward(a.r, a.atty, p.proj_w, p.proj_b, N, C, C, 1.0f);
+    cu(layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.r, p.ln2_w, p.ln2_b, N, C, stream_), "ln2");
+    linear_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C, 0.0f);
     cu(gelu_forward(a.fch_gelu, a.fch, 4 * BTC, stream_), "gelu");
     // y = r + fcproj(gelu)
     copy_d2d(y, a.r, BTC);
-    linear_forward(y, a.fch_gelu, p + l.fcproj_w, p + l.fcproj_b, N, 4 * C, C, 1.0f);
-    note_use(p);
+    linear_forward(y, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C, 1.0f);
+    note_use(lp.ptr());
   }
 
-  void block_backward(const Dims& d, const float* p, float* g, const float* x, BlockActs a, const float* dy,
+  void block_backward(const Dims& d, LayerParams lp, float* g, const float* x, BlockActs a, const float* dy,
                       float* dx, float* scratch) override {
     if (!ok()) return;
     const BlockLayout l = block_layout(d);
+    const Weights p = weights(lp, l, d.C);
+    if (!ok()) return;
     const int N = d.B * d.T, C = d.C, NH = d.NH, HS = C / NH, BH = d.B * NH;
     const size_t BTC = size_t(N) * C;
     // Caller's scratch, carved as block_scratch_floats() counts it.
@@ -237,13 +265,13 @@ class CudaBackend final : public Backend {
     float* dfch = datt + attention_acts_floats(d);  // [N,4C]
 
     copy_d2d(dr, dy, BTC);  // residual branch; dy is not read after the fc projection
-    linear_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p + l.fcproj_w, N, 4 * C, C);
+    linear_backward(dfch, g + l.fcproj_w, g + l.fcproj_b, dy, a.fch_gelu, p.fcproj_w, N, 4 * C, C);
     cu(gelu_backward(dfch, a.fch, dfch, 4 * BTC, stream_), "gelu_backward");
-    linear_backward(dln, g + l.fc_w, g + l.fc_b, dfch, a.ln2, p + l.fc_w, N, C, 4 * C);
-    cu(layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p + l.ln2_w, a.ln2_mean, a.ln2_rstd, N, C,
+    linear_backward(dln, g + l.fc_w, g + l.fc_b, dfch, a.ln2, p.fc_w, N, C, 4 * C);
+    cu(layernorm_backward(dr, g + l.ln2_w, g + l.ln2_b, dln, a.r, p.ln2_w, a.ln2_mean, a.ln2_rstd, N, C,
                           stream_),
        "ln2_backward");
-    linear_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p + l.proj_w, N, C, C);
+    linear_backward(datty, g + l.proj_w, g + l.proj_b, dr, a.atty, p.proj_w, N, C, C);
     // attention
     if (d.attention == Attention::kFlash) {
       if (tensor_core_attention(d))
@@ -270,19 +298,21 @@ class CudaBackend final : public Backend {
       gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, HS, d.T, d.T, q, HS, sTH, datt, d.T, sTT, dk, HS, sTH, BH, 0.0f);
       cu(attention_merge_heads_qkv(dqkv, dq, dk, dv, d.B, d.T, C, NH, stream_), "merge_qkv");
     }
-    linear_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p + l.qkv_w, N, C, 3 * C);
+    linear_backward(dln, g + l.qkv_w, g + l.qkv_b, dqkv, a.ln1, p.qkv_w, N, C, 3 * C);
     copy_d2d(dx, dr, BTC);
-    cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p + l.ln1_w, a.ln1_mean, a.ln1_rstd, N, C,
+    cu(layernorm_backward(dx, g + l.ln1_w, g + l.ln1_b, dln, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C,
                           stream_),
        "ln1_backward");
-    note_use(p);
+    note_use(lp.ptr());
   }
 
-  double head_forward(const Dims& d, const float* p, const float* x, const int32_t* targets, HeadActs a,
+  double head_forward(const Dims& d, LayerParams lp, const float* x, const int32_t* targets, HeadActs a,
                       float* dx, float* g, float loss_scale) override {
     constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
     if (!ok()) return kNaN;
     const EmbedLayout l = embed_layout(d);
+    const float* p = fp32_params(lp, l.total);
+    if (!p) return kNaN;
     const int N = d.B * d.T, C = d.C, V = d.V;
     const size_t BTC = size_t(N) * C;
     float* s = ensure_scratch(BTC + size_t(N));  // dlnf | losses
@@ -307,7 +337,7 @@ class CudaBackend final : public Backend {
         zero(dx, BTC);  // loss_scale 0: the gradient is zero
       }
     }
-    note_use(p);
+    note_use(lp.ptr());
     cu(cudaMemcpyAsync(hloss_, dloss_, sizeof(double), cudaMemcpyDeviceToHost, stream_), "loss D2H");
     synchronize();
     return ok() ? *hloss_ : kNaN;
@@ -359,17 +389,82 @@ class CudaBackend final : public Backend {
       return;
     cu(cudaEventSynchronize(copied_), "wait for H2D");
   }
-  // A device buffer of at least n bf16 values (grown, never shrunk); nullptr after an error.
-  uint16_t* staging16(Staging16& st, size_t n) {
+  // A device buffer of at least n values (grown, never shrunk); nullptr after an error.
+  template <class T> T* grown(DeviceBuf<T>& st, size_t n, const char* what) {
     if (!ok()) return nullptr;
     if (st.n < n) {
       if (st.p) (void)cudaFree(st.p);  // synchronizes the device: nothing still reads it
       st = {};
-      if (!cu(cudaMalloc(reinterpret_cast<void**>(&st.p), n * sizeof(uint16_t)), "cudaMalloc bf16 staging"))
-        return nullptr;
+      if (!cu(cudaMalloc(reinterpret_cast<void**>(&st.p), n * sizeof(T)), what)) return nullptr;
       st.n = n;
     }
     return st.p;
+  }
+  uint16_t* staging16(Staging16& st, size_t n) { return grown(st, n, "cudaMalloc bf16 staging"); }
+
+  // The whole layer in fp32: lp.f32 itself, or lp.bf16 widened (exactly) into wide_ on the
+  // compute stream. nullptr after an error.
+  const float* fp32_params(LayerParams lp, size_t floats) {
+    if (lp.f32 != nullptr || !ok()) return ok() ? lp.f32 : nullptr;
+    float* w = grown(wide_, floats, "cudaMalloc widened layer");
+    if (w == nullptr || !cu(bf16_to_f32(w, lp.bf16, floats, stream_), "widen bf16 layer")) return nullptr;
+    return w;
+  }
+  // A block's parameters for its kernels. From bf16 with bf16 GEMMs: the matrices stay the
+  // gathered bf16 values and only the vectors (13 C values) are widened, into vec_; with
+  // exact_gemm the whole layer is widened. Check ok() after.
+  Weights weights(LayerParams lp, const BlockLayout& l, int C) {
+    Weights w;
+    const float* f = lp.f32;
+    if (f == nullptr && compute_ != CUBLAS_COMPUTE_32F_FAST_16BF) f = fp32_params(lp, l.total);
+    if (f != nullptr) {
+      w = {f + l.ln1_w,
+           f + l.ln1_b,
+           f + l.qkv_b,
+           f + l.proj_b,
+           f + l.ln2_w,
+           f + l.ln2_b,
+           f + l.fc_b,
+           f + l.fcproj_b,
+           {f + l.qkv_w, nullptr},
+           {f + l.proj_w, nullptr},
+           {f + l.fc_w, nullptr},
+           {f + l.fcproj_w, nullptr}};
+      return w;
+    }
+    if (!ok()) return w;
+    const uint16_t* b = lp.bf16;
+    const size_t c = static_cast<size_t>(C);
+    float* v = grown(vec_, 13 * c, "cudaMalloc block vectors");
+    if (v == nullptr) return w;
+    // The vectors lie in five runs of the layout: ln1_w ln1_b | qkv_b | proj_b ln2_w ln2_b | fc_b | fcproj_b.
+    size_t at = 0;
+    auto run = [&](size_t off, size_t n) {
+      float* dst = v + at;
+      at += n;
+      cu(bf16_to_f32(dst, b + off, n, stream_), "widen block vectors");
+      return dst;
+    };
+    w.ln1_w = run(l.ln1_w, 2 * c);
+    w.ln1_b = w.ln1_w + c;
+    w.qkv_b = run(l.qkv_b, 3 * c);
+    w.proj_b = run(l.proj_b, 3 * c);
+    w.ln2_w = w.proj_b + c;
+    w.ln2_b = w.proj_b + 2 * c;
+    w.fc_b = run(l.fc_b, 4 * c);
+    w.fcproj_b = run(l.fcproj_b, c);
+    w.qkv_w.bf16 = b + l.qkv_w;
+    w.proj_w.bf16 = b + l.proj_w;
+    w.fc_w.bf16 = b + l.fc_w;
+    w.fcproj_w.bf16 = b + l.fcproj_w;
+    return w;
+  }
+  // x [n] rounded to bf16 (the same rounding cuBLAS's FAST_16BF applies inside a GEMM) into
+  // act16_, the bf16 operand of the next GEMM; nullptr after an error.
+  const uint16_t* to_bf16(const float* x, size_t n) {
+    uint16_t* o = grown(act16_, n, "cudaMalloc bf16 activations");
+    if (o == nullptr || !cu(f32_to_bf16(o, x, n, stream_), "round activations to bf16")) return nullptr;
+    return o;
   }
   // Records, after the kernels just enqueued, that `params` was read up to here.
   void note_use(const void* params) {
@@ -431,16 +526,37 @@ class CudaBackend final : public Backend {
                                   CUBLAS_GEMM_DEFAULT),
        "cublasGemmStridedBatchedEx");
   }
+  // The same GEMM with bf16 A and B, fp32 C and fp32 accumulation (CUBLAS_COMPUTE_32F).
+  void gemm16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const uint16_t* A, int lda,
+              const uint16_t* B, int ldb, float* Cm, int ldc, float beta) {
+    if (!ok()) return;
+    const float alpha = 1.0f;
+    bl(cublasGemmEx(blas_, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, Cm,
+                    CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+       "cublasGemmEx bf16");
+  }
+  // `act` [rows, cols] times a weight: the fp32 GEMM for an fp32 weight; for a bf16 weight,
+  // `act` rounded to bf16 and the bf16 GEMM (the operands FAST_16BF would have rounded anyway).
+  void gemm_weight(cublasOperation_t ta, int m, int n, int k, Matrix W, int ldw, const float* act,
+                   size_t act_n, int ldact, float* Cm, int ldc, float beta) {
+    if (W.bf16 == nullptr) {
+      gemm(ta, CUBLAS_OP_N, m, n, k, W.f32, ldw, act, ldact, Cm, ldc, beta);
+      return;
+    }
+    const uint16_t* a16 = to_bf16(act, act_n);
+    if (a16 != nullptr) gemm16(ta, CUBLAS_OP_N, m, n, k, W.bf16, ldw, a16, ldact, Cm, ldc, beta);
+  }
   // out[N,OC] = beta*out + inp[N,IC] @ W[OC,IC]^T + bias
-  void linear_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC,
+  void linear_forward(float* out, const float* inp, Matrix W, const float* bias, int N, int IC, int OC,
                       float beta) {
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, W, IC, inp, IC, out, OC, beta);
+    gemm_weight(CUBLAS_OP_T, OC, N, IC, W, IC, inp, size_t(N) * IC, IC, out, OC, beta);
     if (bias && ok()) cu(add_bias(out, bias, N, OC, stream_), "add_bias");
   }
-  // dinp[N,IC] = dout @ W (overwrites); dW += dout^T @ inp; dbias += colsum(dout).
-  void linear_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                       const float* W, int N, int IC, int OC) {
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, W, IC, dout, OC, dinp, IC, 0.0f);
+  // dinp[N,IC] = dout @ W (overwrites); dW += dout^T @ inp (fp32 accumulation into the fp32
+  // gradient); dbias += colsum(dout).
+  void linear_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, Matrix W,
+                       int N, int IC, int OC) {
+    gemm_weight(CUBLAS_OP_N, IC, N, OC, W, IC, dout, size_t(N) * OC, OC, dinp, IC, 0.0f);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, inp, IC, dout, OC, dW, IC, 1.0f);
     if (dbias && ok()) cu(column_sum_acc(dbias, dout, N, OC, stream_), "bias_backward");
   }
@@ -452,6 +568,9 @@ class CudaBackend final : public Backend {
   cudaEvent_t copied_ = nullptr;   // the last upload
   cudaEvent_t staged_ = nullptr;   // compute: after the last widen out of up16_
   Staging16 up16_, down16_;        // device bf16 staging of upload_bf16 / download_bf16 (grown on demand)
+  Staging16 act16_;                // the bf16 activation operand of a GEMM with a bf16 weight
+  DeviceBuf<float> wide_;          // a bf16 layer widened whole (layer 0; blocks with exact_gemm)
+  DeviceBuf<float> vec_;           // a bf16 block's vectors widened (13 C floats)
   std::unordered_map<const void*, cudaEvent_t> uses_;  // params pointer → after its last reader
   cublasHandle_t blas_ = nullptr;
   cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;

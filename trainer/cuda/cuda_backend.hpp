@@ -11,9 +11,15 @@
 //
 // Plain C++20 (no tier::Status) so that it can be included from .cu files too.
 //
-// Precision: the Backend interface passes fp32 buffers. GEMMs run on bf16 tensor cores with
-// fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F_FAST_16BF: operands rounded to bf16 inside the
-// GEMM), everything else in fp32. `exact_gemm` switches to plain fp32 GEMMs.
+// Precision: activations, gradients and the saved state are fp32 buffers. GEMMs run on bf16
+// tensor cores with fp32 accumulation: with fp32 parameters through cuBLAS
+// CUBLAS_COMPUTE_32F_FAST_16BF (operands rounded to bf16 inside the GEMM); with bf16
+// parameters (LayerParams::bf16, bf16_params() is true: the pipeline's gathered bf16 layers) a
+// block's four weight matrices are read as they are, the activation operand is rounded to bf16
+// (the same rounding) and the GEMM is bf16 x bf16 -> fp32 with CUBLAS_COMPUTE_32F; LayerNorm
+// scales, biases and layer 0 are widened to fp32 (small). LayerNorm statistics, softmax, the
+// loss and every gradient accumulation stay fp32. `exact_gemm` switches to plain fp32 GEMMs
+// (bf16 parameters are then widened whole).
 //
 // Errors: the Backend methods return nothing, so the first CUDA/cuBLAS error is kept (sticky)
 // and later calls do nothing; head_forward then returns NaN and error() says what failed.

@@ -68,10 +68,14 @@ struct LayerPipeline::Impl {
       if (s) (void)cudaStreamDestroy(s);
   }
 
-  Status make_slot(Slot& s) {
+  // A compute_bf16 pipeline moves only bf16 layers: its parameter slots have no fp32 buffers
+  // and its gradient slots no fp32 shard (the reduce-scatter is bf16), only the fp32 layer the
+  // backward accumulates into.
+  Status make_slot(Slot& s, bool param) {
     const size_t n = opts.shard_floats;
-    TIER_RETURN_IF_ERROR(device_alloc(&s.shard, n, "cudaMalloc shard"));
-    TIER_RETURN_IF_ERROR(device_alloc(&s.full, n * ranks, "cudaMalloc layer"));
+    const bool only_bf16 = opts.bf16 && opts.compute_bf16;
+    if (!only_bf16) TIER_RETURN_IF_ERROR(device_alloc(&s.shard, n, "cudaMalloc shard"));
+    if (!(only_bf16 && param)) TIER_RETURN_IF_ERROR(device_alloc(&s.full, n * ranks, "cudaMalloc layer"));
     if (opts.bf16) {
       TIER_RETURN_IF_ERROR(device_alloc(&s.shard16, n, "cudaMalloc bf16 shard"));
       TIER_RETURN_IF_ERROR(device_alloc(&s.full16, n * ranks, "cudaMalloc bf16 layer"));
@@ -91,11 +95,18 @@ struct LayerPipeline::Impl {
     return nullptr;
   }
 
-  // fetch / fetch_bf16: `shard` holds `count` elements, fp32 or (bf16) bf16.
-  Result<float*> fetch(int layer, std::span<const std::byte> shard, size_t count, bool bf16) {
+  // fetch / fetch_bf16 / fetch_bf16_layer: `shard` holds `count` elements, fp32 or (bf16)
+  // bf16; the slot's layer buffer the compute reads: fp32 `full`, or `full16` when !widen.
+  Result<Slot*> fetch(int layer, std::span<const std::byte> shard, size_t count, bool bf16, bool widen) {
     if (count > opts.shard_floats)
       return fail(Code::kInvalidArgument, "shard larger than the pipeline's shard_floats");
     if (bf16 && !opts.bf16) return fail(Code::kInvalidArgument, "a bf16 fetch on a pipeline made for fp32");
+    if (!bf16 && opts.compute_bf16)
+      return fail(Code::kInvalidArgument, "an fp32 fetch on a compute_bf16 pipeline");
+    if (bf16 && widen == opts.compute_bf16)
+      return fail(Code::kInvalidArgument, opts.compute_bf16
+                                              ? "fetch_bf16 on a compute_bf16 pipeline (fetch_bf16_layer)"
+                                              : "fetch_bf16_layer on a pipeline that widens (compute_bf16)");
     Slot& s = params[next_param++ % params.size()];
     s.layer = layer;
     // The copy may overwrite the slot only after the compute that read it was enqueued earlier
@@ -114,12 +125,12 @@ struct LayerPipeline::Impl {
                       : comm->all_gather(s.shard, s.full, count, comm_stream));
       last = comm_stream;
     }
-    if (bf16)
+    if (bf16 && widen)
       TRY_RESULT(cu(bf16_to_f32(s.full, s.full16, count * static_cast<size_t>(gather ? ranks : 1), last),
                     "widen bf16 layer"));
     TRY_RESULT(cu(cudaEventRecord(s.gathered, last), "record gathered"));
     TRY_RESULT(cu(cudaStreamWaitEvent(compute, s.gathered, 0), "wait for gather"));
-    return s.full;
+    return &s;
   }
 
   // adamw / adamw_bf16: g holds p.size() fp32 or (g_bf16) bf16 values. The bf16 working copy
@@ -169,6 +180,8 @@ struct LayerPipeline::Impl {
   Result<tier::gpu::Transfer> push_grad(int layer, std::span<std::byte> shard, size_t count, bool bf16) {
     if (bf16 && !opts.bf16)
       return fail(Code::kInvalidArgument, "a bf16 gradient on a pipeline made for fp32");
+    if (!bf16 && opts.compute_bf16)
+      return fail(Code::kInvalidArgument, "an fp32 gradient on a compute_bf16 pipeline");
     Slot* s = find(grads, layer);
     if (!s) return fail(Code::kNotFound, "no gradient buffer for layer " + std::to_string(layer));
     const bool reduce = comm && ranks > 1;
@@ -217,18 +230,28 @@ Result<std::unique_ptr<LayerPipeline>> LayerPipeline::create(tier::gpu::Stager& 
   impl->grads.resize(o.depth);
   for (auto* ring : {&impl->params, &impl->grads})
     for (Slot& s : *ring) {
-      Status st = impl->make_slot(s);
+      Status st = impl->make_slot(s, ring == &impl->params);
       if (!st) return fail(std::move(st));
     }
   return std::unique_ptr<LayerPipeline>(new LayerPipeline(std::move(impl)));
 }
 
 Result<float*> LayerPipeline::fetch(int layer, std::span<const float> shard) {
-  return impl_->fetch(layer, bytes_of(shard), shard.size(), false);
+  auto s = impl_->fetch(layer, bytes_of(shard), shard.size(), false, false);
+  if (!s) return fail(s.error());
+  return (*s)->full;
 }
 
 Result<float*> LayerPipeline::fetch_bf16(int layer, std::span<const uint16_t> shard) {
-  return impl_->fetch(layer, std::as_bytes(shard), shard.size(), true);
+  auto s = impl_->fetch(layer, std::as_bytes(shard), shard.size(), true, true);
+  if (!s) return fail(s.error());
+  return (*s)->full;
+}
+
+Result<const uint16_t*> LayerPipeline::fetch_bf16_layer(int layer, std::span<const uint16_t> shard) {
+  auto s = impl_->fetch(layer, std::as_bytes(shard), shard.size(), true, false);
+  if (!s) return fail(s.error());
+  return (*s)->full16;
 }
 
 Status LayerPipeline::done_with(int layer) {

@@ -35,8 +35,12 @@ struct PipelineOptions {
   size_t shard_floats = 0;  // the largest per-rank shard (padded layer / ranks), in elements
   int depth = 2;            // layers in flight per direction
   // --precision bf16: each slot also gets bf16 shard and layer buffers, so fetch_bf16 and
-  // push_grad_bf16 move and reduce half the bytes (the compute still sees fp32 layers).
+  // push_grad_bf16 move and reduce half the bytes.
   bool bf16 = false;
+  // bf16 pipelines: the compute reads the gathered bf16 layer itself (fetch_bf16_layer), so
+  // parameter slots hold only the bf16 shard and layer, no fp32 copy (half the bytes of the
+  // gathered layers on the device). false: fetch_bf16 widens each layer into an fp32 slot.
+  bool compute_bf16 = false;
 };
 
 class LayerPipeline {
@@ -59,6 +63,9 @@ class LayerPipeline {
   // all-gather move bf16; the layer is widened (exactly) into the returned fp32 buffer on the
   // device before the compute stream may read it.
   [[nodiscard]] Result<float*> fetch_bf16(int layer, std::span<const uint16_t> shard);
+  // PipelineOptions::compute_bf16: the same without the widening; returns the device buffer
+  // (ranks × shard.size() bf16 values) that will hold the gathered bf16 layer.
+  [[nodiscard]] Result<const uint16_t*> fetch_bf16_layer(int layer, std::span<const uint16_t> shard);
   // Records that the compute stream finished enqueuing its use of the layer's slot.
   [[nodiscard]] Status done_with(int layer);
 

@@ -26,8 +26,14 @@ Status cu(cudaError_t e, const char* what) { return tier::gpu::check_cuda(e, wha
 
 class PipelineStream final : public LayerStream {
  public:
-  PipelineStream(std::unique_ptr<NcclComm> nccl, cudaStream_t compute, int device, int ranks)
-      : nccl_(std::move(nccl)), compute_(compute), device_(device), ranks_(ranks) {}
+  // `bf16_compute`: the backend computes from bf16 layers (Backend::bf16_params()).
+  PipelineStream(std::unique_ptr<NcclComm> nccl, cudaStream_t compute, int device, int ranks,
+                 bool bf16_compute)
+      : nccl_(std::move(nccl)),
+        compute_(compute),
+        device_(device),
+        ranks_(ranks),
+        bf16_compute_(bf16_compute) {}
 
   ~PipelineStream() override {
     (void)finish();
@@ -71,6 +77,7 @@ class PipelineStream final : public LayerStream {
     po.shard_floats = *std::max_element(shard_.begin(), shard_.end());
     po.depth = depth;
     po.bf16 = bf16_;
+    po.compute_bf16 = bf16_ && bf16_compute_;  // the backend reads the gathered bf16 layer itself
     auto pl = LayerPipeline::create(*stager_, ranks_ > 1 ? nccl_.get() : nullptr, compute_, po);
     if (!pl) return pl.error();
     pipeline_ = std::move(*pl);
@@ -83,7 +90,7 @@ class PipelineStream final : public LayerStream {
               "cudaMalloc layer 0 gradient");
   }
 
-  Result<float*> fetch(int layer, Pinned shard) override {
+  Result<LayerParams> fetch(int layer, Pinned shard) override {
     if (!pipeline_) return fail(Code::kInvalidArgument, "pipeline stream not opened");
     if (open_.size() >= fetches_.size())
       return fail(Code::kInvalidArgument, "fetch with every slot open: done_with_oldest() first");
@@ -97,8 +104,7 @@ class PipelineStream final : public LayerStream {
       if (!s) return fail(std::move(s));
     }
     const int key = next_key_++;
-    auto dev = bf16_ ? pipeline_->fetch_bf16(key, std::span<const uint16_t>(shard.bf16(), shard.floats))
-                     : pipeline_->fetch(key, std::span<const float>(shard.data, shard.floats));
+    auto dev = fetch_layer(key, shard);
     // Recorded after whatever of the fetch was enqueued on the copy stream, failed or not, so
     // the pin is never released under a copy that is still reading it.
     Status rec = cu(cudaEventRecord(f.copied, pipeline_->copy_stream()), "record parameter H2D");
@@ -112,6 +118,20 @@ class PipelineStream final : public LayerStream {
   }
 
   uint64_t h2d_bytes() const override { return h2d_bytes_; }
+
+  // The pipeline call for the store's precision and the backend's: a bf16 layer as it was
+  // gathered, one widened into fp32, or an fp32 one.
+  Result<LayerParams> fetch_layer(int key, const Pinned& shard) {
+    if (bf16_ && bf16_compute_) {
+      auto p = pipeline_->fetch_bf16_layer(key, std::span<const uint16_t>(shard.bf16(), shard.floats));
+      if (!p) return fail(p.error());
+      return LayerParams::of_bf16(*p);
+    }
+    auto p = bf16_ ? pipeline_->fetch_bf16(key, std::span<const uint16_t>(shard.bf16(), shard.floats))
+                   : pipeline_->fetch(key, std::span<const float>(shard.data, shard.floats));
+    if (!p) return fail(p.error());
+    return LayerParams(*p);
+  }
 
   Status done_with_oldest() override {
     if (open_.empty()) return Status(Code::kInvalidArgument, "done_with_oldest: no fetch open");
@@ -219,7 +239,8 @@ class PipelineStream final : public LayerStream {
   std::unique_ptr<NcclComm> nccl_;
   cudaStream_t compute_ = nullptr;  // the backend's; not owned
   int device_ = 0, ranks_ = 1;
-  bool bf16_ = false;  // --precision bf16: parameter and gradient shards hold bf16 values
+  bool bf16_compute_ = false;  // the backend computes from bf16 layers
+  bool bf16_ = false;          // --precision bf16: parameter and gradient shards hold bf16 values
   std::unique_ptr<tier::gpu::Stager> stager_;
   std::unique_ptr<LayerPipeline> pipeline_;
   std::vector<size_t> shard_;   // floats per rank, per layer
@@ -253,7 +274,7 @@ Result<std::unique_ptr<LayerStream>> make_pipeline_stream(Backend& backend, Comm
     nccl = std::move(*n);
   }
   return std::unique_ptr<LayerStream>(
-      std::make_unique<PipelineStream>(std::move(nccl), compute, device, comm.size()));
+      std::make_unique<PipelineStream>(std::move(nccl), compute, device, comm.size(), backend.bf16_params()));
 }
 
 }  // namespace tier::train::cuda
