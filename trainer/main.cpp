@@ -227,6 +227,9 @@ int print_plan(const Cli& c, const TrainOptions& o, PlanOptions po) {
   po.flash_attention = o.attention == Attention::kFlash;
   po.checkpointing = o.checkpoint_activations;
   po.offload_checkpoints = o.offload_checkpoints;
+  // The layer pipeline is what --backend cuda runs unless --collectives host says otherwise
+  // (planned the same in a build without NCCL, which could not run it).
+  po.device_pipeline = c.backend == "cuda" && c.collectives != "host";
   auto p = make_plan(po);
   if (!p) die(nullptr, p.error().message(), 2);
   std::fputs((c.json ? plan_json(*p) : plan_text(*p)).c_str(), stdout);

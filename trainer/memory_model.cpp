@@ -104,7 +104,19 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   constexpr uint64_t f = sizeof(float);
   dv.gathered = static_cast<uint64_t>(c.prefetch + 1) * g.max_pad * f;
   dv.grads = (g.pad[0] + 2 * (NL > 1 ? g.pad[1] : 1)) * f;
-  if (c.precision == Precision::kBf16) {
+  uint64_t backend_scratch = 0;
+  if (c.device_pipeline) {
+    // LayerPipeline's slots (make_slot) for the largest shard, K + 1 per direction, and
+    // PipelineStream's layer 0 gradient.
+    const uint64_t depth = static_cast<uint64_t>(c.prefetch + 1);
+    const uint64_t shard = *std::max_element(g.shard.begin(), g.shard.end());
+    const bool bf16 = c.precision == Precision::kBf16;
+    constexpr uint64_t h = 2;
+    dv.gathered = depth * (bf16 ? (shard + g.max_pad) * h : (shard + g.max_pad) * f);
+    dv.grads = g.pad[0] * f + depth * (g.max_pad * f + (bf16 ? (shard + g.max_pad) * h : shard * f));
+    if (bf16)  // CudaBackend: act16_, vec_, wide_
+      backend_scratch = BTC * 4 * h + 13 * C * f + embed_layout(c.model.dims(1, T)).total * f;
+  } else if (c.precision == Precision::kBf16) {
     // Host staging of the bf16 collectives: the gathered shards of each slot, and per gradient
     // buffer its bf16 copy and the all-to-all's chunks (Trainer::alloc_buffers).
     constexpr uint64_t h = 2;
@@ -117,7 +129,8 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   dv.activations = static_cast<uint64_t>(n.acts) * block_acts_floats(d) * f;
   dv.checkpoints = static_cast<uint64_t>(n.xs) * BTC * f;
   dv.head = head_acts_floats(d) * f;
-  dv.scratch = (n.scratch + BTC) * f + 2 * B * static_cast<uint64_t>(T) * sizeof(int32_t);  // + dx, tokens
+  dv.scratch = (n.scratch + BTC) * f + 2 * B * static_cast<uint64_t>(T) * sizeof(int32_t) +  // + dx, tokens
+               backend_scratch;
   return mm;
 }
 

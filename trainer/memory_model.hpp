@@ -38,6 +38,11 @@ struct MemoryConfig {
   bool offload_checkpoints = false;
   // Attention scores: materialized [B,NH,T,T] (reference) or never held (flash).
   bool flash_attention = true;
+  // The device's layer pipeline moves the layers (--backend cuda --collectives nccl:
+  // trainer/cuda/pipeline.hpp) instead of the trainer's host path. Its slots are device
+  // buffers; with bf16 the backend computes from the gathered bf16 layers, so a parameter slot
+  // holds no fp32 copy.
+  bool device_pipeline = false;
 };
 
 // Every layer's parameters padded to a multiple of 16 * R floats (whole 64-byte lines per
@@ -69,12 +74,19 @@ struct TierBytes {
 
 // The device working set of one rank, from the buffers the trainer allocates (step.hpp).
 struct DeviceBytes {
-  uint64_t gathered = 0;     // K + 1 parameter slots of the largest layer (bf16: and their bf16 staging)
-  uint64_t grads = 0;        // layer 0's gradient and two block gradients (bf16: and their bf16 staging)
+  // Host path: K + 1 fp32 parameter slots of the largest layer (bf16: and their bf16 staging);
+  // pipeline: K + 1 slots of the shard and the gathered layer, bf16 only with bf16.
+  uint64_t gathered = 0;
+  // Host path: layer 0's gradient and two block gradients (bf16: and their bf16 staging);
+  // pipeline: layer 0's fp32 gradient and K + 1 slots of an fp32 layer gradient and its
+  // shard (bf16: the bf16 layer and shard the reduce-scatter moves instead of the fp32 shard).
+  uint64_t grads = 0;
   uint64_t activations = 0;  // saved block activations (L blocks, or one when checkpointing)
   uint64_t checkpoints = 0;  // the residual stream x_0..x_L (two buffers when offloaded)
   uint64_t head = 0;         // lnf and logits
-  uint64_t scratch = 0;      // a block's backward scratch, dx, tokens and targets
+  // A block's backward scratch, dx, tokens and targets; pipeline with bf16: the backend's bf16
+  // GEMM operand [B,T,4C], a block's widened vectors and layer 0 widened (fp32).
+  uint64_t scratch = 0;
   uint64_t total() const { return gathered + grads + activations + checkpoints + head + scratch; }
 };
 

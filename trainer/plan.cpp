@@ -52,7 +52,8 @@ Result<Plan> make_plan(const PlanOptions& in) {
                         .precision = o.precision,
                         .checkpoint_activations = o.checkpointing,
                         .offload_checkpoints = o.offload_checkpoints,
-                        .flash_attention = o.flash_attention};
+                        .flash_attention = o.flash_attention,
+                        .device_pipeline = o.device_pipeline};
   auto mm = memory_model(mc);
   if (!mm) return fail(mm.error());
   p.mem = *mm;

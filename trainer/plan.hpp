@@ -42,6 +42,7 @@ struct PlanOptions {
   bool checkpointing = false;              // --checkpoint-activations
   bool offload_checkpoints = false;        // --offload-checkpoints
   bool flash_attention = true;             // --attention flash (the default) or reference
+  bool device_pipeline = false;            // --backend cuda --collectives nccl|auto (MemoryConfig)
 };
 
 struct Plan {

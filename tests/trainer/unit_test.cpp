@@ -276,6 +276,43 @@ TEST_CASE("plan arithmetic (--plan) matches a case computed by hand", "[trainer]
   }
 }
 
+TEST_CASE("plan of the device pipeline: bf16 gathered layers without an fp32 copy", "[trainer][plan]") {
+  MemoryConfig c;
+  c.model.name = "hand";
+  c.model.layers = 2;
+  c.model.dim = 64;
+  c.model.heads = 4;
+  c.model.seq = 32;
+  c.ranks = 8;
+  c.ranks_per_node = 4;
+  c.micro_batch = 2;
+  c.prefetch = 1;
+  c.device_pipeline = true;
+  c.precision = Precision::kFp32;
+  auto f = memory_model(c);
+  c.precision = Precision::kBf16;
+  auto h = memory_model(c);
+  c.device_pipeline = false;
+  auto host = memory_model(c);
+  REQUIRE(f.has_value());
+  REQUIRE(h.has_value());
+  REQUIRE(host.has_value());
+  // Padded layers {18560, 50048, 50048} over 8 ranks: the largest shard 6256 floats. Two
+  // parameter slots of shard + layer: fp32 4 bytes each, bf16 2 (no fp32 copy of the layer).
+  const uint64_t slot = 6256 + 50048;
+  CHECK(f->device.gathered == 2 * slot * 4);
+  CHECK(h->device.gathered == 2 * slot * 2);
+  // Gradients: layer 0's fp32, and two slots of an fp32 layer gradient with, fp32, the fp32
+  // shard or, bf16, the bf16 layer and shard.
+  CHECK(f->device.grads == 18560 * 4 + 2 * (50048 * 4 + 6256 * 4));
+  CHECK(h->device.grads == 18560 * 4 + 2 * (50048 * 4 + slot * 2));
+  // The backend's bf16 GEMM operand [B*T, 4C], a block's 13 C vectors and layer 0 widened.
+  CHECK(h->device.scratch - f->device.scratch == 2 * 32 * 64 * 4 * 2 + 13 * 64 * 4 + 18560 * 4);
+  // The host path's fp32 slots and their bf16 staging are larger than the pipeline's bf16 slots.
+  CHECK(host->device.gathered == 2 * 50048 * (4 + 2));
+  CHECK(h->device.gathered < host->device.gathered / 2);
+}
+
 TEST_CASE("activation_floats: checkpointing keeps one block's activations, offload two inputs",
           "[trainer][checkpoint]") {
   const Dims d{2, 16, 32, 4, 256, 16};
