@@ -18,6 +18,11 @@ compute capability, SM count and clock). Fields:
                                   same --buffers), reference_over_flash (attention),
                                   pipeline_over_host (device pipeline vs host staging: one rank
                                   runs no NCCL, so this is not an NCCL figure)
+  offload_adamw                   python-adamw (offload_adamw_gpu.py): per run (OffloadAdamW on
+                                  CUDA parameters, torch.optim.AdamW(fused=True), OffloadAdamW
+                                  on CPU parameters, torch AdamW on CPU) the median step ms; per
+                                  comparison max_abs, max_rel, rel_norm and whether it is within
+                                  its bound; the step-time ratios
 """
 import json
 import os
@@ -125,6 +130,8 @@ def main():
         "small_copies": {"h2d": by("gpu_h2d_small_us", "arena_us", "memcpy_us"),
                          "d2h": by("gpu_d2h_small_us", "arena_us", "memcpy_us")},
         "bench_pipeline": lines(work, "bench-pipeline.out"),
+        "offload_adamw": {r["name"]: {k: v for k, v in r.items() if k != "name"}
+                          for r in lines(work, "python-adamw.out") if "name" in r} or None,
         "train": {"model": model, "batch": int(batch), "steps": int(steps), "buffers": int(buffers),
                   **runs,
                   "tier_over_resident": ratio(runs["tier"], runs["resident"]),
