@@ -108,7 +108,7 @@ Result<MemoryModel> memory_model(const MemoryConfig& c) {
   if (c.device_pipeline) {
     // LayerPipeline's slots (make_slot) for the largest shard, K + 1 per direction, and
     // PipelineStream's layer 0 gradient.
-    const uint64_t depth = static_cast<uint64_t>(c.prefetch + 1);
+    const uint64_t depth = static_cast<uint64_t>(c.prefetch) + 1;
     const uint64_t shard = *std::max_element(g.shard.begin(), g.shard.end());
     const bool bf16 = c.precision == Precision::kBf16;
     constexpr uint64_t h = 2;
