@@ -34,24 +34,8 @@ using namespace tier::train;
 
 namespace {
 
-std::vector<float> values(size_t n, uint64_t seed, float a) {
-  std::vector<float> v(n);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& x : v) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = a * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
-  }
-  return v;
-}
-
-double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, scale = 1e-3;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  return diff / scale;
-}
+using tier::test::random_floats;
+using tier::test::rel_err;
 
 // Parameters rounded to bf16: the bits the device gets and the same values widened for the CPU.
 struct Rounded {
@@ -113,12 +97,12 @@ void check_block(const Dims& d) {
   REQUIRE(gpu->bf16_params());
   auto cpu = make_cpu_backend();
   const BlockLayout bl = block_layout(d);
-  std::vector<float> raw = values(bl.total, 3, 0.5f / std::sqrt(static_cast<float>(d.C)));
+  std::vector<float> raw = random_floats(bl.total, 3, 0.5f / std::sqrt(static_cast<float>(d.C)));
   for (size_t off : {bl.ln1_w, bl.ln2_w})
     for (size_t i = 0; i < size_t(d.C); ++i) raw[off + i] = 1.0f + 10.0f * raw[off + i];
   const Rounded p = rounded(std::move(raw));
   const size_t BTC = size_t(d.B) * d.T * d.C;
-  const std::vector<float> x = values(BTC, 4, 1.0f), dy = values(BTC, 5, 1.0f);
+  const std::vector<float> x = random_floats(BTC, 4, 1.0f), dy = random_floats(BTC, 5, 1.0f);
 
   BlockOut want{std::vector<float>(BTC), std::vector<float>(BTC), std::vector<float>(bl.total, 0.0f)};
   std::vector<float> acts(block_acts_floats(d)), scratch(block_scratch_floats(d));
@@ -192,7 +176,7 @@ TEST_CASE("embed and head from a bf16 layer 0 match the CPU reference", "[gpu]")
   const Dims d = m->dims(1, 256);
   const size_t BT = size_t(d.B) * d.T, BTC = BT * d.C;
   const EmbedLayout el = embed_layout(d);
-  std::vector<float> raw = values(el.total, 1, 0.1f);
+  std::vector<float> raw = random_floats(el.total, 1, 0.1f);
   for (size_t i = 0; i < size_t(d.C); ++i) raw[el.lnf_w + i] = 1.0f + raw[el.lnf_w + i];
   const Rounded p = rounded(std::move(raw));
   std::vector<int32_t> tokens(BT), targets(BT);

@@ -3,8 +3,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tier::test {
 
@@ -19,6 +24,29 @@ inline bool have_cuda_device() {
     return false;
   }
   return true;
+}
+
+// Deterministic values in [-a, a] (+ offset).
+inline std::vector<float> random_floats(size_t n, uint64_t seed, float a = 1.0f, float offset = 0.0f) {
+  std::vector<float> v(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    x = offset + a * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
+  }
+  return v;
+}
+
+// max |got - want| relative to max |want| (and to 1e-3 for all-small references).
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 1e-3;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return diff / scale;
 }
 
 }  // namespace tier::test

@@ -26,28 +26,8 @@ using namespace tier::train;
 
 namespace {
 
-// Deterministic values in [-a, a] (+ offset).
-std::vector<float> random_floats(size_t n, uint64_t seed, float a = 1.0f, float offset = 0.0f) {
-  std::vector<float> v(n);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& x : v) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    x = offset + a * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
-  }
-  return v;
-}
-
-// max |got - want| relative to max |want| (and to 1e-3 for all-small references).
-double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, scale = 1e-3;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  return diff / scale;
-}
+using tier::test::random_floats;
+using tier::test::rel_err;
 
 #define CHECK_CLOSE(got, want, tol)                 \
   do {                                              \

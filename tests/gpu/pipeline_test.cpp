@@ -71,6 +71,30 @@ template <class Push> void push_gradient(tier::train::cuda::LayerPipeline& p, co
   REQUIRE(t->wait().is_ok());
 }
 
+// Three layers of n bf16 values (ramps rounded to bf16).
+std::vector<std::vector<uint16_t>> bf16_layers(size_t n) {
+  std::vector<std::vector<uint16_t>> shards;
+  for (int l = 0; l < 3; ++l) {
+    const std::vector<float> f = ramp(n, static_cast<float>(l) - 1.0f, 3.0f);
+    shards.emplace_back(n);
+    tier::train::f32_to_bf16(f.data(), shards.back().data(), n);
+  }
+  return shards;
+}
+
+// An fp32 gradient of n values written on the device comes back from push_grad_bf16 as the
+// host's rounding of it; returns that rounding.
+std::vector<uint16_t> check_bf16_gradient(tier::train::cuda::LayerPipeline& p, size_t n,
+                                          cudaStream_t compute) {
+  std::vector<uint16_t> grad_host(n, 0xdead);
+  const std::vector<float> g = ramp(n, -0.5f, 1.0f);
+  push_gradient(p, g, compute, [&] { return p.push_grad_bf16(5, grad_host); });
+  std::vector<uint16_t> g16(n);
+  tier::train::f32_to_bf16(g.data(), g16.data(), n);
+  CHECK(grad_host == g16);
+  return g16;
+}
+
 }  // namespace
 
 TEST_CASE("layer pipeline on one rank: fetch, gradients back, GPU AdamW", "[gpu]") {
@@ -167,12 +191,7 @@ TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, 
   auto& p = **pl;
 
   // Three bf16 layers through two slots: each arrives widened, exactly.
-  std::vector<std::vector<uint16_t>> shards;
-  for (int l = 0; l < 3; ++l) {
-    const std::vector<float> f = ramp(n, static_cast<float>(l) - 1.0f, 3.0f);
-    shards.emplace_back(n);
-    tt::f32_to_bf16(f.data(), shards.back().data(), n);
-  }
+  const std::vector<std::vector<uint16_t>> shards = bf16_layers(n);
   for (int l = 0; l < 3; ++l) {
     auto full = p.fetch_bf16(l, shards[l]);
     REQUIRE(full.has_value());
@@ -183,12 +202,7 @@ TEST_CASE("layer pipeline in bf16 on one rank: fetch widens, gradients rounded, 
   }
 
   // An fp32 gradient on the device comes back as the host's rounding of it.
-  std::vector<uint16_t> grad_host(n, 0xdead);
-  const std::vector<float> g = ramp(n, -0.5f, 1.0f);
-  push_gradient(p, g, compute, [&] { return p.push_grad_bf16(5, grad_host); });
-  std::vector<uint16_t> g16(n);
-  tt::f32_to_bf16(g.data(), g16.data(), n);
-  CHECK(grad_host == g16);
+  const std::vector<uint16_t> g16 = check_bf16_gradient(p, n, compute);
 
   // AdamW of a bf16 gradient against the CPU's one-pass bf16 AdamW; the working copy is the
   // new master rounded (exactly the host's rounding of the GPU's master).
@@ -230,12 +244,7 @@ TEST_CASE("layer pipeline computing from bf16: fetch_bf16_layer gives the gather
   REQUIRE(pl.has_value());
   auto& p = **pl;
   // Three layers through two slots: each arrives as the same bf16 bits, not widened.
-  std::vector<std::vector<uint16_t>> shards;
-  for (int l = 0; l < 3; ++l) {
-    const std::vector<float> f = ramp(n, static_cast<float>(l) - 1.0f, 3.0f);
-    shards.emplace_back(n);
-    tt::f32_to_bf16(f.data(), shards.back().data(), n);
-  }
+  const std::vector<std::vector<uint16_t>> shards = bf16_layers(n);
   for (int l = 0; l < 3; ++l) {
     auto layer = p.fetch_bf16_layer(l, shards[l]);
     REQUIRE(layer.has_value());
@@ -246,12 +255,7 @@ TEST_CASE("layer pipeline computing from bf16: fetch_bf16_layer gives the gather
     REQUIRE(p.done_with(l).is_ok());
   }
   // Gradients still go back rounded from the fp32 layer gradient.
-  std::vector<uint16_t> grad_host(n, 0xdead);
-  const std::vector<float> g = ramp(n, -0.5f, 1.0f);
-  push_gradient(p, g, compute, [&] { return p.push_grad_bf16(5, grad_host); });
-  std::vector<uint16_t> g16(n);
-  tt::f32_to_bf16(g.data(), g16.data(), n);
-  CHECK(grad_host == g16);
+  (void)check_bf16_gradient(p, n, compute);
   // The widening fetch and fp32 moves are refused: the slots hold no fp32 layer.
   CHECK(p.fetch_bf16(0, shards[0]).error().code() == tier::Code::kInvalidArgument);
   const std::vector<float> f32(n, 1.0f);
