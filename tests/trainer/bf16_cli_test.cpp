@@ -54,6 +54,21 @@ TEST_CASE("tier-train's default precision is bf16 with --backend cuda and fp32 o
   CHECK(tier::test::plan_json(plan + " --precision bf16")["precision"] == "bf16");
 }
 
+TEST_CASE("tier-train --plan with --backend cuda plans the device pipeline's bf16 parameter slots",
+          "[trainer][cli][bf16][plan]") {
+  const std::string plan = "--model small --gpus-per-node 1 --backend cuda";
+  auto gathered = [](const std::string& args) {
+    return tier::test::plan_json(args)["gpu_bytes_per_rank"]["gathered_layers"].get<double>();
+  };
+  // The pipeline computes from the gathered bf16 layers; the host path widens each into an
+  // fp32 slot beside its bf16 staging.
+  const double pipeline = gathered(plan), host = gathered(plan + " --collectives host");
+  CHECK(pipeline > 0);
+  CHECK(pipeline < host);
+  CHECK(gathered(plan + " --collectives auto") == pipeline);
+  CHECK(gathered(plan + " --precision fp32") > pipeline);
+}
+
 TEST_CASE("tier-train --precision takes fp32 or bf16", "[trainer][cli][bf16]") {
   const TrainRun bad = run_trainer(1, kTiny + " --precision fp16");
   CHECK(bad.exit_code != 0);
