@@ -14,6 +14,7 @@
 #include "trainer/comm.hpp"
 #include "trainer/cpu/blas_kernels.hpp"
 #include "trainer/cpu/cpu_backend.hpp"
+#include "trainer/cpu/gemm_library.hpp"
 #include "trainer/plan.hpp"
 #include "trainer/trainer.hpp"
 
@@ -318,14 +319,14 @@ void print_profile(const RunSummary& r, const TrainOptions& o, int ranks, int T)
   const double ref = sgemm_gflops(M, N, K, 5);
   std::fprintf(stderr,
                "tier-train: profile, mean per step of rank 0: %.1f ms = %s, %s, %s, %s, %s, "
-               "%s, rest %.1f ms (%.1f%%); GEMMs %.1f GFLOP/s (%ld calls/step); OpenBLAS "
-               "sgemm [%d x %d x %d] alone %.1f GFLOP/s: the GEMMs reach %.2f of it\n",
+               "%s, rest %.1f ms (%.1f%%); GEMMs %.1f GFLOP/s (%ld calls/step); sgemm "
+               "[%d x %d x %d] alone in %s %.1f GFLOP/s: the GEMMs reach %.2f of it\n",
                step_ms, part("gemm", gemm_ms).c_str(), part("attention", att_ms).c_str(),
                part("layernorm", ln_ms).c_str(), part("gelu", gelu_ms).c_str(),
                part("other kernels", other_ms).c_str(), part("optimizer", opt_ms).c_str(), rest_ms,
                100.0 * rest_ms / step_ms, gemm_gflops,
-               static_cast<long>(static_cast<double>(p.gemm_calls) / steps), M, N, K, ref,
-               ref > 0 ? gemm_gflops / ref : 0.0);
+               static_cast<long>(static_cast<double>(p.gemm_calls) / steps), M, N, K, gemm_library_name(),
+               ref, ref > 0 ? gemm_gflops / ref : 0.0);
 }
 
 void print_summary(const RunSummary& r, const ShardStore& store) {
@@ -413,7 +414,11 @@ int main(int argc, char** argv) {
   if (!data) die(&comm, data.error().message());
 
   std::string backend_desc = be->name();
-  if (c.backend == "cpu") backend_desc += fmt::format(" (OpenBLAS {} kernels)", blas_kernels());
+  if (c.backend == "cpu") {
+    backend_desc += fmt::format(" ({})", gemm_library_name());
+    if (*gemm_library_error() != '\0' && comm.rank() == 0)
+      std::fprintf(stderr, "tier-train: %s\n", gemm_library_error());
+  }
   if (comm.rank() == 0)
     std::fprintf(stderr,
                  "tier-train: %s, %d rank(s) x %d thread(s), backend %s, collectives %s, "

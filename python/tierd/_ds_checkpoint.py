@@ -43,6 +43,16 @@ def _tensor_of_size(client, pool: str, name: str, size: int):
     return client.create_tensor(pool, name, size=size)
 
 
+def payload_length(head: bytes, total: int) -> Optional[int]:
+    """The payload length a checkpoint tensor's header announces, given its first _HEADER bytes
+    (fewer when the tensor is shorter) and the tensor's size; None when they are not a header
+    tierd.deepspeed wrote (another magic, a tensor too short for its header or its payload)."""
+    if len(head) < _HEADER or total < _HEADER or head[:8] != _MAGIC:
+        return None
+    n = int.from_bytes(head[8:_HEADER], "little")
+    return n if _HEADER + n <= total else None
+
+
 def _put_bytes(client, pool: str, name: str, payload, what: str) -> None:
     """Tensor `name` made to hold header + payload (a bytes-like object or uint8 tensor)."""
     src = payload if isinstance(payload, torch.Tensor) else torch.frombuffer(payload, dtype=torch.uint8)
@@ -171,9 +181,8 @@ def _get_bytes(client, pool: str, name: str, what: str) -> torch.Tensor:
         info = client.open_tensor(pool, name)
         with client.lease(info, "r", timeout=LEASE_TIMEOUT_S) as lease:
             src = torch.frombuffer(lease, dtype=torch.uint8)
-            head = bytes(src[:_HEADER].numpy())
-            n = int.from_bytes(head[8:16], "little")
-            if head[:8] != _MAGIC or _HEADER + n > src.numel():
+            n = payload_length(bytes(src[:_HEADER].numpy()), src.numel())
+            if n is None:
                 raise SwapError(f"{what} (tierd pool {pool}, tensor {name}): not a checkpoint "
                                 "file written by tierd.deepspeed")
             out = src[_HEADER:_HEADER + n].clone()
@@ -247,9 +256,8 @@ class TierCheckpointEngine(_CkptBase):
             with self.client.lease(info, "r", timeout=LEASE_TIMEOUT_S) as lease:
                 mv = lease.memoryview()
                 try:
-                    head = bytes(mv[:_HEADER])
-                    n = int.from_bytes(head[8:16], "little")
-                    if head[:8] != _MAGIC or _HEADER + n > len(mv):
+                    n = payload_length(bytes(mv[:_HEADER]), len(mv))
+                    if n is None:
                         raise SwapError(f"{what}: not a checkpoint file written by tierd.deepspeed")
                     body = mv[_HEADER:_HEADER + n]
                     reader = _MemReader(body)

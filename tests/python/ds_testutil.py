@@ -128,22 +128,5 @@ def wait_for_line(proc, pattern, timeout=300):
 
 
 def kill_and_restart(d):
-    """kill -9 of tierd Daemon `d`, then a new tierd on the same socket and state directory
-    (its arenas are named shared memory: the new one re-attaches them)."""
-    import signal
-    d.proc.send_signal(signal.SIGKILL)
-    d.proc.wait()
-    args = list(d.proc.args)
-    with open(d.log_path, "ab") as log:
-        d.proc = subprocess.Popen(args, stdout=log, stderr=log)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            s.connect(d.socket)
-            return
-        except OSError:
-            time.sleep(0.01)
-        finally:
-            s.close()
-    raise AssertionError(f"tierd did not come back:\n{d.log()}")
+    """kill -9 of tierd Daemon `d`, then a new tierd on the same socket and state directory."""
+    d.kill_and_restart()

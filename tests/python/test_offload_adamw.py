@@ -117,6 +117,80 @@ class AgainstTorchAdamW(unittest.TestCase):
                          socket=daemon.socket)
 
 
+class ResidentParameters(unittest.TestCase):
+    """Host fp32 parameters of one process live in the pool: each is a view of the committed
+    buffer's master row (params_in_pool=True, the default), re-pointed after every commit."""
+
+    def train(self, pool, in_pool, steps=6, keep=None):
+        data = torch.tensor(list(train_gpt.BUILTIN_TEXT.encode()), dtype=torch.long)
+        model = make_model()
+        opt = OffloadAdamW(groups(model, 0.1), pool=pool, socket=daemon.socket, lr=3e-3, params_in_pool=in_pool)
+        addresses = []
+        for step in range(1, steps + 1):
+            x, y = train_gpt.batch(data, step, 1, 4, 16)
+            opt.zero_grad(set_to_none=True)
+            model(x, y).backward()
+            opt.step()
+            addresses.append(next(model.parameters()).data_ptr())
+        return model, opt, addresses
+
+    def committed_masters(self, pool, opt):
+        """Row 0 of every unit's committed buffer, read through a client of its own."""
+        with tierd.connect(daemon.socket) as c:
+            out = []
+            for u in opt._units:
+                t = c.open_tensor(pool, u.tensors[opt._buffer].name)
+                with c.lease(t, "r") as lease:
+                    out.append(torch.from_numpy(lease.numpy()[0].copy()))
+            return out
+
+    def test_bit_identical_to_parameters_in_process_memory(self):
+        a, opt_a, addr_a = self.train("resident-on", True)
+        b, opt_b, addr_b = self.train("resident-off", False)
+        self.assertTrue(opt_a._resident)
+        self.assertFalse(opt_b._resident)
+        for x, y in zip(a.parameters(), b.parameters()):
+            self.assertTrue(torch.equal(x.view(torch.int32), y.view(torch.int32)))
+        # Resident: the storage alternates between the two buffers; in process memory it stays.
+        self.assertEqual(len(set(addr_a)), 2)
+        self.assertEqual(addr_a[0::2], [addr_a[0]] * 3)
+        self.assertEqual(set(addr_b), {addr_b[0]})
+        # The parameters are the committed masters, bit for bit.
+        for p, m in zip(opt_a._params, self.committed_masters("resident-on", opt_a)):  # in unit order
+            self.assertTrue(torch.equal(p.detach().reshape(-1).view(torch.int32), m.view(torch.int32)))
+        opt_a.close()
+        opt_b.close()
+
+    def test_a_view_kept_across_a_step_is_refused_by_the_next_step_that_overwrites_it(self):
+        model, opt, _ = self.train("resident-view", True, steps=1)
+        kept = model.state_dict()  # views of buffer 1's rows, committed by step 1
+        data = torch.tensor(list(train_gpt.BUILTIN_TEXT.encode()), dtype=torch.long)
+        x, y = train_gpt.batch(data, 2, 1, 4, 16)
+        model(x, y).backward()
+        opt.step()  # step 2 writes buffer 0: allowed; buffer 1's leases wait for `kept`
+        model(x, y).backward()
+        with self.assertRaisesRegex(RuntimeError, "still viewed outside the model"):
+            opt.step()  # step 3 would overwrite buffer 1 under `kept`
+        self.assertEqual(opt.committed_step, 2)
+        del kept
+        opt.step()  # once the view is gone, training goes on
+        self.assertEqual(opt.committed_step, 3)
+        opt.close()
+
+    def test_close_leaves_the_parameters_in_process_memory(self):
+        model, opt, _ = self.train("resident-close", True, steps=2)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+        for p, q in zip(model.parameters(), before):
+            self.assertTrue(torch.equal(p, q))
+            p.data.add_(1.0)  # writable memory of this process, not the pool's
+        with tierd.connect(daemon.socket) as c:  # the committed state did not change
+            t = c.open_tensor("resident-close", opt._units[0].tensors[opt._buffer].name)
+            with c.lease(t, "r") as lease:
+                row = torch.from_numpy(lease.numpy()[0].copy())
+        self.assertTrue(torch.equal(row, before[0].reshape(-1)))
+
+
 class MixedPrecisionOnTheHost(unittest.TestCase):
     """bf16 parameters and gradients on the host, fp32 master and moments in tierd: the update
     reads the bf16 gradient and writes the rounded parameter in the same pass as the master."""

@@ -47,12 +47,23 @@ class Daemon:
         self.state_dir = os.path.join(self.dir, "state")
         os.makedirs(self.state_dir)
         self.log_path = os.path.join(self.dir, "tierd.log")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [exe, "--socket", self.socket, "--state-dir", self.state_dir, "--ram", ram,
-                 "--foreground", "--remove-arenas-on-exit", *extra],
-                stdout=log, stderr=log, env=dict(os.environ, **(env or {})))
-        deadline = time.monotonic() + 10
+        self._env = dict(os.environ, **(env or {}))
+        self._spawn([exe, "--socket", self.socket, "--state-dir", self.state_dir, "--ram", ram,
+                     "--foreground", "--remove-arenas-on-exit", *extra])
+        try:
+            self.wait_ready()
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def _spawn(self, args):
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=self._env)
+
+    def wait_ready(self, timeout=10):
+        """Returns once tierd accepts connections on its socket; RuntimeError with its log when
+        it exits first or does not within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tierd exited with {self.proc.returncode}:\n{self.log()}")
@@ -64,8 +75,15 @@ class Daemon:
                 time.sleep(0.01)
             finally:
                 s.close()
-        self.stop()
-        raise RuntimeError("tierd did not become ready")
+        raise RuntimeError(f"tierd did not become ready in {timeout} s:\n{self.log()}")
+
+    def kill_and_restart(self):
+        """kill -9, then a new tierd with the same arguments, socket and state directory (its
+        arenas are named shared memory: the new one re-attaches them)."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self._spawn(list(self.proc.args))
+        self.wait_ready()
 
     def log(self):
         try:

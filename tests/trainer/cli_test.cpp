@@ -3,6 +3,7 @@
 // tests/gpu/train_pipeline_test.cpp on a GPU. Also: the OpenMP wait policy and the OpenBLAS
 // kernels tier-train picks.
 #include <catch2/catch.hpp>
+#include <dlfcn.h>
 
 #include <stdlib.h>
 
@@ -171,6 +172,7 @@ TEST_CASE("tier-train runs OpenBLAS kernels for the CPU's vector width unless OP
   // on a CPU newer than the library (0.3.21 on an Emerald Rapids VM: "Prescott"); tier-train
   // then re-executes itself with the set the CPU runs. A caller's OPENBLAS_CORETYPE is kept.
   ScopedEnv blas("OPENBLAS_CORETYPE", nullptr);
+  ScopedEnv gemm("TIER_CPU_GEMM", "openblas");  // the GEMMs in OpenBLAS, not oneDNN
   const TrainRun chosen = run_trainer(1, kTiny);
   blas.set("Prescott");
   const TrainRun kept = run_trainer(1, kTiny);
@@ -203,6 +205,32 @@ TEST_CASE("tier-train runs OpenBLAS kernels for the CPU's vector width unless OP
   REQUIRE(kept.losses.size() == chosen.losses.size());
   for (size_t i = 0; i < kept.losses.size(); ++i)
     CHECK(kept.losses[i] == Approx(chosen.losses[i]).epsilon(1e-4));
+}
+
+TEST_CASE("tier-train's CPU GEMMs run in oneDNN where it loads, in OpenBLAS when asked, same losses",
+          "[trainer][cli]") {
+  ScopedEnv gemm("TIER_CPU_GEMM", nullptr);
+  const TrainRun chosen = run_trainer(1, kTiny);
+  gemm.set("openblas");
+  const TrainRun openblas = run_trainer(1, kTiny);
+  gemm.set("mkl");
+  const TrainRun unknown = run_trainer(1, kTiny);
+  INFO(chosen.stderr_text);
+  REQUIRE(chosen.exit_code == 0);
+  void* dnnl = ::dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+  CHECK((chosen.stderr_text.find("GEMMs)") != std::string::npos) ==
+        (dnnl != nullptr));  // "(oneDNN 2.6.3 GEMMs)"
+  if (dnnl != nullptr) ::dlclose(dnnl);
+  INFO(openblas.stderr_text);
+  REQUIRE(openblas.exit_code == 0);
+  CHECK(openblas.stderr_text.find("(OpenBLAS ") != std::string::npos);
+  INFO(unknown.stderr_text);
+  REQUIRE(unknown.exit_code == 0);
+  CHECK(unknown.stderr_text.find("TIER_CPU_GEMM=mkl is neither openblas nor onednn") != std::string::npos);
+  // Same model, seed and data: the library changes rounding only.
+  REQUIRE(openblas.losses.size() == chosen.losses.size());
+  for (size_t i = 0; i < chosen.losses.size(); ++i)
+    CHECK(openblas.losses[i] == Approx(chosen.losses[i]).epsilon(1e-4));
 }
 
 TEST_CASE("tier-train refuses --offload-checkpoints without checkpointing or tierd",

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trainer/cpu/attention.hpp"
+#include "trainer/cpu/gemm_library.hpp"
 #include "trainer/cpu/simd_kernels.hpp"
 
 namespace tier::train {
@@ -40,7 +41,7 @@ class Timed {
   std::chrono::steady_clock::time_point t0_;
 };
 
-// cblas_sgemm, row-major, timed and counted under --profile.
+// sgemm_split, timed and counted under --profile.
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr) {
   Timed timed(&CpuProfile::gemm_s);
@@ -263,7 +264,7 @@ void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, co
   // Below about 2^18 multiply-adds a second thread costs more than it saves.
   if (threads == 1 || static_cast<double>(M) * N * K < 262144.0) {
     if (bias != nullptr) fill_bias(C, ldc, bias, 0, M, 0, N);
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    sgemm_one_thread(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   const bool split_rows = M >= N;
@@ -276,13 +277,12 @@ void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, co
     const int lo = edge(t), hi = edge(t + 1);
     if (hi > lo && split_rows) {  // rows [lo, hi) of C and of op(A)
       if (bias != nullptr) fill_bias(C, ldc, bias, lo, hi, 0, N);
-      cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, 1.0f,
-                  ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo, lda, B, ldb, beta,
-                  C + static_cast<long>(lo) * ldc, ldc);
+      sgemm_one_thread(ta, tb, hi - lo, N, K, ta == CblasNoTrans ? A + static_cast<long>(lo) * lda : A + lo,
+                       lda, B, ldb, beta, C + static_cast<long>(lo) * ldc, ldc);
     } else if (hi > lo) {  // columns [lo, hi) of C and of op(B)
       if (bias != nullptr) fill_bias(C, ldc, bias, 0, M, lo, hi);
-      cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, 1.0f, A, lda,
-                  tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);
+      sgemm_one_thread(ta, tb, M, hi - lo, K, A, lda,
+                       tb == CblasNoTrans ? B + lo : B + static_cast<long>(lo) * ldb, ldb, beta, C + lo, ldc);
     }
   }
 }
@@ -302,9 +302,9 @@ double sgemm_gflops(int M, int N, int K, int reps) {
   return 2.0 * M * N * K / best / 1e9;
 }
 
-// OpenBLAS runs single-threaded: the backend splits each product over its OpenMP threads
-// itself (sgemm_split), so one thread pool holds the cores and no OpenBLAS worker spins on a
-// core the next OpenMP kernel needs.
+// The GEMM library runs single-threaded: the backend splits each product over its OpenMP
+// threads itself (sgemm_split), so one thread pool holds the cores and no OpenBLAS worker spins
+// on a core the next OpenMP kernel needs.
 void set_cpu_threads(int n) {
   if (n < 1) n = 1;
   omp_set_num_threads(n);

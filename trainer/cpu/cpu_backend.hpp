@@ -14,14 +14,15 @@ namespace tier::train {
 std::unique_ptr<Backend> make_cpu_backend();
 
 // Sets this process's OpenMP thread count to n (>= 1) and OpenBLAS's to 1: the backend's
-// GEMMs run OpenBLAS single-threaded on each of the n OpenMP threads (sgemm_split).
+// GEMMs run single-threaded on each of the n OpenMP threads (sgemm_split), in the library
+// gemm_library.hpp chooses.
 void set_cpu_threads(int n);
 
 // C[M,N] = alpha op(A) op(B) + beta C (alpha 1, row-major, cblas_sgemm's arguments), split over
 // the OpenMP threads by rows of C (M >= N) or columns, in parts that are multiples of 16;
-// each part one single-threaded cblas_sgemm. Every element of C is computed by one thread:
-// the same bits at the same thread count. Small products run on the calling thread.
-// With `bias` (N floats, beta ignored): C = op(A) op(B) + bias on every row, each thread
+// each part one single-threaded product (sgemm_one_thread: oneDNN or OpenBLAS). Every element
+// of C is computed by one thread: the same bits at the same thread count and library. Small products run on
+// the calling thread. With `bias` (N floats, beta ignored): C = op(A) op(B) + bias on every row, each thread
 // writing its part's bias before its product.
 void sgemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc, const float* bias = nullptr);

@@ -37,6 +37,16 @@ memory and are updated in place; on a GPU they take the copies described below.
 The update is tier-train's AdamW (tierd.adamw_step: vectorized, OpenMP threads, no GIL), with
 the arithmetic of torch.optim.AdamW: decoupled weight decay, bias correction.
 
+Host float32 parameters of one process live in the pool (params_in_pool=True, the default):
+each parameter's storage is the master row of the committed buffer, mapped zero-copy under a
+read lease that this optimizer holds between steps. A step then moves what an in-place AdamW
+moves (master, moments and gradient read; the other buffer's rows written), with no copy into
+the model; after the commit the parameters are re-pointed at the new buffer (`p.data`), and the
+old buffer's lease is released. Keep no view of a parameter's storage across a step (a
+state_dict held without copying it): the next step must overwrite that buffer, and refuses with
+an error naming the parameter while such a view lives. params_in_pool=False keeps parameters in
+process memory and copies each new master into them.
+
 Parameters on a GPU work through copies: the gradient is copied to host memory as float32 and
 the updated master copy back into the parameter (any floating dtype), synchronously.
 """
@@ -204,6 +214,9 @@ class OffloadAdamW(torch.optim.Optimizer):
             defaults).
         process_group: the torch.distributed group to shard over (default: the world when
             torch.distributed is initialized; one process otherwise).
+        params_in_pool: host float32 parameters of one process (no sharding, no GPU) become
+            views of their master rows in the pool (see the module's text); False keeps them
+            in process memory.
 
     Attributes:
         resumed_step: the number of steps already taken when this optimizer was built (0 for
@@ -214,7 +227,7 @@ class OffloadAdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], *, pool: str, socket: Optional[str] = None, lr: float = 1e-3,
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  resume: bool = False, ram_quota: Optional[int] = None, nvme_quota: Optional[int] = None,
-                 process_group=None):
+                 process_group=None, params_in_pool: bool = True):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError("lr, eps and weight_decay must be >= 0")
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
@@ -257,6 +270,13 @@ class OffloadAdamW(torch.optim.Optimizer):
         self._commit = self._client.create_tensor(pool, "commit" + suffix, shape=(2, _SLOT_WORDS), dtype="int64",
                                                   exist_ok=True)
 
+        # Host fp32 parameters of one process: their storage is the committed buffer's master
+        # row (zero-copy, under the read leases in self._held). Set before any state is read.
+        self._resident = params_in_pool and not sharded and not self._fsdp and self._gpu is None and all(
+            p.dtype == torch.float32 and p.is_contiguous() and not p.is_cuda for p in self._params)
+        self._held: list = []  # the read leases the parameters' storage lives in (resident mode)
+        self._stale: list = []  # (unit, lease) of a buffer left behind whose release waits for a view
+        self._bound: list = []  # per unit, the address its parameter was bound to
         committed = self._agreed(self._read_commit()) if resume else None
         if committed is not None:
             self._step, self._buffer, self._slot = committed
@@ -373,6 +393,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._leased(u.tensors[0], "o", fill)
         self._step, self._buffer, self._slot = 0, 0, 1  # so that this commit writes slot 0
         self._write_commit(0, 0)
+        if self._resident:
+            self._bind(0)
 
     def _masters(self, buffer: int) -> List[torch.Tensor]:
         """Copies of this rank's master rows of `buffer`, one per unit."""
@@ -398,7 +420,45 @@ class OffloadAdamW(torch.optim.Optimizer):
             start += p.numel()
 
     def _load_params(self) -> None:
-        self._set_params(self._masters(self._buffer))
+        if self._resident:
+            self._bind(self._buffer)
+        else:
+            self._set_params(self._masters(self._buffer))
+
+    # --- parameters that live in the pool (resident mode) --------------------------------------
+
+    def _bind(self, buffer: int) -> None:
+        """Every parameter's storage becomes the master row of `buffer`, which holds the
+        committed state: zero-copy views under read leases held until the next _bind. The
+        leases held before are then released (or kept in self._stale while a view of them
+        lives on outside this optimizer)."""
+        leases = self._client.lease_batch([u.tensors[buffer] for u in self._units], "r")
+        for u, lease in zip(self._units, leases):
+            p = self._params[u.segments[0].param]
+            p.data = torch.from_dlpack(lease)[0].view_as(p)
+        self._bound = [self._params[u.segments[0].param].data_ptr() for u in self._units]
+        old, self._held = self._held, leases
+        self._stale += [(ui, lease) for ui, lease in enumerate(old)]
+        self._release_stale(None)
+
+    def _release_stale(self, step: Optional[int]) -> None:
+        """Releases the leases of a buffer the parameters no longer live in. One still viewed
+        (a tensor of a parameter's old storage kept alive) stays in self._stale; before `step`
+        overwrites that buffer, it is an error that names the parameter."""
+        left = []
+        for ui, lease in self._stale:
+            try:
+                lease.release()
+            except BufferError:
+                left.append((ui, lease))
+        self._stale = left
+        if left and step is not None:
+            i = self._units[left[0][0]].segments[0].param
+            raise RuntimeError(
+                f"OffloadAdamW: parameter {i} (and {len(left) - 1} more) of step {step - 1} is still viewed "
+                "outside the model (a state_dict or a parameter tensor kept across step()); step "
+                f"{step} must overwrite that storage. Copy what you keep (tensor.clone(), "
+                "copy.deepcopy(model.state_dict())) or build the optimizer with params_in_pool=False")
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -489,7 +549,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             p = self._params[i].detach().view(-1)
             if p.dtype == torch.bfloat16:  # bf16 bits: the kernel reads g and writes p as int16
                 g, p = g.view(torch.int16), p.view(torch.int16)
-            jobs.append((a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], p.numpy(), h["lr"], h["beta1"],
+            copy = None if self._resident else p.numpy()  # resident: b[0] becomes the parameter
+            jobs.append((a[0], a[1], a[2], g.numpy(), b[0], b[1], b[2], copy, h["lr"], h["beta1"],
                          h["beta2"], h["eps"], h["weight_decay"]))
         tierd.adamw_step_many(jobs, step=t)
 
@@ -506,14 +567,19 @@ class OffloadAdamW(torch.optim.Optimizer):
             self._params = _fsdp.local_views(self._dparams)
             _fsdp.attach_grads(self._dparams, self._params)
         grads = self._gradients()
+        if self._resident:
+            self._release_stale(t)
         # Every unit's two leases in two round trips (not two per unit); each pair is released
-        # right after its unit's update.
+        # right after its unit's update. Resident: the parameters' read leases are the inputs.
         outs = self._client.lease_batch([u.tensors[dst] for u in self._units], "o")
-        ins = self._client.lease_batch([u.tensors[src] for u in self._units], "r")
+        ins = self._held if self._resident else self._client.lease_batch([u.tensors[src] for u in self._units], "r")
         masters = []
-        if self._batched(grads):  # every host parameter in one pass of the threads
+        batched = self._batched(grads)
+        # Resident parameters are fp32 host tensors with fp32 host gradients: always one pass.
+        assert batched or not self._resident, "resident parameters take the batched update"
+        if batched:  # every host parameter in one pass of the threads
             with contextlib.ExitStack() as held:
-                for lease in (*outs, *ins):
+                for lease in (*outs, *([] if self._resident else ins)):
                     held.enter_context(lease)
                 self._update_batched(outs, ins, grads, t)
                 for ui in range(len(self._units)):  # dying with every lease still held
@@ -558,6 +624,8 @@ class OffloadAdamW(torch.optim.Optimizer):
             self.state[p]["step"] = t
         _kill_point(self._rank, t, "commit")
         self._write_commit(t, dst)
+        if self._resident:
+            self._bind(dst)
         return loss
 
     @property
@@ -614,9 +682,22 @@ class OffloadAdamW(torch.optim.Optimizer):
             if "step" in st:
                 step = max(step, int(float(st["step"])))
         self._write_commit(step, dst)
+        if self._resident:
+            self._bind(dst)
         for p in self._dparams:
             self.state[p]["step"] = step
 
     def close(self) -> None:
-        """Ends the connection to tierd (the state stays in the pool)."""
+        """Ends the connection to tierd (the state stays in the pool). Parameters that lived in
+        the pool get copies of their values in process memory first."""
+        if self._resident:
+            with torch.no_grad():
+                for u, ptr in zip(self._units, self._bound):
+                    p = self._params[u.segments[0].param]
+                    if p.data_ptr() == ptr:  # still ours (not re-pointed by the caller since)
+                        p.data = p.data.clone()
+            self._stale += list(enumerate(self._held))
+            self._held = []
+            self._release_stale(None)
+            self._resident = False
         self._client.close()

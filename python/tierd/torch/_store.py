@@ -105,9 +105,21 @@ def decode_record(raw) -> Optional[dict]:
     if magic != MAGIC or len(body) != n or hashlib.blake2b(body, digest_size=32).digest() != digest:
         return None
     try:
-        return pickle.loads(body)
+        payload = pickle.loads(body)
     except Exception:  # noqa: BLE001 - a record that does not unpickle is not a checkpoint
         return None
+    return payload if _is_record(payload) else None
+
+
+def _is_record(payload) -> bool:
+    """Whether an unpickled payload has the fields and types every reader of records uses."""
+    if not isinstance(payload, dict):
+        return False
+    fields = {"checkpoint_id": str, "save_id": str, "time_ns": int, "world": int, "nbytes": int}
+    if any(not isinstance(payload.get(k), t) for k, t in fields.items()):
+        return False
+    storage = getattr(payload.get("metadata"), "storage_data", None)
+    return isinstance(storage, dict) and all(isinstance(v, Stored) for v in storage.values())
 
 
 class Store:
