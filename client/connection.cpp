@@ -1,5 +1,6 @@
 #include "client/connection.hpp"
 
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -7,7 +8,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "wire/transport.hpp"
 
@@ -19,9 +22,52 @@ bool is_link_gone(int err) {
   return err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ECONNABORTED;
 }
 
+// Every Connection of this process, for the fork handlers. Leaked on purpose: a Connection
+// destroyed during static destruction must still find it.
+std::mutex& registry_mutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::unordered_set<Connection*>& registry() {
+  static auto* set = new std::unordered_set<Connection*>;
+  return *set;
+}
+
+void lock_registry() noexcept { registry_mutex().lock(); }
+void unlock_registry() noexcept { registry_mutex().unlock(); }
+
+Status forked_error() {
+  return Status(Code::kUnsupported,
+                "this tier::Client was created before fork(): a forked child must connect its own");
+}
+
+// The child's side of fork(): runs in the child's only thread with the registry locked by the
+// prepare handler, so no Connection is being opened or destroyed.
+void forget_in_child() noexcept {
+  for (Connection* c : registry()) c->forget_parent();
+  unlock_registry();
+}
+
 }  // namespace
 
-Connection::~Connection() { close(); }
+void Connection::forget_parent() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  forked_ = true;
+}
+
+Connection::Connection() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(lock_registry, unlock_registry, forget_in_child); });
+  std::lock_guard lock(registry_mutex());
+  registry().insert(this);
+}
+
+Connection::~Connection() {
+  close();
+  std::lock_guard lock(registry_mutex());
+  registry().erase(this);
+}
 
 void Connection::close() noexcept {
   if (fd_ >= 0) ::close(fd_);
@@ -29,6 +75,7 @@ void Connection::close() noexcept {
 }
 
 Status Connection::open(const std::string& path, int64_t timeout_ms) {
+  if (forked_) return forked_error();
   close();
   path_ = path;
   broken_ = Status::ok();
@@ -78,6 +125,7 @@ Status Connection::link_error(int err, const char* what) {
 }
 
 Status Connection::send_buf() {
+  if (forked_) return forked_error();
   if (fd_ < 0) return Status(Code::kUnavailable, "not connected to tierd");
   for (;;) {
     ssize_t n = ::send(fd_, send_buf_.data(), send_buf_.size(), MSG_NOSIGNAL);

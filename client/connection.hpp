@@ -4,6 +4,12 @@
 // Thread-safety: none. The owner (Client::Impl) serializes every call under its own mutex, so
 // a request and its reply are never interleaved with another thread's.
 //
+// fork(): a child gets no connection. Every open connection's socket is closed in the child
+// (a pthread_atfork handler) and its calls fail with kUnsupported: a child must connect its own
+// Client. Otherwise a child (a DataLoader worker) that outlives its parent would keep the
+// parent's session, and with it the parent's leases, alive in tierd; and two processes sharing
+// one socket would read each other's replies.
+//
 // Hot path: call() neither allocates nor zero-fills once the buffers have grown to their
 // working size: the send buffer is reused (vector::clear keeps capacity), the receive buffer is
 // allocated once at kMaxMessageBytes + 1 and filled by recvmsg directly, and reply bodies are
@@ -25,7 +31,7 @@ namespace tier::client {
 
 class Connection {
  public:
-  Connection() = default;
+  Connection();
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -35,6 +41,8 @@ class Connection {
   [[nodiscard]] Status open(const std::string& path, int64_t timeout_ms);
   void close() noexcept;
   bool is_open() const noexcept { return fd_ >= 0; }
+  // The fork handler, in the child: the parent's socket is closed and never used again.
+  void forget_parent() noexcept;
   // Whether the last call() got its request out before it failed (the daemon may have acted on
   // it) — what decides if a non-idempotent request may be retried after a reconnect.
   bool last_sent() const noexcept { return last_sent_; }
@@ -81,6 +89,7 @@ class Connection {
   Status link_error(int err, const char* what);
 
   int fd_ = -1;
+  bool forked_ = false;  // this object was inherited through fork(): it never connects again
   std::string path_;
   uint32_t last_id_ = 0;
   bool last_sent_ = false;

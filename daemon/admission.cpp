@@ -33,6 +33,10 @@ Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t s
     return never(name, size,
                  "a lease needs it whole in RAM and it is larger than pool '" + pool.name +
                      "''s RAM quota of " + format_size(pool.ram_quota));
+  if (const uint64_t uq = ram.options().uid_quota; uq > 0 && pool.owner_uid != 0 && *need > uq)
+    return never(name, size,
+                 "a lease needs it whole in RAM and it is larger than uid " + std::to_string(pool.owner_uid) +
+                     "'s RAM quota of " + format_size(uq) + " (uid_ram_quota)");
   if (*need > nu->capacity)
     return never(name, size,
                  "a lease needs it whole in RAM and it is larger than the RAM tier of NUMA node " +

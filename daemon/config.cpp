@@ -385,9 +385,11 @@ Result<ResolvedSizes> resolve_sizes(const Config& cfg, uint64_t mem_total) {
     r.uid_ram_quota = *u;
   }
   if (!cfg.uid_nvme_quota.empty()) {
-    auto u = parse_size(cfg.uid_nvme_quota);
-    if (!u) return fail(Code::kInvalidArgument, "uid_nvme_quota (bytes, not %): " + u.error().message());
-    r.uid_nvme_quota = *u;
+    // A percentage is of the NVMe tier, whose size is known once it is open (make_state).
+    const bool share = cfg.uid_nvme_quota.find('%') != std::string::npos;
+    auto u = parse_size(cfg.uid_nvme_quota, uint64_t{0});
+    if (!u) return fail(Code::kInvalidArgument, "uid_nvme_quota: " + u.error().message());
+    r.uid_nvme_quota = share ? 0 : *u;
   }
   if (!cfg.uid_pinned_quota.empty()) {
     auto u = parse_size(cfg.uid_pinned_quota, r.ram);
@@ -409,7 +411,9 @@ std::string describe_limits(const Config& cfg, const ResolvedSizes& r) {
   std::string out;
   out += "  max_pools_per_uid " + std::to_string(cfg.max_pools_per_uid) + "\n";
   out += "  uid_ram_quota " + size_or(r.uid_ram_quota, 0) + "\n";
-  out += "  uid_nvme_quota " + size_or(r.uid_nvme_quota, 0) + "\n";
+  const bool nvme_share = cfg.uid_nvme_quota.find('%') != std::string::npos;
+  out += "  uid_nvme_quota " +
+         (nvme_share ? cfg.uid_nvme_quota + " of the NVMe tier" : size_or(r.uid_nvme_quota, 0)) + "\n";
   out += "  uid_pinned_quota " + size_or(r.uid_pinned_quota, UINT64_MAX) + "\n";
   out += "  max_connections_per_uid " + std::to_string(cfg.max_connections_per_uid) + "\n";
   out += "  max_reply_bytes_per_connection " + format_size(cfg.max_reply_bytes_per_connection) + "\n";

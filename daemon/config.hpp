@@ -76,12 +76,14 @@ struct Config {
   // streams and the flush it waits for at its end has only the tail left (docs/nvme.md). Bytes,
   // written "64M" or as an integer; 0 turns it off.
   uint64_t nvme_flush_behind = uint64_t{64} << 20;
-  // Per-uid quotas over all the pools a uid owns; "" = unlimited. RAM: bytes or % of the RAM
-  // tier, checked on usage (pinned pages included) before each tensor is created. NVMe: bytes,
-  // reserved from pool NVMe quotas. Unlimited by default: a uid's RAM is evictable (what it
-  // can hold unevictably, pins, is capped by uid_pinned_quota), and a pool's NVMe quota is at
-  // most the NVMe tier, times max_pools_per_uid.
-  std::string uid_ram_quota, uid_nvme_quota;
+  // Per-uid quotas over all the pools a uid owns (docs/daemon.md, "Tenant limits"); root is
+  // not limited; "" or 0 = unlimited. RAM: bytes or % of the RAM tier, what the uid's pools
+  // hold in RAM (pinned pages included), checked at every allocation: past it the uid's own
+  // tensors are evicted to NVMe, and only when none can be is the allocation refused. NVMe:
+  // bytes or % of the NVMe tier, reserved from the pools' NVMe quotas (a pool created without
+  // one gets a quarter of it, at most what is left). Three quarters by default: one tenant
+  // keeps most of a tier, and every other uid always finds a quarter it cannot take.
+  std::string uid_ram_quota = "75%", uid_nvme_quota = "75%";
   uint32_t max_connections_per_uid = 1024;
   // Tenant limits (docs/daemon.md, "Tenant limits"). Per-uid defaults are finite. Pools one
   // uid may own (root is not limited).
@@ -121,7 +123,8 @@ struct ResolvedSizes {
   uint64_t ram = 0;
   uint64_t pool_quota = 0;
   uint64_t alignment = 0;
-  uint64_t uid_ram_quota = 0, uid_nvme_quota = 0;  // 0: unlimited
+  // 0: unlimited. A uid_nvme_quota in % is resolved by make_state(), against the NVMe tier.
+  uint64_t uid_ram_quota = 0, uid_nvme_quota = 0;
   uint64_t uid_pinned_quota = UINT64_MAX;          // UINT64_MAX: unlimited
 };
 

@@ -281,6 +281,10 @@ void Durability::clean_snapshot_dirs() {
     if (fs::is_empty(pool_dir.path(), ec) && !deps_.catalog.find_pool(pool_name))
       fs::remove(pool_dir.path(), ec);
   }
+  // The snapshots kept are charged to their pools' NVMe quotas as what they take on disk.
+  for (const auto& [pid, pi] : image_.pools())
+    for (const auto& [sid, s] : pi.snapshots)
+      if (s.durable) snapshot_disk_[{pid, sid}] = measure_snapshot(s.path);
 }
 
 void Durability::append(const Record& r) {
@@ -292,6 +296,10 @@ void Durability::append(const Record& r) {
     log_error("internal: journal record refused by the catalog image: {}", st.message());
     return;
   }
+  // A dropped snapshot (or pool) is no longer charged.
+  if (const auto* d = std::get_if<SnapshotDropped>(&r)) snapshot_disk_.erase({d->pool_id, d->snapshot_id});
+  if (const auto* d = std::get_if<PoolDropped>(&r))
+    std::erase_if(snapshot_disk_, [&](const auto& e) { return e.first.first == d->pool_id; });
   auto seq = journal_->append(r);
   // A full disk (something else filled it: snapshots keep above a floor): the journal's
   // reserve goes back to the file system and the append is tried again.

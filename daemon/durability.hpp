@@ -198,8 +198,10 @@ class Durability final : public ResidencyLog {
   bool snapshot_running(uint64_t pool_id) const;
   // What a snapshot of `pool` taken now writes to the state dir, about (data and manifest).
   [[nodiscard]] static uint64_t snapshot_estimate(const Pool& pool);
-  // Bytes of `pool_id`'s snapshots in the state dir: the durable ones and one being written
-  // (its estimate). Charged to the pool's and its owner's NVMe quotas.
+  // Bytes of `pool_id`'s snapshots in the state dir: the durable ones (what their directories
+  // take on disk, measured when each became durable and again at start-up; at least what the
+  // journal recorded) and one being written (its estimate). Charged to the pool's and its
+  // owner's NVMe quotas until the snapshot is dropped.
   [[nodiscard]] uint64_t snapshot_bytes(uint64_t pool_id) const;
   const StateSpace& space() const noexcept { return space_; }
   // Before a write lease on `tensors` is decided: those a running snapshot has not copied yet
@@ -260,6 +262,9 @@ class Durability final : public ResidencyLog {
   // `need` those it could not; *from is that snapshot's id (left alone when none was usable).
   [[nodiscard]] Status restore_pool_from_snapshot(Pool& p, std::vector<Tensor*>& need, uint64_t* from);
   void remove_stale_arenas();
+  // Bytes the snapshot directory `dir` takes on disk (its files' allocated blocks: the data,
+  // holes excluded, and the manifest, which the journal's byte count leaves out).
+  [[nodiscard]] static uint64_t measure_snapshot(const std::string& dir);
   // Start-up: removes partial and dropped snapshot directories, makes the rest 0700.
   void clean_snapshot_dirs();
   // Hands tensor `id` of `job` to its writer (pinned), or leaves it out when it is gone.
@@ -282,6 +287,9 @@ class Durability final : public ResidencyLog {
   uint64_t ack_seq_ = 0;
   uint64_t sync_seq_ = 0;  // the last record that needs an fsync
   std::unordered_set<uint64_t> recreated_arenas_;
+  // Durable snapshots' bytes on disk by (pool id, snapshot id): measure_snapshot() when one
+  // becomes durable and at start-up; erased when the journal drops it (or its pool).
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> snapshot_disk_;
   RecoveryReport report_;
   int efd_ = -1;
   std::vector<std::unique_ptr<Job>> jobs_;

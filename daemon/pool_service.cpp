@@ -14,6 +14,11 @@
 
 namespace tier::daemon {
 
+namespace {
+// A pool created without an NVMe quota, by a uid with a uid_nvme_quota, gets this fraction of it.
+constexpr uint64_t kDefaultPoolShareOfUid = 4;
+}  // namespace
+
 Status PoolService::check_pool_limits(uid_t owner, const wire::PoolCreateReq& req) {
   // Each pool promises its quotas: bounded per pool by the tiers, per uid by the pool count.
   const uint32_t max_pools = state_.config.max_pools_per_uid;
@@ -37,16 +42,21 @@ Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& r
   if (req.group_read && req.group == UINT32_MAX)
     return fail(Code::kInvalidArgument, "group read access needs a group");
   uint64_t nvme_quota = req.nvme_quota;
-  if (uint64_t uq = state_.sizes.uid_nvme_quota; uq > 0) {
-    // Per-uid NVMe quota: the pools' NVMe quotas are reserved from it (0 takes what is left).
+  if (uint64_t uq = state_.sizes.uid_nvme_quota; uq > 0 && owner != 0) {
+    // Per-uid NVMe quota: the pools' NVMe quotas are reserved from it. A pool created without
+    // one gets a quarter of it (at most the default pool quota and what is left), so that one
+    // such pool does not take the uid's whole share from its next job.
     UidUsage u = uid_usage(state_.catalog, owner);
     uint64_t left = u.nvme_quota >= uq ? 0 : uq - u.nvme_quota;
-    if (nvme_quota == 0) nvme_quota = left;
+    if (nvme_quota == 0) {
+      nvme_quota = std::min(left, std::max<uint64_t>(uq / kDefaultPoolShareOfUid, 1));
+      if (state_.tiering) nvme_quota = std::min(nvme_quota, state_.tiering->default_nvme_quota());
+    }
     if (nvme_quota == 0 || nvme_quota > left)
       return fail(Code::kResourceExhausted, "uid " + std::to_string(owner) + " has reserved " +
                                                 format_size(u.nvme_quota) + " of its NVMe quota of " +
                                                 format_size(uq) + " (uid_nvme_quota); " + format_size(left) +
-                                                " left");
+                                                " left, " + format_size(nvme_quota) + " asked");
   }
   auto p = state_.catalog.create_pool(req.name, owner, quota, nvme_quota);
   if (!p) return fail(p.error());
@@ -83,14 +93,8 @@ Result<Tensor*> PoolService::create_tensor(Pool& p, wire::TensorCreateReq& req, 
   // Refused now when no lease could ever hold it (daemon/admission.hpp).
   if (Status st = admit_tensor(*state_.ram, state_.tiering.get(), p, *node, req.size, req.name); !st)
     return fail(std::move(st));
-  if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
-    UidUsage u = uid_usage(state_.catalog, p.owner_uid);
-    if (req.size > uq - std::min(uq, u.ram_used))
-      return fail(Code::kResourceExhausted, "uid " + std::to_string(p.owner_uid) + " uses " +
-                                                format_size(u.ram_used) + " of its RAM quota of " +
-                                                format_size(uq) + " (uid_ram_quota); " +
-                                                format_size(req.size) + " more do not fit");
-  }
+  // The owner's uid_ram_quota is checked where RAM is allocated (RamTier::allocate): with an
+  // NVMe tier, room in it is made by evicting the owner's own tensors.
   auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
                             : state_.ram->allocate(p, *node, req.size);
   // With an NVMe tier, room that only write-backs in flight can free is not waited for on the

@@ -33,8 +33,9 @@ class PoolService {
   void drop_pool(Pool& p, uid_t by);
 
   // A new tensor in `p` (the request is valid, the name unused), placed by `req`'s placement
-  // for a client on `client_node`: refused when no lease could ever hold it, or over the
-  // owner's RAM quota (uid_ram_quota). It starts in RAM, or in no tier when an NVMe tier is
+  // for a client on `client_node`: refused when no lease could ever hold it, or when RAM is
+  // short (the pool's, its owner's uid_ram_quota or the node's) and nothing of the pool, the
+  // owner or the node can be evicted. It starts in RAM, or in no tier when an NVMe tier is
   // still writing back the room it needs (it reads as zeros and gets RAM at its first lease).
   [[nodiscard]] Result<Tensor*> create_tensor(Pool& p, wire::TensorCreateReq& req, int32_t client_node);
   // Deletes unleased `t` of `p`: its tiers, its journal record, its catalog entry.

@@ -26,7 +26,7 @@ Status charge_snapshot(DaemonState& st, const Pool& p) {
                       " of the pool's NVMe quota of " + format_size(quota) + ", which holds " +
                       format_size(p.nvme_used) + " of NVMe copies and " + format_size(snaps) +
                       " of snapshots (snapshots count against the NVMe quota: keep fewer)");
-  if (const uint64_t uq = st.sizes.uid_nvme_quota; uq > 0) {
+  if (const uint64_t uq = st.sizes.uid_nvme_quota; uq > 0 && p.owner_uid != 0) {
     uint64_t used = 0;
     for (const auto& [name, id] : st.catalog.pool_names()) {
       const Pool* q = st.catalog.find_pool(id);

@@ -9,6 +9,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
@@ -36,6 +37,25 @@ namespace {
 constexpr uint64_t kTagListen = 1, kTagSignal = 2, kTagLeaseTimer = 3, kTagTick = 4, kTagTier = 5;
 constexpr uint64_t kTagDurable = 6;  // snapshot writers finished (Durability::event_fd)
 constexpr uint64_t kFirstSession = 16;
+// The tag of a connection's pidfd (its connecting process exited): the session id with this bit.
+constexpr uint64_t kTagPidBit = uint64_t{1} << 63;
+
+// A pidfd of `pid` (pidfd_open, Linux 5.3+), readable once that process has exited; -1 when
+// there is none to watch: pid 0 (the peer is in a pid namespace tierd cannot see), a kernel
+// without pidfd_open, or a process already gone (ESRCH: its hang-up comes from the socket).
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  if (pid <= 0) return -1;
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) return static_cast<int>(fd);  // close-on-exec, as every pidfd
+  static bool told = false;
+  if (errno != ESRCH && !std::exchange(told, true))
+    log_info("pidfd_open: {}; a client's exit is seen only when its socket closes", std::strerror(errno));
+#else
+  (void)pid;
+#endif
+  return -1;
+}
 constexpr size_t kMaxQueuedReplies = 4096;  // a client this far behind is dropped
 // Queued reply bytes past which a closed or drained queue gives its memory back to the system
 // (malloc_trim, once at the end of the loop iteration).
@@ -53,6 +73,10 @@ struct Pending {
 
 struct Conn {
   int fd = -1;
+  // The connecting process (SO_PEERCRED pid) as a pidfd, or -1. A forked child may keep the
+  // socket open after that process died (kill -9 of a job whose DataLoader workers inherited
+  // it): its exit is the hang-up then, or its leases would stay held.
+  int pidfd = -1;
   Session session;
   std::deque<Pending> outq;
   uint64_t queued = 0;       // bytes of outq
@@ -119,6 +143,7 @@ struct Server::Impl {
       for (auto& p : c->outq)
         if (p.fd >= 0) ::close(p.fd);
       ::close(c->fd);
+      if (c->pidfd >= 0) ::close(c->pidfd);
     }
     for (int fd : {listen_fd, epfd, sigfd, lease_timer, tick_timer, reserve_fd})
       if (fd >= 0) ::close(fd);
@@ -181,6 +206,7 @@ struct Server::Impl {
   void hang_up(Conn& c) {
     if (hangup_delay.count() <= 0 || c.dead) return kill(c);
     ::epoll_ctl(epfd, EPOLL_CTL_DEL, c.fd, nullptr);
+    if (c.pidfd >= 0) ::epoll_ctl(epfd, EPOLL_CTL_DEL, c.pidfd, nullptr);
     delayed_hangups.push_back({c.session.id, Clock::now() + hangup_delay});
   }
 
@@ -198,6 +224,24 @@ struct Server::Impl {
     return static_cast<int>(std::max<int64_t>(ms, 0));
   }
 
+  // Whether the process that connected `c` has exited (its pidfd is readable).
+  static bool process_exited(const Conn& c) {
+    if (c.pidfd < 0) return false;
+    pollfd p{c.pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+  }
+
+  // The connecting process of session `sid` exited: a hang-up, even while a forked child
+  // still holds the socket open.
+  void process_gone(uint64_t sid) {
+    auto it = conns.find(sid);
+    if (it == conns.end() || it->second->dead) return;
+    Conn& c = *it->second;
+    ::epoll_ctl(epfd, EPOLL_CTL_DEL, c.pidfd, nullptr);
+    log_debug("session {}: client pid {} exited", sid, c.session.pid);
+    hang_up(c);
+  }
+
   // LeaseService::PeerGone: whether session `sid`'s client has hung up (both directions shut:
   // it closed the socket or died). When it left nothing unread, the session is closed at the
   // end of this iteration; otherwise the loop reads what is left first, then sees the close.
@@ -206,6 +250,10 @@ struct Server::Impl {
     if (it == conns.end()) return false;
     Conn& c = *it->second;
     if (c.dead) return true;
+    if (process_exited(c)) {
+      kill(c);
+      return true;
+    }
     pollfd p{c.fd, POLLIN, 0};
     if (::poll(&p, 1, 0) != 1 || !(p.revents & (POLLHUP | POLLERR))) return false;
     char b;
@@ -326,6 +374,11 @@ struct Server::Impl {
         ::close(fd);
         continue;
       }
+      c->pidfd = open_pidfd(cred.pid);
+      if (c->pidfd >= 0 && !add(c->pidfd, c->session.id | kTagPidBit, EPOLLIN)) {
+        ::close(c->pidfd);
+        c->pidfd = -1;
+      }
       handler.session_opened(c->session);
       st.clients++;
       log_debug("client pid {} uid {} connected (session {})", cred.pid, cred.uid, c->session.id);
@@ -392,6 +445,7 @@ struct Server::Impl {
       handler.session_closed(c.session);  // may answer waiters of other sessions
       drop_queue(c);
       ::close(c.fd);
+      if (c.pidfd >= 0) ::close(c.pidfd);  // closing drops it from the epoll set
       st.clients--;
       log_debug("session {} closed", sid);
       conns.erase(it);
@@ -473,7 +527,7 @@ Status Server::listen() {
   if (::chmod(m.path.c_str(), 0666) != 0) return Status::from_errno(errno, "chmod " + m.path);
   if (::listen(m.listen_fd, 512) != 0) return Status::from_errno(errno, "listen " + m.path);
 
-  // Each client is one fd: allow as many as the hard limit permits.
+  // Each client is two fds (its socket, its process's pidfd): allow as many as the hard limit permits.
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
@@ -561,6 +615,8 @@ Status Server::run() {
         uint64_t x;
         while (::read(m.tick_timer, &x, sizeof x) == sizeof x) {}
         m.tick();
+      } else if (tag & kTagPidBit) {
+        m.process_gone(tag & ~kTagPidBit);
       } else {
         auto it = m.conns.find(tag);
         if (it == m.conns.end()) continue;

@@ -1,6 +1,7 @@
 // Durability: pool snapshots (start_snapshot/poll, the writer thread) and the reboot restore
 // from the latest snapshot. See durability.hpp.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -129,11 +130,24 @@ uint64_t Durability::snapshot_estimate(const Pool& pool) {
   return bytes;
 }
 
+uint64_t Durability::measure_snapshot(const std::string& dir) {
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0) return 0;
+  uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (::lstat(e.path().c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  return bytes;
+}
+
 uint64_t Durability::snapshot_bytes(uint64_t pool_id) const {
   uint64_t bytes = 0;
   if (auto it = image_.pools().find(pool_id); it != image_.pools().end())
-    for (const auto& [sid, snap] : it->second.snapshots)
-      if (snap.durable) bytes += snap.bytes;
+    for (const auto& [sid, snap] : it->second.snapshots) {
+      if (!snap.durable) continue;
+      auto d = snapshot_disk_.find({pool_id, sid});
+      bytes += std::max(snap.bytes, d == snapshot_disk_.end() ? 0 : d->second);
+    }
   for (const auto& j : jobs_)
     if (j->pool_id == pool_id) bytes += j->estimate;
   return bytes;
@@ -285,6 +299,7 @@ void Durability::complete(Job& job, const Sink& sink) {
     append(SnapshotDurable{job.pool_id, job.snapshot_id, job.dir, job.bytes});
     st = commit();  // durable in the journal before the caller hears so
     if (st) {
+      snapshot_disk_[{job.pool_id, job.snapshot_id}] = measure_snapshot(job.dir);
       // Older snapshots of the pool go once this one is durable, but for the newest keep - 1
       // durable ones (a cut across nodes needs the previous one until every node has the new).
       std::vector<std::pair<uint64_t, std::string>> old;

@@ -2,8 +2,10 @@
 
 #include <grp.h>
 
+#include "daemon/access.hpp"
 #include "daemon/log.hpp"
 #include "wire/errors.hpp"
+#include "wire/sizes.hpp"
 
 namespace tier::daemon {
 
@@ -24,6 +26,8 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
   ro.hugepages = cfg.hugepages;
   ro.hugetlbfs_mount = cfg.hugetlbfs_mount;
   ro.prefault = cfg.prefault;
+  ro.uid_quota = sizes.uid_ram_quota;
+  ro.uid_charged = [cat = &st->catalog](uid_t uid) { return uid_usage(*cat, uid).ram_used; };
   if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs) return fail(std::move(hs));
   if (cfg.hugepages != HugePages::kNone && ro.hugetlbfs_mount.empty()) {
     auto m = find_hugetlbfs(cfg.hugepages);
@@ -35,6 +39,11 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
     auto tm = NvmeTier::open(cfg, st->catalog, *st->ram);
     if (!tm) return fail(tm.error());
     st->tiering = std::move(*tm);
+  }
+  if (st->tiering && cfg.uid_nvme_quota.find('%') != std::string::npos) {
+    auto u = parse_size(cfg.uid_nvme_quota, st->tiering->nvme_capacity());
+    if (!u) return fail(Code::kInvalidArgument, "uid_nvme_quota: " + u.error().message());
+    sizes.uid_nvme_quota = *u;
   }
   st->config = std::move(cfg);
   st->sizes = sizes;

@@ -105,6 +105,11 @@ Status RamTier::fits(const Pool& pool, const NodeUsage& nu, uint64_t adds, uint6
     return Status(Code::kResourceExhausted,
                   "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota) + " reached (used " +
                       format_size(pool.ram_charged()) + pinned + ", need " + format_size(need) + ")");
+  if (over_uid_quota(pool, adds))
+    return Status(Code::kResourceExhausted,
+                  "uid " + std::to_string(pool.owner_uid) + " RAM quota of " + format_size(opts_.uid_quota) +
+                      " reached (uid_ram_quota: its pools hold " +
+                      format_size(opts_.uid_charged(pool.owner_uid)) + ", need " + format_size(need) + ")");
   if (nu.charged() + adds > nu.capacity)
     return Status(Code::kResourceExhausted,
                   "RAM tier of NUMA node " + std::to_string(nu.node) + " is full (" +
@@ -112,6 +117,11 @@ Status RamTier::fits(const Pool& pool, const NodeUsage& nu, uint64_t adds, uint6
                       (nu.pinned > 0 ? ", " + format_size(nu.pinned) + " of it pinned for DMA" : "") +
                       ", need " + format_size(need) + ")");
   return Status::ok();
+}
+
+bool RamTier::over_uid_quota(const Pool& pool, uint64_t adds) const {
+  if (opts_.uid_quota == 0 || pool.owner_uid == 0 || !opts_.uid_charged) return false;
+  return opts_.uid_charged(pool.owner_uid) + adds > opts_.uid_quota;
 }
 
 ExtentAllocator* RamTier::allocator(uint64_t id) noexcept {
@@ -205,13 +215,17 @@ Status RamTier::pin(Pool& pool, uint64_t session, uid_t uid, uint64_t arena, uin
   const uint64_t before = pool.ram_pinned;
   recount_pinned(pool, arena);
   const NodeUsage* nu = usage(arena_node(arena));
+  const bool over_uid = pool.ram_pinned > before && over_uid_quota(pool, 0);
   if (pool.ram_pinned > before &&
-      (pool.ram_charged() > pool.ram_quota || (nu && nu->charged() > nu->capacity))) {
+      (pool.ram_charged() > pool.ram_quota || over_uid || (nu && nu->charged() > nu->capacity))) {
     // Pages the tier cannot hold: refused, so that what is pinned always fits what is counted.
-    const std::string why =
-        pool.ram_charged() > pool.ram_quota
-            ? "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota)
-            : "RAM tier of NUMA node " + std::to_string(nu->node) + " (" + format_size(nu->capacity) + ")";
+    std::string why;
+    if (pool.ram_charged() > pool.ram_quota)
+      why = "pool '" + pool.name + "' RAM quota of " + format_size(pool.ram_quota);
+    else if (over_uid)
+      why = "uid " + std::to_string(pool.owner_uid) + " RAM quota of " + format_size(opts_.uid_quota) +
+            " (uid_ram_quota)";
+    else why = "RAM tier of NUMA node " + std::to_string(nu->node) + " (" + format_size(nu->capacity) + ")";
     const uint64_t adds = pool.ram_pinned - before;
     (void)pins_.remove(session, arena, offset, length);
     recount_pinned(pool, arena);

@@ -40,6 +40,11 @@ struct RamTierOptions {
   HugePages hugepages = HugePages::kNone;
   std::string hugetlbfs_mount;
   bool prefault = false;  // config prefault: arenas are populated at creation
+  // uid_ram_quota: what all the pools of one uid may hold in RAM together (extents plus pinned
+  // pages no extent holds), checked at every allocation and pin; 0: unlimited. Root is not
+  // limited. `uid_charged` says what a uid's pools hold now (the catalog knows its pools).
+  uint64_t uid_quota = 0;
+  std::function<uint64_t(uid_t)> uid_charged;
 };
 
 struct NodeUsage {
@@ -120,6 +125,8 @@ class RamTier {
   // Every mapped arena as (base, committed bytes).
   std::vector<std::pair<std::byte*, uint64_t>> arena_spans() const;
   const RamTierOptions& options() const noexcept { return opts_; }
+  // Whether `adds` more bytes in `pool` would pass its owner's uid_ram_quota.
+  [[nodiscard]] bool over_uid_quota(const Pool& pool, uint64_t adds) const;
 
  private:
   struct Entry {

@@ -162,6 +162,8 @@ class NvmeTier {
 
   // The NVMe quota that applies to `p`: its own, or the default (nvme_pool_quota) for 0.
   [[nodiscard]] uint64_t nvme_quota(const Pool& p) const;
+  // nvme_pool_quota, resolved against the tier: the quota of a pool created without one.
+  [[nodiscard]] uint64_t default_nvme_quota() const noexcept { return default_nvme_quota_; }
   [[nodiscard]] uint64_t nvme_capacity() const noexcept { return nvme_capacity_; }
 
  private:
@@ -257,6 +259,8 @@ class NvmeTier {
   std::vector<policy::PlanAt> plans_for_pool(uint64_t pool_id) const;
   // Eviction candidates among RAM-resident tensors; `pool`/`node` restrict them when set;
   // `protect` keeps planned tensors used no later than that use (in each pool's distance unit).
+  // Candidates of every pool `uid` owns (its uid_ram_quota is what is short).
+  std::vector<policy::Candidate> candidates_of_uid(uid_t uid);
   std::vector<policy::Candidate> candidates(std::optional<uint64_t> pool, std::optional<int32_t> node,
                                             std::optional<Ahead> protect);
   // Victims whose write-back NVMe space refused (the tier or their pool's NVMe quota is full).

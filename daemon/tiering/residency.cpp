@@ -34,10 +34,15 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
     if (!over_high) loc = ram_.allocate(pool, t.node, t.size);
     if (over_high || (!loc && loc.error().code() == Code::kResourceExhausted)) {
       auto cands = candidates(std::nullopt, t.node, ahead);
+      // Over the pool's quota only its own tensors make room; over the owner's uid_ram_quota
+      // only the owner's.
+      const bool uid_full = ram_.over_uid_quota(pool, t.size);
       std::erase_if(cands, [&](const policy::Candidate& c) {
         const Tensor* v = catalog_.find_tensor(c.id);
-        return !v || needs_writeback(*v) ||
-               (pool.ram_charged() + t.size > pool.ram_quota && v->pool_id != pool.id);
+        const Pool* vp = v ? catalog_.find_pool(v->pool_id) : nullptr;
+        return !v || !vp || needs_writeback(*v) ||
+               (pool.ram_charged() + t.size > pool.ram_quota && v->pool_id != pool.id) ||
+               (uid_full && vp->owner_uid != pool.owner_uid);
       });
       uint64_t started = 0;
       Status err;

@@ -54,6 +54,17 @@ std::vector<policy::Candidate> NvmeTier::candidates(std::optional<uint64_t> pool
   return out;
 }
 
+std::vector<policy::Candidate> NvmeTier::candidates_of_uid(uid_t uid) {
+  std::vector<policy::Candidate> out;
+  for (const auto& [name, pid] : catalog_.pool_names()) {
+    const Pool* p = catalog_.find_pool(pid);
+    if (!p || p->owner_uid != uid) continue;
+    std::vector<policy::Candidate> c = candidates(pid, std::nullopt, std::nullopt);
+    out.insert(out.end(), c.begin(), c.end());
+  }
+  return out;
+}
+
 bool NvmeTier::spill_backed_off(const TensorIo& s, double now) const {
   if (now - s.spill_failed_at >= kSpillRetryS) return false;
   return !(s.spill_error.code() == Code::kResourceExhausted && nvme_freed_at_ >= s.spill_failed_at);
@@ -138,15 +149,18 @@ Result<RamLocation> NvmeTier::allocate(Pool& pool, int32_t node, uint64_t size) 
     std::optional<uint64_t> in_pool;
     std::optional<int32_t> on_node;
     const NodeUsage* nu = node_usage(node);
+    const bool uid_full = pool.ram_charged() + need <= pool.ram_quota && ram_.over_uid_quota(pool, need);
     if (pool.ram_charged() + need > pool.ram_quota) {
       in_pool = pool.id;
+    } else if (uid_full) {
+      // The owner's uid_ram_quota: its own tensors leave RAM (any pool, any node), nobody else's.
     } else if (nu && nu->charged() + need > nu->capacity) {
       on_node = node;
     } else {
       in_pool = pool.id;
       on_node = node;
     }
-    auto cands = candidates(in_pool, on_node, std::nullopt);
+    auto cands = uid_full ? candidates_of_uid(pool.owner_uid) : candidates(in_pool, on_node, std::nullopt);
     uint64_t started = 0;
     short_of = {};
     uint64_t freed = evict_some(cands, need, started, last_error, pool.id, node, &short_of);

@@ -281,6 +281,32 @@ TEST_CASE("a client killed with -9 has its leases released") {
   REQUIRE(l.has_value());
 }
 
+TEST_CASE("a forked child cannot use its parent's client; the parent's goes on") {
+  // A child (a DataLoader worker) must connect its own client: the inherited one is closed in
+  // the child, so it neither keeps the parent's session (and leases) alive after the parent
+  // dies nor reads the parent's replies. Before: the child's call went over the parent's socket.
+  DaemonDroppingPools d;
+  auto a = connect_to(d);
+  REQUIRE(a->create_pool("p", {.ram_quota = 16 << 20}).has_value());
+  uint64_t id = make_tensor(*a, "p", "t", 4096);
+  auto held = a->lease(id, LeaseMode::kWrite);
+  REQUIRE(held.has_value());
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    auto pools = a->list_pools();
+    if (pools || pools.error().code() != Code::kUnsupported) _exit(1);
+    auto c = Client::connect(d.socket());  // its own works
+    _exit(c && (*c)->list_pools() ? 0 : 2);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+  CHECK(a->list_pools().has_value());
+  CHECK(held->release().is_ok());
+}
+
 TEST_CASE("many clients at once: threads with their own clients, one shared client, processes") {
   DaemonDroppingPools d;
   auto admin = connect_to(d);

@@ -157,6 +157,8 @@ TEST_CASE("config: the shipped example parses and equals the defaults") {
   CHECK(c->nvme_flush_behind == d.nvme_flush_behind);
   CHECK(c->max_pools_per_uid == d.max_pools_per_uid);
   CHECK(c->uid_pinned_quota == d.uid_pinned_quota);
+  CHECK(c->uid_ram_quota == d.uid_ram_quota);
+  CHECK(c->uid_nvme_quota == d.uid_nvme_quota);
   CHECK(c->max_reply_bytes_per_connection == d.max_reply_bytes_per_connection);
   CHECK(c->max_reply_bytes_per_uid == d.max_reply_bytes_per_uid);
   CHECK(c->metrics_http_per_pool == d.metrics_http_per_pool);
@@ -199,6 +201,13 @@ TEST_CASE("config: command-line overrides and size resolution") {
   CHECK(r->ram == 2ull << 30);
   CHECK(r->pool_quota == 2ull << 30);  // 100% of the tier
   CHECK(r->alignment == 2ull << 20);
+  CHECK(r->uid_ram_quota == 1536ull << 20);  // 75% of the tier by default
+  CHECK(r->uid_nvme_quota == 0);             // a share of the NVMe tier: resolved by make_state
+  c.uid_nvme_quota = "1T";
+  CHECK(resolve_sizes(c, 8ull << 30)->uid_nvme_quota == 1ull << 40);
+  c.uid_nvme_quota = "lots";
+  CHECK_FALSE(resolve_sizes(c, 8ull << 30));
+  c.uid_nvme_quota = "75%";
   c.ram = "16G";
   CHECK_FALSE(resolve_sizes(c, 8ull << 30));  // more than the machine
   c.ram = "1.5G";

@@ -4,6 +4,10 @@
 // every hang-up late, so "served before the hang-up" is what always happens here.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <string>
 
 #include "support/daemon_fixture.hpp"
@@ -76,4 +80,50 @@ TEST_CASE("a holder that hung up with requests unread: they are served, then its
   bool created = false;
   for (const auto& ti : list->tensors) created |= ti.name == "sent-before-the-crash";
   CHECK(created);
+}
+
+TEST_CASE("a client killed -9 whose forked child keeps its socket loses its leases", "[daemon][leases]") {
+  // A training process holds a write lease; a DataLoader-like worker it forked inherits the
+  // raw socket (no libtier here to close it) and outlives it. tierd sees no hang-up on the
+  // socket, only the connecting process's exit. Before: the new job's lease waited for ever.
+  DaemonOptions o;
+  o.extra_args = {"--remove-arenas-on-exit"};
+  TestDaemon d(o);
+  int pipefd[2];
+  REQUIRE(::pipe(pipefd) == 0);
+  std::fflush(nullptr);
+  const pid_t trainer = ::fork();
+  REQUIRE(trainer >= 0);
+  if (trainer == 0) {
+    ::close(pipefd[0]);
+    auto c = RawClient::connect(d.socket());
+    if (!c || !c->pool_create("job", 16 << 20)) _exit(10);
+    auto t = c->tensor_create("job", "w", 1 << 20);
+    if (!t || !c->lease(LeaseMode::kWrite, {t->id})) _exit(11);
+    const pid_t worker = ::fork();  // keeps c's socket open
+    if (worker == 0) {
+      for (;;) ::pause();
+    }
+    const uint64_t msg[2] = {t->id, static_cast<uint64_t>(worker)};
+    if (::write(pipefd[1], msg, sizeof msg) != sizeof msg) _exit(12);
+    for (;;) ::pause();
+  }
+  ::close(pipefd[1]);
+  uint64_t msg[2] = {0, 0};
+  const bool told = ::read(pipefd[0], msg, sizeof msg) == sizeof msg;
+  ::close(pipefd[0]);
+  struct Reap {  // the worker goes whatever happens below
+    pid_t pid;
+    ~Reap() {
+      if (pid > 0) ::kill(pid, SIGKILL);
+    }
+  } worker{static_cast<pid_t>(msg[1])};
+  ::kill(trainer, SIGKILL);
+  int st = 0;
+  REQUIRE(::waitpid(trainer, &st, 0) == trainer);
+  REQUIRE(told);
+  RawClient next = must_connect(d);
+  auto got = next.lease(LeaseMode::kWrite, {msg[0]}, 5000);
+  INFO((got ? std::string() : got.error().message()));
+  CHECK(got);
 }

@@ -582,7 +582,7 @@ TEST_CASE("running out of file descriptors refuses clients but keeps serving") {
     else ++refused;
   }
   CHECK(refused > 0);
-  CHECK(clients.size() > 10);
+  CHECK(clients.size() > 5);  // each takes two of tierd's fds: its socket and its process's pidfd
   // The connected ones still work.
   CHECK(clients.front().call<wire::StatusRep>(MsgType::kStatus, wire::Empty{}));
   clients.clear();

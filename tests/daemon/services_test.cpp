@@ -78,16 +78,24 @@ TEST_CASE("pool service: RAM quota, group access and the per-uid NVMe reservatio
   REQUIRE_FALSE(g);
   CHECK(g.error().code() == Code::kInvalidArgument);
 
-  // 60 MiB reserved of the uid's 100; 0 takes the 40 left; then nothing is left.
+  // 60 MiB reserved of the uid's 100; 0 takes a quarter of the uid's quota (25), not all that
+  // is left; 16 more do not fit the 15 left; a last 0 takes those 15; then nothing is left.
   auto a = f.pools.create_pool(1000, wire::PoolCreateReq{"a", 0, 60 * kMiB});
   REQUIRE(a);
   CHECK((*a)->ram_quota == 64 * kMiB);  // the node's default pool quota
   auto b = f.pools.create_pool(1000, wire::PoolCreateReq{"b", 0, 0});
   REQUIRE(b);
-  CHECK((*b)->nvme_quota == 40 * kMiB);
-  auto c = f.pools.create_pool(1000, wire::PoolCreateReq{"c", 0, 1 * kMiB});
+  CHECK((*b)->nvme_quota == 25 * kMiB);
+  auto c = f.pools.create_pool(1000, wire::PoolCreateReq{"c", 0, 16 * kMiB});
   REQUIRE_FALSE(c);
   CHECK(c.error().code() == Code::kResourceExhausted);
+  CHECK(c.error().message().find("uid_nvme_quota") != std::string::npos);
+  auto e = f.pools.create_pool(1000, wire::PoolCreateReq{"e", 0, 0});
+  REQUIRE(e);
+  CHECK((*e)->nvme_quota == 15 * kMiB);
+  CHECK_FALSE(f.pools.create_pool(1000, wire::PoolCreateReq{"f", 0, 0}));
+  // Root is not limited by it.
+  CHECK(f.pools.create_pool(0, wire::PoolCreateReq{"r", 0, 200 * kMiB}));
   // Another uid has its own reservation.
   CHECK(f.pools.create_pool(1001, wire::PoolCreateReq{"d", 0, 100 * kMiB}));
 }

@@ -145,7 +145,8 @@ TEST_CASE("a tenant's pinned arenas count as its RAM until punched and cannot fi
   DaemonOptions o;
   o.ram = "64M";
   o.extra_args = {"--nvme-dir", nvme.path};
-  o.config = "uid_pinned_quota = \"100%\"\nremove_arenas_on_exit = true\n";  // the accounting, not the cap
+  // The accounting, not the caps (uid_pinned_quota, uid_ram_quota).
+  o.config = "uid_pinned_quota = \"100%\"\nuid_ram_quota = \"100%\"\nremove_arenas_on_exit = true\n";
   TestDaemon d(o);
   REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
   const uint64_t shm_before = shm_used();
@@ -370,8 +371,11 @@ TEST_CASE("a uid owns at most max_pools_per_uid pools, and a pool's NVMe quota f
   int rc = as_nobody([&] {
     auto c = RawClient::connect(d.socket());
     if (!c) return 10;
+    // Each with an NVMe quota of its own: 64 pools of the default quota (a quarter of the
+    // uid's NVMe share) would not fit uid_nvme_quota.
     for (int i = 0; i < 64; ++i)
-      if (!c->pool_create("p" + std::to_string(i), kMiB)) return 11;
+      if (!c->call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"p" + std::to_string(i), kMiB, 256 << 10}))
+        return 11;
     auto over = c->pool_create("p64", kMiB);
     if (over || over.error().code() != Code::kResourceExhausted) return 12;
     if (over.error().message().find("max_pools_per_uid") == std::string::npos) return 13;
@@ -387,6 +391,144 @@ TEST_CASE("a uid owns at most max_pools_per_uid pools, and a pool's NVMe quota f
   d.stop();
 }
 
+TEST_CASE("a uid holds at most its RAM share however many pools it has; the others are served", "[soak]") {
+  // RAM tier 64 MiB, no NVMe tier (nothing is evictable), default uid_ram_quota (75%: 48 MiB).
+  fresh_shm("96m");
+  DaemonOptions o;
+  o.ram = "64M";
+  o.config = "remove_arenas_on_exit = true\n";
+  TestDaemon d(o);
+  REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
+  // The tenant creates 4 MiB tensors over 8 pools of 16 MiB until refused; the exit code is
+  // how many it got (before: all 16, the whole tier).
+  int got = as_nobody([&] {
+    auto c = RawClient::connect(d.socket());
+    if (!c) return 100;
+    int n = 0;
+    for (int p = 0; p < 8; ++p) {
+      const std::string pool = "hog" + std::to_string(p);
+      if (!c->pool_create(pool, 16 * kMiB)) return 101;
+      for (int i = 0; i < 4; ++i) {
+        auto t = c->tensor_create(pool, "t" + std::to_string(i), 4 * kMiB);
+        if (!t) {
+          const bool named = t.error().code() == Code::kResourceExhausted &&
+                             t.error().message().find("uid_ram_quota") != std::string::npos;
+          return named ? n : 102;
+        }
+        if (fill(*c, t->id, 0x30) != 0) return 103;
+        ++n;
+      }
+    }
+    return n;
+  });
+  INFO(d.log());
+  CHECK(got == 12);  // 48 MiB
+  RawClient root = must_connect(d);
+  CHECK(tier_used(root) <= 48 * kMiB);
+  // Another tenant (root here) still gets the rest of the tier.
+  REQUIRE(root.pool_create("victim", 16 * kMiB));
+  for (int i = 0; i < 4; ++i) {
+    auto t = root.tensor_create("victim", "v" + std::to_string(i), 4 * kMiB);
+    INFO(i << ": " << (t ? std::string() : t.error().message()));
+    REQUIRE(t);
+    CHECK(fill(root, t->id, 0x5a) == 0);
+  }
+  std::cout << "soak-report: uid RAM share: the tenant holds " << got * 4 << " MiB of a 64 MiB RAM tier "
+            << "(uid_ram_quota 48 MiB), /dev/shm used " << shm_used() / kMiB << " MiB, RSS "
+            << proc_kb(d.pid(), "VmRSS") / kMiB << " MiB\n";
+  d.stop();
+}
+
+TEST_CASE("past uid_ram_quota a uid's own tensors go to NVMe; refused only when none can") {
+  TmpDir nvme("uidram-nvme");
+  DaemonOptions o;
+  o.ram = "64M";
+  o.extra_args = {"--nvme-dir", nvme.path};
+  o.config = "uid_ram_quota = \"16M\"\nnvme_capacity = \"256M\"\nremove_arenas_on_exit = true\n";
+  TestDaemon d(o);
+  REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
+  // Root's tensor, in RAM before the tenant starts: nobody else's RAM makes the tenant's room.
+  RawClient root = must_connect(d);
+  REQUIRE(root.pool_create("victim", 16 * kMiB));
+  auto vt = root.tensor_create("victim", "v", 8 * kMiB);
+  REQUIRE(vt);
+  REQUIRE(fill(root, vt->id, 0x5a) == 0);
+  int rc = as_nobody([&] {
+    auto c = RawClient::connect(d.socket());
+    if (!c || !c->pool_create("a", 32 * kMiB) || !c->pool_create("b", 32 * kMiB)) return 10;
+    // 32 MiB over two pools, written: twice the uid's RAM share (before: the create past 16 MiB
+    // was refused, though its pools could go to NVMe).
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 8; ++i) {
+      auto t = c->tensor_create(i < 4 ? "a" : "b", "t" + std::to_string(i), 4 * kMiB);
+      if (!t) {
+        std::cerr << "create " << i << ": " << t.error().message() << "\n";
+        return 11;
+      }
+      if (fill(*c, t->id, static_cast<unsigned char>(0x40 + i)) != 0) return 12;
+      ids.push_back(t->id);
+    }
+    // Read back: each fetch makes room from the uid's own tensors.
+    for (int i = 0; i < 8; ++i)
+      if (check(*c, ids[i], static_cast<unsigned char>(0x40 + i)) != 0) return 13;
+    // Four leased at once fill the share: a fifth cannot be given RAM, and the error says why.
+    auto held = c->lease(LeaseMode::kRead, {ids[0], ids[1], ids[2], ids[3]}, 10000);
+    if (!held) return 14;
+    auto more = c->lease(LeaseMode::kRead, {ids[4]}, 0);
+    if (more) return 15;
+    if (more.error().code() != Code::kResourceExhausted ||
+        more.error().message().find("uid_ram_quota") == std::string::npos) {
+      std::cerr << "fifth: " << more.error().message() << "\n";
+      return 16;
+    }
+    return 0;
+  });
+  INFO(d.log());
+  CHECK(rc == 0);
+  // The tenant never held more than its share; root's tensor stayed.
+  CHECK(tier_used(root) <= 24 * kMiB);
+  CHECK(check(root, vt->id, 0x5a) == 0);
+  d.stop();
+}
+
+TEST_CASE("a uid's NVMe share is finite by default; a pool without an NVMe quota gets a quarter of it") {
+  TmpDir nvme("uidnvme");
+  DaemonOptions o;
+  o.ram = "64M";
+  o.extra_args = {"--nvme-dir", nvme.path};
+  o.config = "nvme_capacity = \"64M\"\nremove_arenas_on_exit = true\n";  // uid_nvme_quota 75%: 48 MiB
+  TestDaemon d(o);
+  REQUIRE(::chmod(d.dir().c_str(), 0755) == 0);
+  int rc = as_nobody([&] {
+    auto c = RawClient::connect(d.socket());
+    if (!c) return 10;
+    // Default pools: 12 MiB each (before: each promised the whole 64 MiB tier).
+    for (int i = 0; i < 2; ++i) {
+      auto p = c->pool_create("job" + std::to_string(i), kMiB);
+      if (!p) return 11;
+      if (p->nvme_quota != 12 * kMiB) {
+        std::cerr << "default pool NVMe quota " << p->nvme_quota << "\n";
+        return 12;
+      }
+    }
+    // 24 MiB reserved: 16 MiB more fit, 16 MiB after that do not (48 MiB in all).
+    if (!c->call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"big0", kMiB, 16 * kMiB})) return 13;
+    auto over = c->call<PoolInfoW>(MsgType::kPoolCreate, PoolCreateReq{"big1", kMiB, 16 * kMiB});
+    if (over || over.error().code() != Code::kResourceExhausted) return 14;
+    if (over.error().message().find("uid_nvme_quota") == std::string::npos) return 15;
+    // What is left (8 MiB) goes to a last default pool; then nothing is left.
+    auto last = c->pool_create("job2", kMiB);
+    if (!last || last->nvme_quota != 8 * kMiB) return 16;
+    if (c->pool_create("job3", kMiB)) return 17;
+    return 0;
+  });
+  INFO(d.log());
+  CHECK(rc == 0);
+  RawClient root = must_connect(d);  // root is not limited
+  CHECK(root.pool_create("root-pool", kMiB));
+  d.stop();
+}
+
 TEST_CASE("tierd --check-config shows the tenant limits and refuses inconsistent ones") {
   TmpDir dir("limits-cfg");
   const std::string cfg = dir.path + "/t.toml";
@@ -396,6 +538,8 @@ TEST_CASE("tierd --check-config shows the tenant limits and refuses inconsistent
   CHECK(r.rc == 0);
   CHECK(r.out.find("max_pools_per_uid 7") != std::string::npos);
   CHECK(r.out.find("uid_pinned_quota 32.0 MiB") != std::string::npos);  // 50% of the tier
+  CHECK(r.out.find("uid_ram_quota 48.0 MiB") != std::string::npos);     // 75% of the tier
+  CHECK(r.out.find("uid_nvme_quota 75% of the NVMe tier") != std::string::npos);
   CHECK(r.out.find("max_reply_bytes_per_connection 4.00 MiB") != std::string::npos);
   CHECK(r.out.find("metrics_http_per_pool false") != std::string::npos);
   std::ofstream(cfg) << "state_dir = \"" << dir.path << "/state\"\nram = \"64M\"\n"

@@ -3,17 +3,22 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace tier::test {
@@ -22,6 +27,62 @@ std::string bin_path(const std::string& name) {
   // A relocated test binary (the GPU bundle, tools/gpu-bundle) names its binaries' directory.
   const char* dir = std::getenv("TIER_TEST_BIN_DIR");
   return std::string(dir != nullptr && *dir != '\0' ? dir : TIER_BIN_DIR) + "/" + name;
+}
+
+namespace {
+
+// Bytes allocated under `path` (a file or a directory tree), as du counts them.
+uint64_t disk_bytes(const std::string& path) {
+  uint64_t bytes = 0;
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (::lstat(it->path().c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  return bytes;
+}
+
+// The daemon's arena name prefix (daemon/ram/arena.cpp, arena_prefix: FNV-1a 32 of the
+// canonical state dir).
+std::string arena_prefix_of(const std::string& state_dir) {
+  std::error_code ec;
+  std::string s = std::filesystem::weakly_canonical(state_dir, ec).string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "tierd-%08x-", h);
+  return buf;
+}
+
+}  // namespace
+
+void TestDaemon::report_held() const {
+  if (pid_ <= 0 || std::getenv("TIER_SOAK_REPORT") == nullptr) return;
+  uint64_t rss = 0;
+  std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) rss = std::stoull(line.substr(6)) * 1024;
+  uint64_t shm = 0;
+  const std::string prefix = arena_prefix_of(state_dir_);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) shm += disk_bytes(e.path().string());
+  uint64_t nvme = 0;
+  for (size_t i = 0; i + 1 < opts_.extra_args.size(); ++i)
+    if (opts_.extra_args[i] == "--nvme-dir") nvme += disk_bytes(opts_.extra_args[i + 1]);
+  struct statvfs fs{};
+  const uint64_t state_fs =
+      ::statvfs(state_dir_.c_str(), &fs) == 0 ? static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize : 0;
+  std::printf("soak-report-held: rss=%llu shm=%llu state=%llu nvme=%llu ram_tier=%s state_fs=%llu\n",
+              static_cast<unsigned long long>(rss), static_cast<unsigned long long>(shm),
+              static_cast<unsigned long long>(disk_bytes(state_dir_)), static_cast<unsigned long long>(nvme),
+              opts_.ram.c_str(), static_cast<unsigned long long>(state_fs));
+  std::fflush(stdout);
 }
 
 TestDaemon::TestDaemon(DaemonOptions opts) : opts_(std::move(opts)) {
@@ -102,6 +163,7 @@ bool TestDaemon::wait_ready(int ms) {
 
 int TestDaemon::stop() {
   if (pid_ <= 0) return -1;
+  report_held();
   ::kill(pid_, SIGTERM);
   int st = 0;
   for (int i = 0; i < 1000; ++i) {  // up to 10 s, then SIGKILL
@@ -119,6 +181,7 @@ int TestDaemon::stop() {
 
 void TestDaemon::kill9() {
   if (pid_ <= 0) return;
+  report_held();
   ::kill(pid_, SIGKILL);
   int st;
   waitpid(pid_, &st, 0);

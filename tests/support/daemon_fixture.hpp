@@ -54,6 +54,12 @@ class TestDaemon {
   std::string log() const;
 
  private:
+  // With $TIER_SOAK_REPORT set (tools/soak), prints one "soak-report-held:" line of what the
+  // running daemon holds: its peak RSS, its arenas in /dev/shm, its state dir and NVMe dirs on
+  // disk, and its limits: the RAM tier it was given and the size of its state dir's file
+  // system. Called before each stop and kill -9.
+  void report_held() const;
+
   DaemonOptions opts_;
   std::string dir_, socket_, state_dir_, log_path_;
   pid_t pid_ = -1;
