@@ -1,5 +1,5 @@
 #include "client/arena_map.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -24,8 +24,8 @@
 #include "client/connection.hpp"
 #include "client/held_leases.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
-#include "wire/names.hpp"
+#include "base/errors.hpp"
+#include "base/names.hpp"
 
 namespace tier {
 

@@ -19,7 +19,7 @@
 
 #include "tier/status.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::client {
 

@@ -21,7 +21,7 @@
 #include "tier/status.hpp"
 #include "tier/types.hpp"
 #include "wire/codec.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::wire {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "cuda_status.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::gpu::registry {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "cuda_status.hpp"
 #include "registry.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::gpu {
 

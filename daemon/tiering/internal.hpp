@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "daemon/leases.hpp"
+#include "leases/lease_table.hpp"
 #include "nvme/location.hpp"
 
 namespace tier::daemon::tiering {

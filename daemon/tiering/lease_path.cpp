@@ -1,13 +1,13 @@
 // NvmeTier: what a lease needs from the tier. Fetches before a grant, RAM without a read for
 // overwrites, LRU stamps and dirtiness at the grant, Discard hints and a restore's placement.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
 
 namespace tier::daemon {
 

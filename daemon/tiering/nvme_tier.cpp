@@ -1,6 +1,6 @@
 // NvmeTier: opening the engine, shared helpers (RAM extents, fixed-buffer registration, dropping
 // RAM copies), restart adoption, forgetting a tensor, the loop's poll and the tier's figures.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,11 +13,11 @@
 #include <cstring>
 #include <utility>
 
-#include "daemon/admission.hpp"
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "tiering/admission.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 

@@ -32,15 +32,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "daemon/catalog.hpp"
-#include "daemon/config.hpp"
-#include "daemon/leases.hpp"
-#include "daemon/ram/ram_tier.hpp"
+#include "core/catalog.hpp"
+#include "core/config.hpp"
+#include "leases/lease_table.hpp"
+#include "ram/ram_tier.hpp"
 #include "nvme/engine.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "policy/watermark.hpp"
-#include "daemon/residency_log.hpp"
+#include "core/residency_log.hpp"
 
 namespace tier::daemon {
 

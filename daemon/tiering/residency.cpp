@@ -1,15 +1,15 @@
 // NvmeTier: the per-tensor I/O state machine. A fetch brings a tensor's NVMe copy into RAM, a
 // write-back (spill) writes its RAM copy to NVMe; their completions update the tensor, its
 // TensorIo and the journal, and wait_idle() waits one tensor's I/O out.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 

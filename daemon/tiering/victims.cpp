@@ -1,16 +1,16 @@
 // NvmeTier: choosing what leaves RAM. Candidates in policy order (daemon/policy/eviction.hpp),
 // evicting them until an allocation fits, and the Evict request.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "daemon/admission.hpp"
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "tiering/admission.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 

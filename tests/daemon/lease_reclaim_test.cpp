@@ -11,7 +11,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "daemon/lease_reclaim.hpp"
+#include "leases/reclaim.hpp"
 
 using namespace tier::daemon;
 

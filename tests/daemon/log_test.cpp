@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/log.hpp"
+#include "base/log.hpp"
 
 using namespace tier;
 

@@ -2,8 +2,8 @@
 // handler's decoding: the rules themselves (quotas, grants, waits, retries, deadlines).
 #include <catch2/catch.hpp>
 
-#include "daemon/lease_service.hpp"
-#include "daemon/pool_service.hpp"
+#include "leases/lease_service.hpp"
+#include "pools/pool_service.hpp"
 #include "support/handler_harness.hpp"
 
 using namespace tier;

@@ -58,7 +58,7 @@
 #include "bench_common.hpp"
 #include "nvme_raw.hpp"
 #include "nvme/engine.hpp"
-#include "daemon/log.hpp"
+#include "base/log.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "suites.hpp"

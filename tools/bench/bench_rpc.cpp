@@ -34,7 +34,7 @@
 #include "bench_common.hpp"
 #include "tier/client.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::bench {
 

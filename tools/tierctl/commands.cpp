@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "table.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::ctl {
 

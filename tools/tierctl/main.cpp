@@ -8,7 +8,7 @@
 
 #include "commands.hpp"
 #include "tier/client.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace {
 

@@ -20,7 +20,7 @@
 
 #include "commands.hpp"
 #include "table.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::ctl {
 

@@ -1,0 +1,63 @@
+#include "state/state.hpp"
+
+#include <grp.h>
+
+#include "base/log.hpp"
+#include "base/errors.hpp"
+
+namespace tier::daemon {
+
+Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes) {
+  auto st = std::make_unique<DaemonState>();
+  auto topo = make_topology_source(cfg.topology)->load();
+  if (!topo) return fail(topo.error());
+  st->topology = std::move(*topo);
+  if (!cfg.admin_group.empty()) {
+    group* g = ::getgrnam(cfg.admin_group.c_str());
+    if (!g) return fail(Code::kInvalidArgument, "admin_group '" + cfg.admin_group + "' does not exist");
+    st->admin_gid = g->gr_gid;
+  }
+  RamTierOptions ro;
+  ro.prefix = arena_prefix(cfg.state_dir);
+  ro.capacity = sizes.ram;
+  ro.alignment = sizes.alignment;
+  ro.hugepages = cfg.hugepages;
+  ro.hugetlbfs_mount = cfg.hugetlbfs_mount;
+  ro.prefault = cfg.prefault;
+  if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs) return fail(std::move(hs));
+  if (cfg.hugepages != HugePages::kNone && ro.hugetlbfs_mount.empty()) {
+    auto m = find_hugetlbfs(cfg.hugepages);
+    if (!m) return fail(m.error());
+    ro.hugetlbfs_mount = *m;
+  }
+  st->ram = std::make_unique<RamTier>(std::move(ro), st->topology);
+  if (!cfg.nvme.empty()) {
+    auto tm = NvmeTier::open(cfg, st->catalog, *st->ram);
+    if (!tm) return fail(tm.error());
+    st->tiering = std::move(*tm);
+  }
+  st->config = std::move(cfg);
+  st->sizes = sizes;
+  return st;
+}
+
+Status open_durability(DaemonState& st, RecoveryReport* report) {
+  DurabilityDeps deps{st.catalog,
+                      *st.ram,
+                      st.config.state_dir,
+                      st.topology.nodes.empty() ? 0 : st.topology.nodes.front().id,
+                      st.tiering ? &st.tiering->engine() : nullptr,
+                      st.config.snapshot_free_floor,
+                      st.config.journal_reserve};
+  auto d = Durability::open(std::move(deps), report);
+  if (!d) return d.error();
+  // Write leases held when the previous tierd died stay reserved for their holders.
+  st.reclaims.adopt(st, **d, Clock::now());
+  // The rebuild may have journaled losses; make them durable before serving.
+  TIER_RETURN_IF_ERROR((*d)->commit());
+  st.durable = std::move(*d);
+  if (st.tiering) st.tiering->set_residency_log(st.durable.get());
+  return Status::ok();
+}
+
+}  // namespace tier::daemon

@@ -1,0 +1,47 @@
+// PoolService: what creating and dropping pools and tensors does to the tiers, under the
+// node's rules — a pool's RAM quota against the RAM tier, the per-uid NVMe and RAM quotas,
+// group access, a tensor's admission (it must fit a lease some day) and placement, and the
+// journal records of each change.
+//
+// The request handler decides who may ask (daemon/access.hpp) and answers; this class decides
+// what happens and keeps the catalog, the tiers and the journal in step. Not thread-safe: the
+// event loop is the only caller.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+
+#include "state/state.hpp"
+#include "wire/messages.hpp"
+
+namespace tier::daemon {
+
+class PoolService {
+ public:
+  explicit PoolService(DaemonState& state) : state_(state) {}
+
+  // A new pool owned by `owner` (the name is valid and unused): kResourceExhausted when its
+  // RAM quota exceeds the RAM tier or the owner's NVMe reservation (uid_nvme_quota) is spent,
+  // kInvalidArgument for group reading without a group.
+  [[nodiscard]] Result<Pool*> create_pool(uid_t owner, const wire::PoolCreateReq& req);
+  // kResourceExhausted when `owner` (not root) owns max_pools_per_uid pools already, or the
+  // requested NVMe quota is larger than the NVMe tier.
+  [[nodiscard]] Status check_pool_limits(uid_t owner, const wire::PoolCreateReq& req);
+  // Drops `p`, which holds no leases: its tensors leave every tier, its arenas go, the journal
+  // records it. A million-tensor pool is dropped without freeing extents one by one.
+  void drop_pool(Pool& p, uid_t by);
+
+  // A new tensor in `p` (the request is valid, the name unused), placed by `req`'s placement
+  // for a client on `client_node`: refused when no lease could ever hold it, or over the
+  // owner's RAM quota (uid_ram_quota). It starts in RAM, or in no tier when an NVMe tier is
+  // still writing back the room it needs (it reads as zeros and gets RAM at its first lease).
+  [[nodiscard]] Result<Tensor*> create_tensor(Pool& p, wire::TensorCreateReq& req, int32_t client_node);
+  // Deletes unleased `t` of `p`: its tiers, its journal record, its catalog entry.
+  void erase_tensor(Pool& p, Tensor& t);
+
+ private:
+  DaemonState& state_;
+};
+
+}  // namespace tier::daemon
