@@ -66,7 +66,7 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
     return fail(Code::kProtocol, "arena " + std::to_string(id) + " is " + std::to_string(st.st_size) +
                                      " bytes, larger than the " + std::to_string(size) + " tierd announced");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  // A group reader gets a read-only fd (daemon/access.hpp): map it read-only.
+  // A group reader gets a read-only fd (daemon/leases/access.hpp): map it read-only.
   bool read_only = false;
   if (p == MAP_FAILED && errno == EACCES) {
     p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);

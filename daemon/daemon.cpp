@@ -1,4 +1,4 @@
-#include "state/state.hpp"
+#include "daemon/daemon.hpp"
 
 #include <grp.h>
 
@@ -52,7 +52,7 @@ Status open_durability(DaemonState& st, RecoveryReport* report) {
   auto d = Durability::open(std::move(deps), report);
   if (!d) return d.error();
   // Write leases held when the previous tierd died stay reserved for their holders.
-  st.reclaims.adopt(st, **d, Clock::now());
+  st.reclaims.adopt(st.reclaim_parts(), **d, Clock::now());
   // The rebuild may have journaled losses; make them durable before serving.
   TIER_RETURN_IF_ERROR((*d)->commit());
   st.durable = std::move(*d);

@@ -13,7 +13,7 @@
 #include "base/log.hpp"
 #include "ram/arena.hpp"
 #include "server/server.hpp"
-#include "state/state.hpp"
+#include "daemon/daemon.hpp"
 #include "base/sizes.hpp"
 
 using namespace tier;

@@ -21,7 +21,7 @@
 
 #include "base/log.hpp"
 #include "rpc/request_handler.hpp"
-#include "state/state.hpp"
+#include "daemon/daemon.hpp"
 #include "fuzz/fuzz_check.hpp"
 #include "fuzz/request_input.hpp"
 #include "wire/messages.hpp"

@@ -32,7 +32,7 @@ struct RamLocation {
 };
 
 // The tensor's NVMe copy: its extents and checksums, as the NVMe engine wrote them
-// (daemon/nvme/location.hpp). Filled in by the NVMe tier (daemon/tiering/nvme_tier.hpp).
+// (daemon/tiering/nvme/location.hpp). Filled in by the NVMe tier (daemon/tiering/nvme_tier.hpp).
 using NvmeLocation = nvme::NvmeLocation;
 
 struct Tensor {
@@ -50,21 +50,24 @@ struct Tensor {
   bool writer = false;   // a write lease is held
 };
 
+// A pool's group when it has none.
+inline constexpr gid_t kNoGroup = static_cast<gid_t>(-1);
+
 struct Pool {
   uint64_t id = 0;
   std::string name;
   uid_t owner_uid = 0;
   uint64_t ram_quota = 0, nvme_quota = 0;
   uint64_t ram_used = 0, nvme_used = 0;  // allocated bytes
-  // Pinned pages of its arenas that no extent holds (daemon/ram/ram_tier.hpp): resident, so
+  // Pinned pages of its arenas that no extent holds (daemon/tiering/ram/ram_tier.hpp): resident, so
   // they count against its RAM quota with ram_used.
   uint64_t ram_pinned = 0;
   [[nodiscard]] uint64_t ram_charged() const noexcept { return ram_used + ram_pinned; }
-  uint64_t leases = 0;                   // leases held on its tensors
-  std::map<uint64_t, Tensor> tensors;    // by id
+  uint64_t leases = 0;                 // leases held on its tensors
+  std::map<uint64_t, Tensor> tensors;  // by id
   std::unordered_map<std::string, uint64_t> by_name;
-  gid_t group = static_cast<gid_t>(-1);  // -1: none
-  bool group_read = false;               // members of `group` may read (daemon/access.hpp)
+  gid_t group = kNoGroup;
+  bool group_read = false;  // members of `group` may read (daemon/leases/access.hpp)
 };
 
 class Catalog {

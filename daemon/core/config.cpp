@@ -1,5 +1,5 @@
 #include "core/config.hpp"
-#include "server/metrics_http.hpp"
+#include "core/listen_addr.hpp"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>

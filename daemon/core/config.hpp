@@ -105,14 +105,14 @@ struct Config {
   // Uses in one client's plan (PlanSet): bounds the daemon memory a plan takes (about 40 bytes a
   // use) and the work of each scheduling pass over it.
   uint32_t max_plan_uses = 4096;
-  // The state dir's file system (daemon/state_space.hpp): a snapshot is refused when it would
+  // The state dir's file system (daemon/durability/state_space.hpp): a snapshot is refused when it would
   // leave less than snapshot_free_floor free (bytes or % of that file system), and the journal
   // keeps journal_reserve preallocated for when the disk fills anyway.
   std::string snapshot_free_floor = "5%";
   std::string journal_reserve = "64M";
   // "127.0.0.1:9464": serve Prometheus metrics over HTTP on this loopback address; "" = off.
   std::string metrics_listen;
-  // Populate every arena page at creation (daemon/ram/prefault.hpp).
+  // Populate every arena page at creation (daemon/tiering/ram/prefault.hpp).
   bool prefault = false;
 };
 

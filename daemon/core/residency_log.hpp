@@ -1,6 +1,6 @@
 // ResidencyLog: where a tensor's copies are, as the journal must learn it. The NVMe tier
 // reports every placement and drop through this interface and never sees the journal itself;
-// Durability implements it (daemon/durability.hpp). Called on the event loop only.
+// Durability implements it (daemon/durability/durability.hpp). Called on the event loop only.
 #pragma once
 
 #include "tier/status.hpp"

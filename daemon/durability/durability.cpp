@@ -1,6 +1,6 @@
 #include "durability/durability.hpp"
 
-#include "leases/access.hpp"
+#include "core/lease_holder.hpp"
 
 #include <dirent.h>
 #include <sys/eventfd.h>
@@ -13,7 +13,6 @@
 #include <set>
 #include <type_traits>
 
-#include "leases/reclaim.hpp"
 #include "base/log.hpp"
 #include "nvme/location.hpp"
 #include "ram/arena.hpp"

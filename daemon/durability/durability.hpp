@@ -111,7 +111,7 @@ struct DurabilityDeps {
   // Where a tensor evicted to NVMe comes back when its pool has no arena (the first node).
   int32_t default_node = 0;
   const nvme::Engine* nvme = nullptr;  // null without an NVMe tier
-  // The state dir's space (daemon/state_space.hpp): config text of snapshot_free_floor and
+  // The state dir's space (daemon/durability/state_space.hpp): config text of snapshot_free_floor and
   // journal_reserve; empty floor: no floor and no reserve (tests of the journal alone).
   std::string snapshot_free_floor, journal_reserve;
 };
@@ -122,7 +122,7 @@ class Durability final : public ResidencyLog {
 
   // Opens (or creates) the journal in <state-dir>/journal and rebuilds the catalog and RAM
   // tier from it (the catalog must be empty). The caller then adopts the write leases held
-  // across the restart and commits (open_durability in daemon/state.hpp does all of it). Errors:
+  // across the restart and commits (open_durability in daemon/state/state.hpp does all of it). Errors:
   // kCorruption/kUnsupported (the journal is damaged before its tail or newer than this tierd: refuse to
   // start), kBusy (another tierd uses the state dir), kIo.
   [[nodiscard]] static Result<std::unique_ptr<Durability>> open(DurabilityDeps deps, RecoveryReport* report);
@@ -141,7 +141,7 @@ class Durability final : public ResidencyLog {
   void nvme_copy_written(const Tensor& t, const nvme::NvmeLocation& loc) override;
   // The NVMe copy is freed or stale (a write lease was granted on the RAM copy).
   void nvme_copy_dropped(const Tensor& t) override;
-  // Write leases (daemon/lease_reclaim.hpp): granted to `h` as `lease_id`, or ended (a no-op
+  // Write leases (daemon/leases/reclaim.hpp): granted to `h` as `lease_id`, or ended (a no-op
   // when the journal has none on `t`). Appended at once (a kill -9 of tierd keeps them) but
   // never a reason to fsync: no lease outlives a power loss, its holder does not either.
   void write_lease_held(const Tensor& t, uint64_t lease_id, const LeaseHolder& h);

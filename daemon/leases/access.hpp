@@ -22,8 +22,6 @@
 
 namespace tier::daemon {
 
-inline constexpr gid_t kNoGroup = static_cast<gid_t>(-1);
-
 struct Session;
 
 struct PeerCreds {

@@ -15,13 +15,20 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/catalog.hpp"
+#include "core/config.hpp"
+#include "core/counters.hpp"
+#include "leases/lease_table.hpp"
 #include "leases/reclaim.hpp"
+#include "ram/ram_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 #include "core/metrics.hpp"
 #include "leases/session.hpp"
-#include "state/state.hpp"
 #include "wire/messages.hpp"
 
 namespace tier::daemon {
+
+class Durability;
 
 class LeaseService {
  public:
@@ -30,7 +37,22 @@ class LeaseService {
   // The most tensors one lease may name: the grants must fit one reply (docs/daemon.md).
   static size_t max_grants();
 
-  explicit LeaseService(DaemonState& state);
+  // What the service works on, owned by the daemon and outliving it. The tiers and durability
+  // are named through their owners' pointers: they may come later (open_durability) or never
+  // (null: RAM only, no state dir).
+  struct Parts {
+    const Config& config;
+    Catalog& catalog;
+    LeaseTable& leases;
+    ReclaimTable& reclaims;
+    Counters& counters;
+    const gid_t& admin_gid;
+    const std::unique_ptr<RamTier>& ram;
+    const std::unique_ptr<Durability>& durable;
+    const std::unique_ptr<NvmeTier>& tiering;
+  };
+
+  explicit LeaseService(Parts parts);
 
   void set_deferred_sink(DeferredSink sink) { sink_ = std::move(sink); }
   // Whether a session's client has hung up though the server has not closed the session yet
@@ -71,6 +93,9 @@ class LeaseService {
   const LatencyHistogram& latency() const noexcept { return latency_; }
 
  private:
+  [[nodiscard]] ReclaimTable::Parts reclaim_parts() const {
+    return {parts_.catalog, parts_.leases, parts_.ram.get(), parts_.config.lease_reclaim_timeout_ms};
+  }
   // Resolves and authorizes tensor ids into scratch_tensors_.
   [[nodiscard]] Status resolve(const Session& s, std::span<const uint64_t> ids, LeaseMode mode);
   // For an overwrite lease on scratch_tensors_: the conflicting lease it must wait for (kBusy),
@@ -86,7 +111,7 @@ class LeaseService {
   // whose client is gone (PeerGone).
   [[nodiscard]] bool holders_gone(LeaseMode mode) const;
 
-  DaemonState& state_;
+  Parts parts_;
   DeferredSink sink_;
   PeerGone peer_gone_;
   std::unordered_map<uint64_t, Session*> sessions_;

@@ -20,12 +20,11 @@
 #include <vector>
 
 #include "core/catalog.hpp"
+#include "core/clock.hpp"
 #include "tier/status.hpp"
 #include "tier/types.hpp"
 
 namespace tier::daemon {
-
-using Clock = std::chrono::steady_clock;
 
 // A session's leases, kept in the session.
 struct SessionLeases {
@@ -75,7 +74,7 @@ class LeaseTable {
   std::function<void(const Lease&)> on_write_end;
   // Whether every lease that keeps `tensors` from being leased in `mode` belongs to a session
   // for which `gone(session_id)` is true (and at least one does). A tensor whose conflict no
-  // live lease explains (a write lease from before a restart, daemon/lease_reclaim.hpp) makes it
+  // live lease explains (a write lease from before a restart, daemon/leases/reclaim.hpp) makes it
   // false. Scans every live lease: for the conflict path only.
   [[nodiscard]] bool conflicts_only_with(LeaseMode mode, std::span<Tensor* const> tensors,
                                          const std::function<bool(uint64_t)>& gone) const;

@@ -13,7 +13,7 @@
 #include "durability/durability.hpp"
 #include "base/log.hpp"
 #include "ram/arena.hpp"
-#include "state/state.hpp"
+#include "ram/ram_tier.hpp"
 #include "base/errors.hpp"
 
 namespace tier::daemon {
@@ -114,7 +114,7 @@ Liveness holder_liveness(const LeaseHolder& h, dev_t dev, ino_t ino) {
   return maps_writable(*maps, dev, ino) ? Liveness::kAlive : Liveness::kGone;
 }
 
-Liveness ReclaimTable::liveness(DaemonState& st, uint64_t tensor_id, const LeaseHolder& h) {
+Liveness ReclaimTable::liveness(const Parts& st, uint64_t tensor_id, const LeaseHolder& h) {
   Tensor* t = st.catalog.find_tensor(tensor_id);
   Arena* a = t && t->ram ? st.ram->arena(t->ram->arena_id) : nullptr;
   struct stat sb;
@@ -122,8 +122,8 @@ Liveness ReclaimTable::liveness(DaemonState& st, uint64_t tensor_id, const Lease
   return holder_liveness(h, sb.st_dev, sb.st_ino);
 }
 
-void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) {
-  const auto timeout = std::chrono::milliseconds(st.config.lease_reclaim_timeout_ms);
+void ReclaimTable::adopt(const Parts& st, Durability& d, Clock::time_point now) {
+  const auto timeout = std::chrono::milliseconds(st.timeout_ms);
   // Collected first: ending a lease journals a record, which changes the image being walked.
   std::vector<journal::WriteLeaseHeld> held;
   for (const auto& [pid, pi] : d.image().pools())
@@ -165,12 +165,12 @@ void ReclaimTable::adopt(DaemonState& st, Durability& d, Clock::time_point now) 
     log_warn(
         "pool '{}': tensor '{}' was write-leased by {} when tierd stopped: reserved for it "
         "until it reclaims the lease (at most {} ms)",
-        p->name, t->name, holder_text(h), st.config.lease_reclaim_timeout_ms);
+        p->name, t->name, holder_text(h), st.timeout_ms);
   }
   next_recheck_ = now + kRecheck;
 }
 
-Result<uint64_t> ReclaimTable::reclaim(DaemonState& st, SessionLeases& s, const LeaseHolder& who,
+Result<uint64_t> ReclaimTable::reclaim(const Parts& st, SessionLeases& s, const LeaseHolder& who,
                                        uint64_t tensor_id, uint64_t lease_id) {
   // Another uid's lease is answered as one that does not exist: the answer must not tell
   // which tensors were under reclaim, nor who held them (an oracle for guessed ids).
@@ -203,7 +203,7 @@ Result<uint64_t> ReclaimTable::reclaim(DaemonState& st, SessionLeases& s, const 
   return id;
 }
 
-void ReclaimTable::end(DaemonState& st, uint64_t tensor_id, uint64_t old_lease_id, std::string why) {
+void ReclaimTable::end(const Parts& st, uint64_t tensor_id, uint64_t old_lease_id, std::string why) {
   auto it = orphans_.find(tensor_id);
   if (it == orphans_.end()) return;
   Tensor* t = st.catalog.find_tensor(tensor_id);
@@ -219,15 +219,15 @@ void ReclaimTable::end(DaemonState& st, uint64_t tensor_id, uint64_t old_lease_i
   orphans_.erase(it);
 }
 
-bool ReclaimTable::sweep(DaemonState& st, Clock::time_point now) {
+bool ReclaimTable::sweep(const Parts& st, Clock::time_point now) {
   if (orphans_.empty()) return false;
   const bool recheck = now >= next_recheck_;
   if (recheck) next_recheck_ = now + kRecheck;
   std::vector<std::pair<uint64_t, std::string>> ending;
   for (const auto& [tid, o] : orphans_) {
     if (now >= o.deadline)
-      ending.emplace_back(tid, "not reclaimed within lease_reclaim_timeout_ms = " +
-                                   std::to_string(st.config.lease_reclaim_timeout_ms));
+      ending.emplace_back(tid,
+                          "not reclaimed within lease_reclaim_timeout_ms = " + std::to_string(st.timeout_ms));
     else if (recheck && liveness(st, tid, o.holder) == Liveness::kGone)
       ending.emplace_back(tid, "its holder exited or unmapped the arena before reclaiming it");
   }

@@ -31,21 +31,14 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/lease_holder.hpp"
 #include "leases/lease_table.hpp"
 #include "tier/status.hpp"
 
 namespace tier::daemon {
 
-struct DaemonState;
 class Durability;
-
-// Who holds a write lease, as tierd saw it (the fields of journal::WriteLeaseHeld).
-struct LeaseHolder {
-  uid_t uid = 0;
-  pid_t pid = 0;           // SO_PEERCRED, in tierd's pid namespace; 0: not visible there
-  uint64_t pid_start = 0;  // the process's start time (/proc/<pid>/stat field 22); 0: unknown
-  uint64_t pid_ns = 0;     // inode of tierd's pid namespace when the lease was granted
-};
+class RamTier;
 
 // The start time of `pid` (clock ticks after boot), 0 when it cannot be read.
 [[nodiscard]] uint64_t process_start_time(pid_t pid);
@@ -59,23 +52,32 @@ enum class Liveness { kAlive, kGone, kUnknown };
 
 class ReclaimTable {
  public:
+  // What the table works on: the catalog, the lease table its orphans are held in, the RAM
+  // tier (a live holder still maps its tensor's arena; null: none) and the reclaim timeout.
+  struct Parts {
+    Catalog& catalog;
+    LeaseTable& leases;
+    RamTier* ram = nullptr;
+    uint32_t timeout_ms = 0;  // Config::lease_reclaim_timeout_ms
+  };
+
   // Holders are checked for liveness this often while orphans remain.
   static constexpr Clock::duration kRecheck = std::chrono::seconds(1);
 
   // Recovery (after the catalog is rebuilt): every write lease the journal says is held becomes
   // an orphan, or is ended at once (journaled) when its tensor has no RAM copy in an arena that
   // survived (a reboot: the holder's mapping is of an object that is gone) or its holder is gone.
-  void adopt(DaemonState& st, Durability& d, Clock::time_point now);
+  void adopt(const Parts& st, Durability& d, Clock::time_point now);
 
   // Hands orphan `lease_id` on `tensor_id` to session `s` if `who` is its holder; returns the
   // new lease id. kUnavailable naming why when the lease was lost, kNotFound when tierd never
   // knew it, kPermissionDenied for another uid or process.
-  [[nodiscard]] Result<uint64_t> reclaim(DaemonState& st, SessionLeases& s, const LeaseHolder& who,
+  [[nodiscard]] Result<uint64_t> reclaim(const Parts& st, SessionLeases& s, const LeaseHolder& who,
                                          uint64_t tensor_id, uint64_t lease_id);
 
   // Ends the orphans whose holder is gone or whose deadline passed; true when any ended (the
   // caller retries its lease waiters).
-  bool sweep(DaemonState& st, Clock::time_point now);
+  bool sweep(const Parts& st, Clock::time_point now);
   // When sweep() has work next; nullopt without orphans.
   [[nodiscard]] std::optional<Clock::time_point> next_check() const noexcept;
 
@@ -91,8 +93,8 @@ class ReclaimTable {
     LeaseHolder holder;
     Clock::time_point deadline;
   };
-  void end(DaemonState& st, uint64_t tensor_id, uint64_t old_lease_id, std::string why);
-  [[nodiscard]] Liveness liveness(DaemonState& st, uint64_t tensor_id, const LeaseHolder& h);
+  void end(const Parts& st, uint64_t tensor_id, uint64_t old_lease_id, std::string why);
+  [[nodiscard]] Liveness liveness(const Parts& st, uint64_t tensor_id, const LeaseHolder& h);
 
   SessionLeases session_{kOrphanSession};
   std::unordered_map<uint64_t, Orphan> orphans_;  // by tensor id

@@ -18,12 +18,12 @@ struct Session {
   uid_t uid = 0;  // from SO_PEERCRED
   gid_t gid = 0;
   pid_t pid = 0;
-  uint64_t pid_start = 0;  // the process's start time, read at Hello (daemon/lease_reclaim.hpp)
+  uint64_t pid_start = 0;  // the process's start time, read at Hello (daemon/leases/reclaim.hpp)
   bool hello = false;
   int32_t numa_node = -1;  // the client's node from Hello
   std::string name;        // the client's name from Hello
   SessionLeases leases;
-  std::vector<gid_t> groups;  // supplementary groups from SO_PEERGROUPS (daemon/access.hpp)
+  std::vector<gid_t> groups;  // supplementary groups from SO_PEERGROUPS (daemon/leases/access.hpp)
   uint32_t waiting = 0;       // lease requests of this session waiting now
   bool counted = false;       // counted in the per-uid connection table (after Hello)
 };

@@ -16,30 +16,30 @@ namespace tier::daemon {
 
 Status PoolService::check_pool_limits(uid_t owner, const wire::PoolCreateReq& req) {
   // Each pool promises its quotas: bounded per pool by the tiers, per uid by the pool count.
-  const uint32_t max_pools = state_.config.max_pools_per_uid;
-  if (owner != 0 && uid_usage(state_.catalog, owner).pools >= max_pools)
+  const uint32_t max_pools = parts_.config.max_pools_per_uid;
+  if (owner != 0 && uid_usage(parts_.catalog, owner).pools >= max_pools)
     return Status(Code::kResourceExhausted, "uid " + std::to_string(owner) + " owns " +
                                                 std::to_string(max_pools) +
                                                 " pools, the limit (max_pools_per_uid)");
-  if (state_.tiering && req.nvme_quota > state_.tiering->nvme_capacity())
+  if (parts_.tiering && req.nvme_quota > parts_.tiering->nvme_capacity())
     return Status(Code::kResourceExhausted, "NVMe quota " + format_size(req.nvme_quota) +
                                                 " exceeds the NVMe tier of " +
-                                                format_size(state_.tiering->nvme_capacity()));
+                                                format_size(parts_.tiering->nvme_capacity()));
   return Status::ok();
 }
 
 Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& req) {
-  uint64_t quota = req.ram_quota == 0 ? state_.sizes.pool_quota : req.ram_quota;
-  if (quota > state_.ram->capacity())
+  uint64_t quota = req.ram_quota == 0 ? parts_.sizes.pool_quota : req.ram_quota;
+  if (quota > parts_.ram->capacity())
     return fail(Code::kResourceExhausted, "RAM quota " + format_size(quota) + " exceeds the RAM tier of " +
-                                              format_size(state_.ram->capacity()));
+                                              format_size(parts_.ram->capacity()));
   if (Status st = check_pool_limits(owner, req); !st) return fail(std::move(st));
   if (req.group_read && req.group == UINT32_MAX)
     return fail(Code::kInvalidArgument, "group read access needs a group");
   uint64_t nvme_quota = req.nvme_quota;
-  if (uint64_t uq = state_.sizes.uid_nvme_quota; uq > 0) {
+  if (uint64_t uq = parts_.sizes.uid_nvme_quota; uq > 0) {
     // Per-uid NVMe quota: the pools' NVMe quotas are reserved from it (0 takes what is left).
-    UidUsage u = uid_usage(state_.catalog, owner);
+    UidUsage u = uid_usage(parts_.catalog, owner);
     uint64_t left = u.nvme_quota >= uq ? 0 : uq - u.nvme_quota;
     if (nvme_quota == 0) nvme_quota = left;
     if (nvme_quota == 0 || nvme_quota > left)
@@ -48,11 +48,11 @@ Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& r
                                                 format_size(uq) + " (uid_nvme_quota); " + format_size(left) +
                                                 " left");
   }
-  auto p = state_.catalog.create_pool(req.name, owner, quota, nvme_quota);
+  auto p = parts_.catalog.create_pool(req.name, owner, quota, nvme_quota);
   if (!p) return fail(p.error());
   (*p)->group = req.group == UINT32_MAX ? kNoGroup : static_cast<gid_t>(req.group);
   (*p)->group_read = req.group_read;
-  if (state_.durable) state_.durable->pool_created(**p);
+  if (parts_.durable) parts_.durable->pool_created(**p);
   log_info("pool '{}' created by uid {} (RAM quota {})", req.name, owner, format_size(quota));
   return *p;
 }
@@ -62,58 +62,58 @@ void PoolService::drop_pool(Pool& p, uid_t by) {
   // (their allocators go with the arenas), only the usage counts are taken off per node.
   std::map<int32_t, std::pair<uint64_t, uint64_t>> usage;  // node -> (bytes, extents)
   for (auto& [id, t] : p.tensors) {
-    if (state_.tiering) state_.tiering->forget(p, t);
+    if (parts_.tiering) parts_.tiering->forget(p, t);
     if (t.ram) {
       auto& u = usage[t.ram->node];
       u.first += t.ram->length;
       u.second++;
     }
   }
-  for (const auto& [node, u] : usage) state_.ram->forget_usage(p, node, u.first, u.second);
-  state_.ram->drop_pool(p.id);
+  for (const auto& [node, u] : usage) parts_.ram->forget_usage(p, node, u.first, u.second);
+  parts_.ram->drop_pool(p.id);
   log_info("pool '{}' dropped by uid {} ({} tensors)", p.name, by, p.tensors.size());
-  if (state_.durable) state_.durable->pool_dropped(p);
-  state_.catalog.erase_pool(p.id);
+  if (parts_.durable) parts_.durable->pool_dropped(p);
+  parts_.catalog.erase_pool(p.id);
 }
 
 Result<Tensor*> PoolService::create_tensor(Pool& p, wire::TensorCreateReq& req, int32_t client_node) {
   Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
-  auto node = choose_node(state_.topology, pl, client_node);
+  auto node = choose_node(parts_.topology, pl, client_node);
   if (!node) return fail(node.error());
   // Refused now when no lease could ever hold it (daemon/admission.hpp).
-  if (Status st = admit_tensor(*state_.ram, state_.tiering.get(), p, *node, req.size, req.name); !st)
+  if (Status st = admit_tensor(*parts_.ram, parts_.tiering.get(), p, *node, req.size, req.name); !st)
     return fail(std::move(st));
-  if (uint64_t uq = state_.sizes.uid_ram_quota; uq > 0) {
-    UidUsage u = uid_usage(state_.catalog, p.owner_uid);
+  if (uint64_t uq = parts_.sizes.uid_ram_quota; uq > 0) {
+    UidUsage u = uid_usage(parts_.catalog, p.owner_uid);
     if (req.size > uq - std::min(uq, u.ram_used))
       return fail(Code::kResourceExhausted, "uid " + std::to_string(p.owner_uid) + " uses " +
                                                 format_size(u.ram_used) + " of its RAM quota of " +
                                                 format_size(uq) + " (uid_ram_quota); " +
                                                 format_size(req.size) + " more do not fit");
   }
-  auto loc = state_.tiering ? state_.tiering->allocate(p, *node, req.size)
-                            : state_.ram->allocate(p, *node, req.size);
+  auto loc = parts_.tiering ? parts_.tiering->allocate(p, *node, req.size)
+                            : parts_.ram->allocate(p, *node, req.size);
   // With an NVMe tier, room that only write-backs in flight can free is not waited for on the
   // event loop: the tensor starts in no tier (it reads as zeros, as a new tensor does) and gets
   // RAM at its first lease, which is deferred like any lease that needs room.
-  const bool in_no_tier = !loc && state_.tiering && loc.error().code() == Code::kBusy;
+  const bool in_no_tier = !loc && parts_.tiering && loc.error().code() == Code::kBusy;
   if (!loc && !in_no_tier) return fail(loc.error());
   TensorDesc desc{std::move(req.name), req.size, static_cast<DType>(req.dtype), std::move(req.shape), pl};
-  auto t = state_.catalog.create_tensor(p, std::move(desc), *node);
+  auto t = parts_.catalog.create_tensor(p, std::move(desc), *node);
   if (!t) {
-    if (loc) state_.ram->release(p, *loc);
+    if (loc) parts_.ram->release(p, *loc);
     return fail(t.error());
   }
   if (loc) (*t)->ram = *loc;
-  if (state_.durable) state_.durable->tensor_created(**t);
+  if (parts_.durable) parts_.durable->tensor_created(**t);
   return *t;
 }
 
 void PoolService::erase_tensor(Pool& p, Tensor& t) {
-  if (state_.tiering) state_.tiering->forget(p, t);
-  if (t.ram) state_.ram->release(p, *t.ram);
-  if (state_.durable) state_.durable->tensor_deleted(t);
-  state_.catalog.erase_tensor(p, t.id);
+  if (parts_.tiering) parts_.tiering->forget(p, t);
+  if (t.ram) parts_.ram->release(p, *t.ram);
+  if (parts_.durable) parts_.durable->tensor_deleted(t);
+  parts_.catalog.erase_tensor(p, t.id);
 }
 
 }  // namespace tier::daemon

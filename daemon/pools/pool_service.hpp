@@ -3,7 +3,7 @@
 // group access, a tensor's admission (it must fit a lease some day) and placement, and the
 // journal records of each change.
 //
-// The request handler decides who may ask (daemon/access.hpp) and answers; this class decides
+// The request handler decides who may ask (daemon/leases/access.hpp) and answers; this class decides
 // what happens and keeps the catalog, the tiers and the journal in step. Not thread-safe: the
 // event loop is the only caller.
 #pragma once
@@ -12,14 +12,34 @@
 
 #include <cstdint>
 
-#include "state/state.hpp"
+#include <memory>
+
+#include "core/catalog.hpp"
+#include "core/config.hpp"
+#include "core/topology.hpp"
+#include "ram/ram_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 #include "wire/messages.hpp"
 
 namespace tier::daemon {
 
+class Durability;
+
 class PoolService {
  public:
-  explicit PoolService(DaemonState& state) : state_(state) {}
+  // What the service works on, owned by the daemon and outliving it; the durability and the
+  // NVMe tier through their owners' pointers (null: none; durability may come later).
+  struct Parts {
+    const Config& config;
+    const ResolvedSizes& sizes;
+    const Topology& topology;
+    Catalog& catalog;
+    const std::unique_ptr<RamTier>& ram;
+    const std::unique_ptr<Durability>& durable;
+    const std::unique_ptr<NvmeTier>& tiering;
+  };
+
+  explicit PoolService(Parts parts) : parts_(parts) {}
 
   // A new pool owned by `owner` (the name is valid and unused): kResourceExhausted when its
   // RAM quota exceeds the RAM tier or the owner's NVMe reservation (uid_nvme_quota) is spent,
@@ -41,7 +61,7 @@ class PoolService {
   void erase_tensor(Pool& p, Tensor& t);
 
  private:
-  DaemonState& state_;
+  Parts parts_;
 };
 
 }  // namespace tier::daemon

@@ -50,7 +50,7 @@ void RequestHandler::on_arena_pin(Session& s, const Header& h, std::span<const s
   if (!a) return reply_err(h, a.error(), out);
   if (req.length == 0 || req.offset > (*a)->size() || req.length > (*a)->size() - req.offset)
     return reply_err(h, Status(Code::kInvalidArgument, "pinned range is empty or outside the arena"), out);
-  // The pinned pages count as the pool's RAM until punched (daemon/ram/ram_tier.hpp), and the
+  // The pinned pages count as the pool's RAM until punched (daemon/tiering/ram/ram_tier.hpp), and the
   // uid's pins are capped (uid_pinned_quota).
   Pool* pool = state_.catalog.find_pool(arena_pool(req.arena_id));
   Status st = req.pinned ? state_.ram->pin(*pool, s.id, s.uid, req.arena_id, req.offset, req.length,

@@ -1,4 +1,4 @@
-// RequestHandler: write leases across a restart (daemon/lease_reclaim.hpp does the work).
+// RequestHandler: write leases across a restart (daemon/leases/reclaim.hpp does the work).
 #include "durability/durability.hpp"
 #include "rpc/request_handler.hpp"
 #include "rpc/request_util.hpp"
@@ -25,7 +25,7 @@ void RequestHandler::on_lease_reclaim(Session& s, const Header& h, std::span<con
                                 std::to_string(state_.config.max_leases_per_client)),
                      out);
   const LeaseHolder who = leases_.holder_of(s);
-  auto id = state_.reclaims.reclaim(state_, s.leases, who, req.tensor_id, req.lease_id);
+  auto id = state_.reclaims.reclaim(state_.reclaim_parts(), s.leases, who, req.tensor_id, req.lease_id);
   if (!id) return reply_err(h, id.error(), out);
   // An orphan's tensor can be neither deleted nor evicted: it is still there, in RAM.
   Tensor* t = state_.catalog.find_tensor(req.tensor_id);

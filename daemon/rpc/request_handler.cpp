@@ -18,7 +18,8 @@ namespace tier::daemon {
 
 using namespace tier::wire;
 
-RequestHandler::RequestHandler(DaemonState& state) : state_(state), leases_(state), pools_(state) {
+RequestHandler::RequestHandler(DaemonState& state)
+    : state_(state), leases_(state.lease_parts()), pools_(state.pool_parts()) {
   // Every write lease's end is journaled, so a restarted daemon knows which are still held.
   state_.leases.on_write_end = [this](const LeaseTable::Lease& l) {
     if (!state_.durable) return;

@@ -62,7 +62,7 @@ class RequestHandler {
   void session_closed(Session& s);
   // The daemon is stopping (SIGTERM): the sessions it closes now keep their write leases
   // journaled as held, since their clients go on writing until they reconnect to the next
-  // tierd (daemon/lease_reclaim.hpp).
+  // tierd (daemon/leases/reclaim.hpp).
   void stopping() { state_.leases.on_write_end = nullptr; }
 
   void handle(Session& s, std::span<const std::byte> datagram, Reply& out);

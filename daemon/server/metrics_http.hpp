@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "core/listen_addr.hpp"
 #include "tier/status.hpp"
 
 namespace httplib {
@@ -21,13 +22,6 @@ class Server;
 }
 
 namespace tier::daemon {
-
-// "127.0.0.1:9464", "[::1]:9464", "localhost:9464": only loopback addresses are accepted.
-struct ListenAddr {
-  std::string host;
-  int port = 0;
-};
-[[nodiscard]] Result<ListenAddr> parse_metrics_listen(const std::string& s);
 
 class MetricsHttp {
  public:

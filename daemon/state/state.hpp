@@ -10,9 +10,12 @@
 #include <string>
 
 #include "core/catalog.hpp"
+#include "core/counters.hpp"
 #include "durability/durability.hpp"
 #include "core/config.hpp"
+#include "leases/lease_service.hpp"
 #include "leases/reclaim.hpp"
+#include "pools/pool_service.hpp"
 #include "leases/lease_table.hpp"
 #include "ram/ram_tier.hpp"
 #include "tiering/nvme_tier.hpp"
@@ -21,13 +24,6 @@
 namespace tier::daemon {
 
 inline constexpr const char* kDaemonVersion = "0.1.0";
-
-struct Counters {
-  uint64_t requests = 0, errors = 0;
-  uint64_t leases_granted = 0, lease_waits = 0, lease_timeouts = 0;
-  uint64_t hits = 0, misses = 0, stalls = 0, evictions = 0, prefetches = 0;
-  uint64_t bytes_read = 0, bytes_written = 0;
-};
 
 struct DaemonState {
   Config config;
@@ -47,15 +43,17 @@ struct DaemonState {
   // The NVMe tier; null without NVMe directories. Declared last: destroyed (its I/O drained)
   // while the catalog and RAM tier still exist.
   std::unique_ptr<NvmeTier> tiering;
+
+  // The parts each service works on (they never see the whole state).
+  [[nodiscard]] ReclaimTable::Parts reclaim_parts() {
+    return {catalog, leases, ram.get(), config.lease_reclaim_timeout_ms};
+  }
+  [[nodiscard]] LeaseService::Parts lease_parts() {
+    return {config, catalog, leases, reclaims, counters, admin_gid, ram, durable, tiering};
+  }
+  [[nodiscard]] PoolService::Parts pool_parts() {
+    return {config, sizes, topology, catalog, ram, durable, tiering};
+  }
 };
-
-// Builds the state from a validated config and sizes: loads the topology and sets up the
-// RAM tier. Errors name what failed.
-[[nodiscard]] Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes);
-
-// Opens the journal in the state dir for `st` (daemon/durability.hpp): rebuilds its catalog
-// and RAM tier, keeps the write leases held across a restart for their holders, makes what
-// the rebuild journaled durable, and routes the NVMe tier's residency reports to it.
-[[nodiscard]] Status open_durability(DaemonState& st, RecoveryReport* report = nullptr);
 
 }  // namespace tier::daemon

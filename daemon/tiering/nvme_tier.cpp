@@ -133,7 +133,7 @@ bool NvmeTier::evictable(const Tensor& t) const {
 }
 
 void NvmeTier::release_ram(Pool& pool, const RamLocation& loc, bool punch) {
-  // The RAM tier punches the freed pages no DMA pin covers (daemon/ram/ram_tier.hpp). Not when
+  // The RAM tier punches the freed pages no DMA pin covers (daemon/tiering/ram/ram_tier.hpp). Not when
   // the extent is about to be reused in the same arena (keep_pages): the pages would be
   // faulted back in and zeroed by the kernel only to be overwritten; and never for io_uring
   // fixed buffers, whose pages the kernel holds.

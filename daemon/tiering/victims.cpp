@@ -1,4 +1,4 @@
-// NvmeTier: choosing what leaves RAM. Candidates in policy order (daemon/policy/eviction.hpp),
+// NvmeTier: choosing what leaves RAM. Candidates in policy order (daemon/tiering/policy/eviction.hpp),
 // evicting them until an allocation fits, and the Evict request.
 #include "tiering/nvme_tier.hpp"
 

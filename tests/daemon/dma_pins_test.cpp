@@ -1,4 +1,4 @@
-// DmaPins (daemon/dma_pins.hpp): which parts of a freed extent tierd may punch.
+// DmaPins (daemon/tiering/ram/dma_pins.hpp): which parts of a freed extent tierd may punch.
 #include "ram/dma_pins.hpp"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// The one logger (daemon/log.hpp): levels filter lines, a sink captures them unprefixed.
+// The one logger (base/log.hpp): levels filter lines, a sink captures them unprefixed.
 #include <catch2/catch.hpp>
 
 #include <string>

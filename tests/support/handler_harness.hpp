@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/daemon.hpp"
 #include "ram/arena.hpp"
 #include "rpc/request_handler.hpp"
 #include "base/errors.hpp"

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/daemon.hpp"
 #include "durability/durability.hpp"
 #include "journal/format.hpp"
 #include "journal/journal.hpp"

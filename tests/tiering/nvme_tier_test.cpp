@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ram/arena.hpp"
-#include "state/state.hpp"
+#include "daemon/daemon.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
 #include "nvme/test_util.hpp"

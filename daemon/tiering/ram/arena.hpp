@@ -2,7 +2,7 @@
 // first touch, owned by tierd's uid with mode 0600. Tenants never open it by name: they map it
 // through an fd passed over the control socket (MapArena), so no other uid can open it, chmod it
 // or hand it on; what a tenant can still do through its fd (ftruncate) is caught by the SIGBUS
-// guard (daemon/ram/fault_guard.hpp) and by the checks of attach().
+// guard (daemon/tiering/ram/fault_guard.hpp) and by the checks of attach().
 //
 // Shared-memory layout (a restarted tierd re-attaches arenas by the name its journal recorded):
 //   name      "/tierd-<h>-p<pool id>-n<node>-<id>" for shm_open (visible as /dev/shm/tierd-...),
@@ -72,7 +72,7 @@ struct ArenaSpec {
   uint64_t size = 0;  // the reservation (the pool's RAM quota); rounded up to the granule
   HugePages hugepages = HugePages::kNone;
   std::string hugetlbfs_mount;  // with huge pages; empty: found in /proc/mounts
-  bool prefault = false;        // touch every page as it is committed (daemon/ram/prefault.hpp)
+  bool prefault = false;        // touch every page as it is committed (daemon/tiering/ram/prefault.hpp)
   // attach(): the object's path as the journal recorded it, and the end of the last journaled
   // extent in it (the object must be at least that long).
   std::string path;

@@ -10,7 +10,7 @@
 // registrations end when it does. Ranges are widened to whole 4 KiB pages. The same range may
 // be pinned several times (several stagers in one process); each pin is removed separately.
 // Pinned pages are resident whether or not an extent holds them, so they are charged: the
-// RAM tier (daemon/ram/ram_tier.hpp) counts the pinned pages no extent holds as used by the
+// RAM tier (daemon/tiering/ram/ram_tier.hpp) counts the pinned pages no extent holds as used by the
 // arena's pool and node, and punches them when their last pin goes. Each pin also counts
 // against its uid's pinned bytes (uid_bytes(); overlapping pins counted each time), which add()
 // keeps under a cap (Config::uid_pinned_quota).

@@ -6,7 +6,7 @@
 // of address space; its object grows as extents are placed (Arena::commit), so a pool's arenas
 // together hold what is placed on each node, not a quota per node; it is destroyed with the pool.
 //
-// DMA pins (ArenaPin, daemon/dma_pins.hpp) keep their pages resident whether or not an extent
+// DMA pins (ArenaPin, daemon/tiering/ram/dma_pins.hpp) keep their pages resident whether or not an extent
 // holds them. Such pages count as used: a pool's footprint is its extents plus its pinned pages
 // that no extent holds (Pool::ram_pinned, NodeUsage::pinned), and allocate() checks the pool's
 // quota and the node's capacity against that footprint (an extent placed on pinned pages adds
@@ -84,7 +84,7 @@ class RamTier {
   enum class Attach { kAttached, kGone, kRefused };
   [[nodiscard]] Result<Attach> attach_arena(const Pool& pool, int32_t node, const std::string& path,
                                             uint64_t size, uint64_t min_size);
-  // Faults in the pool's arenas that the SIGBUS guard repaired (daemon/ram/fault_guard.hpp).
+  // Faults in the pool's arenas that the SIGBUS guard repaired (daemon/tiering/ram/fault_guard.hpp).
   [[nodiscard]] uint64_t arena_repairs(uint64_t pool_id) const noexcept;
   // Whether `path` is the object of a mapped arena.
   [[nodiscard]] bool has_object(const std::string& path) const noexcept;
