@@ -19,9 +19,40 @@ inline std::unexpected<Status> fail(Status s) { return std::unexpected<Status>(s
 
 }  // namespace tier
 
-// Propagate a failed Status / Result from the enclosing function.
-#define TIER_RETURN_IF_ERROR(expr)                  \
-  do {                                              \
-    ::tier::Status tier_status_ = (expr);           \
-    if (!tier_status_.is_ok()) return tier_status_; \
+namespace tier::detail {
+
+// TIER_TRY's parts: whether a Status or Result failed, and its error on the way out of a
+// function that returns a Status or any Result<T>.
+inline bool failed(const Status& s) noexcept { return !s.is_ok(); }
+template <class T> bool failed(const Result<T>& r) noexcept { return !r.has_value(); }
+inline Status error_of(Status&& s) noexcept { return std::move(s); }
+inline Status error_of(Status& s) noexcept { return std::move(s); }
+template <class T> Status error_of(Result<T>&& r) noexcept { return std::move(r).error(); }
+template <class T> Status error_of(Result<T>& r) noexcept { return std::move(r).error(); }
+
+class Propagated {
+ public:
+  explicit Propagated(Status s) noexcept : status_(std::move(s)) {}
+  operator Status() && noexcept { return std::move(status_); }  // NOLINT(google-explicit-constructor)
+  template <class T> operator Result<T>() && {                  // NOLINT(google-explicit-constructor)
+    return std::unexpected<Status>(std::move(status_));
+  }
+
+ private:
+  Status status_;
+};
+
+}  // namespace tier::detail
+
+// The one way to propagate a failure: when `expr` (a Status, or a Result<T> whose value is not
+// needed; an lvalue's error is moved out) failed, return its Status from the enclosing function,
+// which returns a Status or any Result<U>.
+#define TIER_TRY(expr)                                                        \
+  do {                                                                        \
+    auto&& tier_try_ = (expr);                                                \
+    if (::tier::detail::failed(tier_try_))                                    \
+      return ::tier::detail::Propagated(::tier::detail::error_of(tier_try_)); \
   } while (0)
+
+// The earlier spelling, kept for trainer/ until it moves to TIER_TRY.
+#define TIER_RETURN_IF_ERROR(expr) TIER_TRY(expr)

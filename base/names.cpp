@@ -67,7 +67,7 @@ size_t first_unprintable(std::string_view s) noexcept {
 }
 
 Status validate_tensor_name(std::string_view name) {
-  TIER_RETURN_IF_ERROR(validate_stored_tensor_name(name));
+  TIER_TRY(validate_stored_tensor_name(name));
   if (size_t at = first_unprintable(name); at != std::string_view::npos) {
     char buf[160];
     std::snprintf(buf, sizeof buf,

@@ -30,14 +30,14 @@ bool ArenaMap::same_object(uint64_t id, int fd) const noexcept {
 
 Result<const Arena*> ArenaMap::add(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
   auto a = map(id, fd, size, numa_node);
-  if (!a) return fail(a.error());
+  TIER_TRY(a);
   arenas_.push_back(*a);
   return &arenas_.back();
 }
 
 Result<const Arena*> ArenaMap::replace(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
   auto a = map(id, fd, size, numa_node);
-  if (!a) return fail(a.error());
+  TIER_TRY(a);
   for (Arena& old : arenas_)
     if (old.id == id) {
       retired_.push_back(old);

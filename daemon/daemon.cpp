@@ -10,7 +10,7 @@ namespace tier::daemon {
 Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes) {
   auto st = std::make_unique<DaemonState>();
   auto topo = make_topology_source(cfg.topology)->load();
-  if (!topo) return fail(topo.error());
+  TIER_TRY(topo);
   st->topology = std::move(*topo);
   if (!cfg.admin_group.empty()) {
     group* g = ::getgrnam(cfg.admin_group.c_str());
@@ -24,16 +24,16 @@ Result<std::unique_ptr<DaemonState>> make_state(Config cfg, ResolvedSizes sizes)
   ro.hugepages = cfg.hugepages;
   ro.hugetlbfs_mount = cfg.hugetlbfs_mount;
   ro.prefault = cfg.prefault;
-  if (Status hs = check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount); !hs) return fail(std::move(hs));
+  TIER_TRY(check_hugepages(cfg.hugepages, cfg.hugetlbfs_mount));
   if (cfg.hugepages != HugePages::kNone && ro.hugetlbfs_mount.empty()) {
     auto m = find_hugetlbfs(cfg.hugepages);
-    if (!m) return fail(m.error());
+    TIER_TRY(m);
     ro.hugetlbfs_mount = *m;
   }
   st->ram = std::make_unique<RamTier>(std::move(ro), st->topology);
   if (!cfg.nvme.empty()) {
     auto tm = NvmeTier::open(cfg, st->catalog, *st->ram);
-    if (!tm) return fail(tm.error());
+    TIER_TRY(tm);
     st->tiering = std::move(*tm);
   }
   st->config = std::move(cfg);
@@ -50,11 +50,11 @@ Status open_durability(DaemonState& st, RecoveryReport* report) {
                       st.config.snapshot_free_floor,
                       st.config.journal_reserve};
   auto d = Durability::open(std::move(deps), report);
-  if (!d) return d.error();
+  TIER_TRY(d);
   // Write leases held when the previous tierd died stay reserved for their holders.
   st.reclaims.adopt(st.reclaim_parts(), **d, Clock::now());
   // The rebuild may have journaled losses; make them durable before serving.
-  TIER_RETURN_IF_ERROR((*d)->commit());
+  TIER_TRY((*d)->commit());
   st.durable = std::move(*d);
   if (st.tiering) st.tiering->set_residency_log(st.durable.get());
   return Status::ok();

@@ -5,7 +5,7 @@
 namespace tier::daemon {
 
 Result<Pool*> Catalog::create_pool(std::string name, uid_t owner, uint64_t ram_quota, uint64_t nvme_quota) {
-  if (Status s_ = validate_pool_name(name); !s_) return fail(std::move(s_));
+  TIER_TRY(validate_pool_name(name));
   if (by_name_.contains(name)) return fail(Code::kAlreadyExists, "pool '" + name + "' exists");
   auto p = std::make_unique<Pool>();
   p->id = next_pool_id_++;
@@ -40,7 +40,7 @@ void Catalog::erase_pool(uint64_t id) {
 Result<Tensor*> Catalog::create_tensor(Pool& pool, TensorDesc desc, int32_t node) {
   // Structural only: a journal written before control characters were refused must still load
   // (the request handler applies the full rule to new names).
-  if (Status s_ = validate_stored_tensor_name(desc.name); !s_) return fail(std::move(s_));
+  TIER_TRY(validate_stored_tensor_name(desc.name));
   if (pool.by_name.contains(desc.name))
     return fail(Code::kAlreadyExists, "tensor '" + desc.name + "' exists in pool '" + pool.name + "'");
   uint64_t id = next_tensor_id_++;

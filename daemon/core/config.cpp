@@ -125,7 +125,7 @@ Status parse_nvme(const toml::node& n, std::vector<NvmeDir>& out) {
     for (const auto& [k, v] : *t) {
       std::string_view key = k.str();
       if (key == "path") {
-        TIER_RETURN_IF_ERROR(get_string("nvme.path", v, d.path));
+        TIER_TRY(get_string("nvme.path", v, d.path));
         have_path = true;
       } else if (key == "numa_node") {
         if (!v.is_integer()) return bad_type("nvme.numa_node", v, "an integer");
@@ -139,7 +139,7 @@ Status parse_nvme(const toml::node& n, std::vector<NvmeDir>& out) {
     }
     if (!have_path || d.path.empty())
       return Status(Code::kInvalidArgument, "an nvme entry (" + where(e) + ") needs a path");
-    TIER_RETURN_IF_ERROR(check_nvme_listed_once(out, d.path, where(e)));
+    TIER_TRY(check_nvme_listed_once(out, d.path, where(e)));
     out.push_back(std::move(d));
   }
   return Status::ok();
@@ -167,7 +167,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
       st = get_string(key, v, s);
       if (st) {
         auto h = parse_hugepages(s);
-        if (!h) return h.error();
+        TIER_TRY(h);
         c.hugepages = *h;
       }
     } else if (key == "hugetlbfs_mount") st = get_string(key, v, c.hugetlbfs_mount);
@@ -219,7 +219,7 @@ Status apply_table(const toml::table& tbl, Config& c) {
       st = get_string(key, v, c.metrics_listen);
       if (st && !c.metrics_listen.empty()) {
         auto addr = parse_metrics_listen(c.metrics_listen);
-        if (!addr) return addr.error();
+        TIER_TRY(addr);
       }
     } else if (key == "prefault") st = get_bool(key, v, c.prefault);
     else if (key == "log_level") {
@@ -264,7 +264,7 @@ Result<Config> parse_config(std::string_view toml_text) {
   } catch (const std::exception& e) {
     return fail(Code::kInvalidArgument, std::string("config: ") + e.what());
   }
-  if (Status st = check_alignment(c.alignment); !st) return fail(std::move(st));
+  TIER_TRY(check_alignment(c.alignment));
   if (c.state_dir.empty()) return fail(Code::kInvalidArgument, "state_dir must not be empty");
   if (c.ram_low_watermark > c.ram_high_watermark)
     return fail(Code::kInvalidArgument, "ram_low_watermark must not exceed ram_high_watermark");
@@ -285,21 +285,21 @@ Status apply_overrides(Config& cfg, const Overrides& o) {
   if (o.socket) cfg.socket = *o.socket;
   if (o.state_dir) cfg.state_dir = *o.state_dir;
   if (o.ram) {
-    TIER_RETURN_IF_ERROR(check_size("--ram", *o.ram));
+    TIER_TRY(check_size("--ram", *o.ram));
     cfg.ram = *o.ram;
   }
   if (o.pool_quota) {
-    TIER_RETURN_IF_ERROR(check_size("--pool-quota", *o.pool_quota));
+    TIER_TRY(check_size("--pool-quota", *o.pool_quota));
     cfg.pool_quota = *o.pool_quota;
   }
   if (o.hugepages) {
     auto h = parse_hugepages(*o.hugepages);
-    if (!h) return h.error();
+    TIER_TRY(h);
     cfg.hugepages = *h;
   }
   if (o.topology) cfg.topology = *o.topology;
   for (const auto& d : o.nvme_dirs) {
-    TIER_RETURN_IF_ERROR(check_nvme_listed_once(cfg.nvme, d, "--nvme-dir"));
+    TIER_TRY(check_nvme_listed_once(cfg.nvme, d, "--nvme-dir"));
     cfg.nvme.push_back(NvmeDir{d, -1});
   }
   if (o.remove_arenas_on_exit) cfg.remove_arenas_on_exit = *o.remove_arenas_on_exit;
@@ -344,7 +344,7 @@ Status check_paths(const Config& cfg, bool create_state_dir) {
     if (!fs::is_directory(d.path, ec))
       return Status(Code::kInvalidArgument, "nvme directory '" + d.path + "' is not a directory");
   }
-  TIER_RETURN_IF_ERROR(check_nvme_dirs(cfg.nvme));
+  TIER_TRY(check_nvme_dirs(cfg.nvme));
   if (!create_state_dir) {
     fs::path a = fs::absolute(cfg.state_dir, ec);
     while (!a.empty() && !fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path())

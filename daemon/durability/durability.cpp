@@ -71,7 +71,7 @@ Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, Recove
   if (d->efd_ < 0) return fail(Status::from_errno(errno, "eventfd"));
   if (!d->deps_.snapshot_free_floor.empty()) {  // before anything is appended
     auto space = StateSpace::open(d->deps_.state_dir, d->deps_.snapshot_free_floor, d->deps_.journal_reserve);
-    if (!space) return fail(space.error());
+    TIER_TRY(space);
     d->space_ = std::move(*space);
   }
 
@@ -89,7 +89,7 @@ Result<std::unique_ptr<Durability>> Durability::open(DurabilityDeps deps, Recove
   if (orep.dropped_tail_bytes)
     log_warn("journal: dropped a torn tail of {} bytes (a record being written when tierd died)",
              orep.dropped_tail_bytes);
-  if (Status st = d->rebuild(); !st) return fail(std::move(st));
+  TIER_TRY(d->rebuild());
   d->clean_snapshot_dirs();
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.fresh)
@@ -166,7 +166,7 @@ Status Durability::rebuild() {
       if (ti.nvme) set_nvme(tensor.nvme, *ti.nvme);
       if (m.arena_id != 0) {
         RamLocation loc{m.arena_id, m.numa_node, m.offset, m.ram_length};
-        TIER_RETURN_IF_ERROR(deps_.ram.reserve(pool, loc));
+        TIER_TRY(deps_.ram.reserve(pool, loc));
         tensor.ram = loc;
         if (std::find(gone_arenas.begin(), gone_arenas.end(), m.arena_id) != gone_arenas.end())
           pool_lost.tensors.push_back(tid);
@@ -197,7 +197,7 @@ Status Durability::rebuild() {
       need.push_back(t);
     }
     uint64_t from = 0;
-    TIER_RETURN_IF_ERROR(restore_pool_from_snapshot(*p, need, &from));
+    TIER_TRY(restore_pool_from_snapshot(*p, need, &from));
     uint64_t lost_here = 0;
     for (Tensor* t : need) {  // what the snapshot did not cover
       log_warn("pool '{}': tensor '{}' (id {}) was only in RAM and not in a snapshot: lost", p->name, t->name,
@@ -305,7 +305,7 @@ void Durability::append(const Record& r) {
 }
 
 Status Durability::commit() {
-  if (!failed_.is_ok()) return failed_;
+  TIER_TRY(failed_);
   if (pending()) {
     Status st = journal_->sync();
     if (!st) {

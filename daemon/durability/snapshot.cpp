@@ -62,7 +62,7 @@ bool Durability::snapshot_running(uint64_t pool_id) const {
 
 Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t request_id, uint16_t reply_type,
                                   uint64_t tag, uint32_t keep) {
-  if (!failed_.is_ok()) return failed_;
+  TIER_TRY(failed_);
   if (keep < 1 || keep > kMaxSnapshotsKept)
     return Status(Code::kInvalidArgument, "keep must be 1.." + std::to_string(kMaxSnapshotsKept) +
                                               " snapshots, not " + std::to_string(keep));
@@ -79,7 +79,7 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
   const uint64_t estimate = snapshot_estimate(pool);
   uint64_t pending = 0;
   for (const auto& j : jobs_) pending += j->estimate;
-  if (Status st = space_.admit(estimate, pending); !st) return st;
+  TIER_TRY(space_.admit(estimate, pending));
   auto t0 = std::chrono::steady_clock::now();
   auto job = std::make_unique<Job>();
   job->estimate = estimate;
@@ -109,7 +109,7 @@ Status Durability::start_snapshot(Pool& pool, uint64_t session_id, uint32_t requ
     job->order.push_back(id);
   }
   auto w = SnapshotWriter::start(job->dir, off, efd_);
-  if (!w) return w.error();
+  TIER_TRY(w);
   job->writer = std::move(*w);
   append(SnapshotBegun{pool.id, job->snapshot_id, job->dir});
   if (tag != 0) append(SnapshotTagged{pool.id, job->snapshot_id, tag});
@@ -453,9 +453,7 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
     keep.push_back(&t);
   }
   std::vector<std::byte> buf(std::min<uint64_t>(uint64_t{8} << 20, std::max<uint64_t>(1, m->end.bytes)));
-  for (Tensor* t : keep)
-    if (Status st = verify_extent(fd, where[t->id], data + " (tensor '" + t->name + "')", buf); !st)
-      return fail(std::move(st));
+  for (Tensor* t : keep) TIER_TRY(verify_extent(fd, where[t->id], data + " (tensor '" + t->name + "')", buf));
   buf = {};
 
   RestoreCounts c;
@@ -474,7 +472,7 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
       if (dst) std::memset(*dst, 0, t->size);  // never serve damaged bytes
       log_error("pool '{}': restore of snapshot {} failed at tensor '{}' ({} of {} restored): {}", pool.name,
                 snapshot_id, t->name, c.tensors, keep.size(), st.message());
-      if (Status cs = commit(); !cs) return fail(std::move(cs));
+      TIER_TRY(commit());
       return fail(st.code(), "restore of snapshot " + std::to_string(snapshot_id) + " failed at tensor '" +
                                  t->name +
                                  "' (the pool is partly restored; retry the restore): " + st.message());
@@ -491,7 +489,7 @@ Result<Durability::RestoreCounts> Durability::restore_snapshot(Pool& pool, uint6
     c.dropped_snapshots++;
   }
   append(PoolRestored{pool.id, snapshot_id});
-  if (Status st = commit(); !st) return fail(std::move(st));
+  TIER_TRY(commit());
   log_info("pool '{}': restored snapshot {}: {} tensors ({}), {} deleted, {} newer snapshots dropped",
            pool.name, snapshot_id, c.tensors, format_size(c.bytes), c.deleted, c.dropped_snapshots);
   return c;

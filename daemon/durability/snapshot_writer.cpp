@@ -22,8 +22,7 @@ namespace fs = std::filesystem;
 
 Status make_private_dir(const std::string& path) {
   std::string parent = fs::path(path).parent_path().string();
-  if (!parent.empty() && parent != path && !fs::exists(parent))
-    TIER_RETURN_IF_ERROR(make_private_dir(parent));
+  if (!parent.empty() && parent != path && !fs::exists(parent)) TIER_TRY(make_private_dir(parent));
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return Status::from_errno(errno, "mkdir " + path);
   if (::chmod(path.c_str(), 0700) != 0) return Status::from_errno(errno, "chmod 0700 " + path);
   return Status::ok();
@@ -143,7 +142,7 @@ void SnapshotWriter::run() {
 Status SnapshotWriter::open_data() {
   std::error_code ec;
   fs::remove_all(dir_, ec);  // a leftover of a crashed attempt with this id
-  TIER_RETURN_IF_ERROR(make_private_dir(dir_));
+  TIER_TRY(make_private_dir(dir_));
   std::string data = dir_ + "/data";
   data_fd_ = ::open(data.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (data_fd_ < 0) return Status::from_errno(errno, "create " + data);
@@ -245,8 +244,8 @@ Status SnapshotWriter::persist() {
   if (::fdatasync(data_fd_) != 0) return Status::from_errno(errno, "fdatasync " + data);
   ::close(data_fd_);
   data_fd_ = -1;
-  TIER_RETURN_IF_ERROR(journal::write_manifest(dir_ + "/manifest", begin_, body_));
-  TIER_RETURN_IF_ERROR(journal::fsync_dir_of(dir_));                    // <pool>: its entry <id>
+  TIER_TRY(journal::write_manifest(dir_ + "/manifest", begin_, body_));
+  TIER_TRY(journal::fsync_dir_of(dir_));                                // <pool>: its entry <id>
   return journal::fsync_dir_of(fs::path(dir_).parent_path().string());  // snapshots/: <pool>
 }
 

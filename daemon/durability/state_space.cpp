@@ -90,7 +90,7 @@ Result<uint64_t> StateSpace::free_bytes() const {
 Status StateSpace::admit(uint64_t bytes, uint64_t pending) {
   if (fd_ < 0) return Status::ok();
   auto free = free_bytes();
-  if (!free) return free.error();
+  TIER_TRY(free);
   if (!held_) {
     // The reserve comes back first, out of the room above the floor.
     if (*free < floor_ + reserve_ || !take_reserve())
@@ -101,7 +101,7 @@ Status StateSpace::admit(uint64_t bytes, uint64_t pending) {
                         " (snapshot_free_floor) first");
     log_info("journal reserve of {} taken again", format_size(reserve_));
     free = free_bytes();
-    if (!free) return free.error();
+    TIER_TRY(free);
   }
   const uint64_t need = bytes + pending;
   if (*free < floor_ || *free - floor_ < need)

@@ -95,7 +95,7 @@ Status LeaseService::grant(Session& s, LeaseMode mode, uint32_t request_id, std:
   for (const Tensor* t : scratch_tensors_)
     if (!t->ram)
       return Status(Code::kInternal, "tensor '" + t->name + "' left RAM before its lease was granted");
-  TIER_RETURN_IF_ERROR(parts_.leases.acquire(s.leases, mode, scratch_tensors_, parts_.catalog, scratch_ids_));
+  TIER_TRY(parts_.leases.acquire(s.leases, mode, scratch_tensors_, parts_.catalog, scratch_ids_));
   parts_.counters.leases_granted += scratch_ids_.size();
   parts_.counters.hits += scratch_ids_.size();
   if (parts_.durable && is_write(mode)) {

@@ -70,7 +70,7 @@ bool LeaseTable::conflicts_only_with(LeaseMode mode, std::span<Tensor* const> te
 
 Status LeaseTable::acquire(SessionLeases& s, LeaseMode mode, std::span<Tensor* const> tensors,
                            Catalog& catalog, std::vector<uint64_t>& ids_out) {
-  TIER_RETURN_IF_ERROR(check(mode, tensors));
+  TIER_TRY(check(mode, tensors));
   for (Tensor* t : tensors) {
     uint32_t idx;
     if (free_head_ != kNone) {

@@ -33,7 +33,7 @@ Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& r
   if (quota > parts_.ram->capacity())
     return fail(Code::kResourceExhausted, "RAM quota " + format_size(quota) + " exceeds the RAM tier of " +
                                               format_size(parts_.ram->capacity()));
-  if (Status st = check_pool_limits(owner, req); !st) return fail(std::move(st));
+  TIER_TRY(check_pool_limits(owner, req));
   if (req.group_read && req.group == UINT32_MAX)
     return fail(Code::kInvalidArgument, "group read access needs a group");
   uint64_t nvme_quota = req.nvme_quota;
@@ -49,7 +49,7 @@ Result<Pool*> PoolService::create_pool(uid_t owner, const wire::PoolCreateReq& r
                                                 " left");
   }
   auto p = parts_.catalog.create_pool(req.name, owner, quota, nvme_quota);
-  if (!p) return fail(p.error());
+  TIER_TRY(p);
   (*p)->group = req.group == UINT32_MAX ? kNoGroup : static_cast<gid_t>(req.group);
   (*p)->group_read = req.group_read;
   if (parts_.durable) parts_.durable->pool_created(**p);
@@ -79,10 +79,9 @@ void PoolService::drop_pool(Pool& p, uid_t by) {
 Result<Tensor*> PoolService::create_tensor(Pool& p, wire::TensorCreateReq& req, int32_t client_node) {
   Placement pl{static_cast<Placement::Kind>(req.placement_kind), req.placement_index};
   auto node = choose_node(parts_.topology, pl, client_node);
-  if (!node) return fail(node.error());
-  // Refused now when no lease could ever hold it (daemon/admission.hpp).
-  if (Status st = admit_tensor(*parts_.ram, parts_.tiering.get(), p, *node, req.size, req.name); !st)
-    return fail(std::move(st));
+  TIER_TRY(node);
+  // Refused now when no lease could ever hold it (daemon/tiering/admission.hpp).
+  TIER_TRY(admit_tensor(*parts_.ram, parts_.tiering.get(), p, *node, req.size, req.name));
   if (uint64_t uq = parts_.sizes.uid_ram_quota; uq > 0) {
     UidUsage u = uid_usage(parts_.catalog, p.owner_uid);
     if (req.size > uq - std::min(uq, u.ram_used))

@@ -37,8 +37,7 @@ Result<Arena*> RequestHandler::arena_for(const Session& s, uint64_t id, bool& ow
   if (!a) return fail(Code::kNotFound, "no arena " + std::to_string(id));
   owner = s.uid == p->owner_uid;
   if (!owner)  // group readers may map it read-only; anyone else is refused
-    if (Status st = check_right(creds(s), *p, Right::kRead, state_.admin_gid); !st)
-      return fail(std::move(st));
+    TIER_TRY(check_right(creds(s), *p, Right::kRead, state_.admin_gid));
   return a;
 }
 

@@ -81,8 +81,7 @@ Result<Pool*> RequestHandler::pool_named(const std::string& name) {
 Result<Pool*> RequestHandler::pool_for(const Session& s, const std::string& name, PoolAccess a) {
   auto p = pool_named(name);
   if (!p) return p;
-  if (Status st = a == PoolAccess::kUse ? may_use(s, **p) : may_inspect(s, **p); !st)
-    return fail(std::move(st));
+  TIER_TRY(a == PoolAccess::kUse ? may_use(s, **p) : may_inspect(s, **p));
   return p;
 }
 

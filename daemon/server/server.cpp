@@ -450,7 +450,7 @@ Server::~Server() = default;
 
 Status Server::listen() {
   Impl& m = *impl_;
-  TIER_RETURN_IF_ERROR(check_socket_path(m.path));
+  TIER_TRY(check_socket_path(m.path));
   std::error_code ec;
   auto parent = std::filesystem::path(m.path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -490,12 +490,12 @@ Status Server::listen() {
   m.lease_timer = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   m.tick_timer = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (m.lease_timer < 0 || m.tick_timer < 0) return Status::from_errno(errno, "timerfd_create");
-  TIER_RETURN_IF_ERROR(m.add(m.listen_fd, kTagListen, EPOLLIN));
-  TIER_RETURN_IF_ERROR(m.add(m.sigfd, kTagSignal, EPOLLIN));
-  TIER_RETURN_IF_ERROR(m.add(m.lease_timer, kTagLeaseTimer, EPOLLIN));
-  TIER_RETURN_IF_ERROR(m.add(m.tick_timer, kTagTick, EPOLLIN));
-  if (m.st.durable) TIER_RETURN_IF_ERROR(m.add(m.st.durable->event_fd(), kTagDurable, EPOLLIN));
-  if (m.st.tiering) TIER_RETURN_IF_ERROR(m.add(m.st.tiering->event_fd(), kTagTier, EPOLLIN));
+  TIER_TRY(m.add(m.listen_fd, kTagListen, EPOLLIN));
+  TIER_TRY(m.add(m.sigfd, kTagSignal, EPOLLIN));
+  TIER_TRY(m.add(m.lease_timer, kTagLeaseTimer, EPOLLIN));
+  TIER_TRY(m.add(m.tick_timer, kTagTick, EPOLLIN));
+  if (m.st.durable) TIER_TRY(m.add(m.st.durable->event_fd(), kTagDurable, EPOLLIN));
+  if (m.st.tiering) TIER_TRY(m.add(m.st.tiering->event_fd(), kTagTier, EPOLLIN));
 
   uint64_t usec = 0;
   if (m.st.config.watchdog && sd_watchdog_enabled(0, &usec) > 0) m.watchdog_usec = usec;
@@ -503,9 +503,9 @@ Status Server::listen() {
   if (m.watchdog_usec > 0) period_us = std::min(period_us, m.watchdog_usec / 2);
   if (!m.st.config.metrics_listen.empty()) {
     auto addr = parse_metrics_listen(m.st.config.metrics_listen);
-    if (!addr) return addr.error();
+    TIER_TRY(addr);
     m.http = std::make_unique<MetricsHttp>();
-    TIER_RETURN_IF_ERROR(m.http->start(*addr));
+    TIER_TRY(m.http->start(*addr));
     m.http->publish(m.handler.http_metrics_text());
     log_info("serving Prometheus metrics on http://{}:{}/metrics", addr->host, m.http->port());
     period_us = std::min<uint64_t>(period_us, 1000000);  // scrapes see figures at most 1 s old
@@ -556,7 +556,7 @@ Status Server::run() {
       } else if (tag == kTagTier) {
         // NVMe completions and prefetch timers: handled by tier_poll() after this batch.
       } else if (tag == kTagDurable) {
-        if (Status ds = m.handler.snapshot_poll(); !ds) return ds;
+        TIER_TRY(m.handler.snapshot_poll());
       } else if (tag == kTagTick) {
         uint64_t x;
         while (::read(m.tick_timer, &x, sizeof x) == sizeof x) {}
@@ -574,7 +574,7 @@ Status Server::run() {
       }
     }
     m.handler.tier_poll();  // also catches completions reaped while a request waited for I/O
-    TIER_RETURN_IF_ERROR(m.commit_and_flush());
+    TIER_TRY(m.commit_and_flush());
     m.close_dead();
     m.trim_now();
   }

@@ -42,8 +42,8 @@ Status ram_admits(const RamTier& ram, const Pool& pool, int32_t node, uint64_t s
 
 Status admit_tensor(const RamTier& ram, const NvmeTier* tier, const Pool& pool, int32_t node, uint64_t size,
                     std::string_view name) {
-  TIER_RETURN_IF_ERROR(ram_admits(ram, pool, node, size, name));
-  if (tier) TIER_RETURN_IF_ERROR(tier->nvme_admits(pool, size, name));
+  TIER_TRY(ram_admits(ram, pool, node, size, name));
+  if (tier) TIER_TRY(tier->nvme_admits(pool, size, name));
   return Status::ok();
 }
 

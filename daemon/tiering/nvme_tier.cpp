@@ -50,7 +50,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& cat
       o.file_size = (smallest + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
   }
   auto eng = nvme::Engine::open(std::move(o));
-  if (!eng) return fail(eng.error());
+  TIER_TRY(eng);
   std::unique_ptr<NvmeTier> m(new NvmeTier(catalog, ram));
   m->engine_ = std::move(*eng);
   m->marks_ = policy::Watermarks{cfg.ram_high_watermark, cfg.ram_low_watermark}.normalized();

@@ -104,7 +104,7 @@ Status NvmeTier::prefetch(Pool& pool, std::span<Tensor* const> tensors) {
     // A hint: no room without waiting for write-backs (kBusy) skips this tensor.
     Status st = start_fetch(pool, *t, true, std::nullopt);
     if (!st && st.code() == Code::kBusy) continue;
-    TIER_RETURN_IF_ERROR(st);
+    TIER_TRY(st);
     stats_.prefetches++;
   }
   return Status::ok();

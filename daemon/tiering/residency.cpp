@@ -45,7 +45,7 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
         loc = ram_.allocate(pool, t.node, t.size);
     }
   }
-  if (!loc) return loc.error();
+  TIER_TRY(loc);
   // ensure_registration() may drain I/O, whose completions run: only after it can nobody else
   // have given this tensor RAM or started its I/O (fetches start only here).
   ensure_registration();

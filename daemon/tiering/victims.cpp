@@ -119,7 +119,7 @@ uint64_t NvmeTier::evict_some(std::span<const policy::Candidate> cands, uint64_t
 Result<RamLocation> NvmeTier::allocate(Pool& pool, int32_t node, uint64_t size) {
   // A size no eviction can make room for (a tensor journaled before admission checked it):
   // refused without evicting anything.
-  if (Status st = ram_admits(ram_, pool, node, size, ""); !st) return fail(std::move(st));
+  TIER_TRY(ram_admits(ram_, pool, node, size, ""));
   Status last_error;
   NvmeShort short_of;
   last_spill_error_ = Status::ok();

@@ -184,21 +184,21 @@ RecordVisitor CatalogImage::replayer() {
 }
 
 Status CatalogImage::emit_live(const Journal::Emit& emit) const {
-  TIER_RETURN_IF_ERROR(emit(marks_));
+  TIER_TRY(emit(marks_));
   for (const auto& [pid, p] : pools_) {
-    TIER_RETURN_IF_ERROR(emit(p.meta));
-    for (const auto& [aid, a] : p.arenas) TIER_RETURN_IF_ERROR(emit(a));
+    TIER_TRY(emit(p.meta));
+    for (const auto& [aid, a] : p.arenas) TIER_TRY(emit(a));
     for (const auto& [tid, t] : p.tensors) {
-      TIER_RETURN_IF_ERROR(emit(t.meta));
-      if (t.nvme) TIER_RETURN_IF_ERROR(emit(*t.nvme));
-      if (t.write_lease) TIER_RETURN_IF_ERROR(emit(*t.write_lease));
+      TIER_TRY(emit(t.meta));
+      if (t.nvme) TIER_TRY(emit(*t.nvme));
+      if (t.write_lease) TIER_TRY(emit(*t.write_lease));
     }
     for (const auto& [sid, s] : p.snapshots) {
-      TIER_RETURN_IF_ERROR(emit(SnapshotBegun{pid, sid, s.path}));
-      if (s.tag != 0) TIER_RETURN_IF_ERROR(emit(SnapshotTagged{pid, sid, s.tag}));
-      if (s.durable) TIER_RETURN_IF_ERROR(emit(SnapshotDurable{pid, sid, s.path, s.bytes}));
+      TIER_TRY(emit(SnapshotBegun{pid, sid, s.path}));
+      if (s.tag != 0) TIER_TRY(emit(SnapshotTagged{pid, sid, s.tag}));
+      if (s.durable) TIER_TRY(emit(SnapshotDurable{pid, sid, s.path, s.bytes}));
     }
-    if (p.recovered) TIER_RETURN_IF_ERROR(emit(*p.recovered));
+    if (p.recovered) TIER_TRY(emit(*p.recovered));
   }
   return Status::ok();
 }

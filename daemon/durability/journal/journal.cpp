@@ -10,13 +10,6 @@
 #include <cerrno>
 #include <cstring>
 
-// For functions returning Result<T>: propagate a failed Status as the error.
-#define RETURN_FAIL_IF_ERROR(expr)                         \
-  do {                                                     \
-    ::tier::Status st_ = (expr);                           \
-    if (!st_.is_ok()) return ::tier::fail(std::move(st_)); \
-  } while (0)
-
 namespace tier::journal {
 namespace {
 
@@ -111,7 +104,7 @@ Result<ScanResult> inspect_journal(const std::string& path, const RecordVisitor&
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return fail(Status::from_errno(errno, "open " + path));
   auto data = read_whole_file(fd.get(), path);
-  if (!data) return fail(data.error());
+  TIER_TRY(data);
   auto res = scan(*data, kJournalMagic, visit);
   if (!res) return fail(res.error().code(), path + ": " + res.error().message());
   return res;
@@ -156,7 +149,7 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string& dir, const Jou
   uint64_t first_seq = 1;
   if (!fresh) {
     auto data = read_whole_file(j->fd_, j->path_);
-    if (!data) return fail(data.error());
+    TIER_TRY(data);
     auto res = scan(*data, kJournalMagic, replay);
     if (!res) return fail(res.error().code(), j->path_ + ": " + res.error().message());
     rep.records = res->records;
@@ -171,7 +164,7 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string& dir, const Jou
       if (res->dropped_bytes > 0) {
         if (::ftruncate(j->fd_, static_cast<off_t>(res->valid_end)) != 0)
           return fail(Status::from_errno(errno, "truncate the torn tail of " + j->path_));
-        RETURN_FAIL_IF_ERROR(datasync(j->fd_, j->path_));
+        TIER_TRY(datasync(j->fd_, j->path_));
       }
     }
   }
@@ -179,8 +172,8 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string& dir, const Jou
     if (::ftruncate(j->fd_, 0) != 0) return fail(Status::from_errno(errno, "truncate " + j->path_));
     std::vector<std::byte> hdr;
     encode_file_header(kJournalMagic, 1, 0, hdr);
-    RETURN_FAIL_IF_ERROR(pwrite_all(j->fd_, hdr, 0, j->path_));
-    RETURN_FAIL_IF_ERROR(datasync(j->fd_, j->path_));
+    TIER_TRY(pwrite_all(j->fd_, hdr, 0, j->path_));
+    TIER_TRY(datasync(j->fd_, j->path_));
     if (::fsync(j->dir_fd_) != 0) return fail(Status::from_errno(errno, "fsync directory " + dir));
     j->size_ = hdr.size();
     j->last_seq_ = 0;
@@ -209,7 +202,7 @@ Result<uint64_t> Journal::append(const Record& record) {
   if (!failed_) return fail(failed_);
   buf_.clear();
   const uint64_t seq = last_seq_ + 1;
-  if (Status st = encode_record(record, seq, buf_); !st) return fail(std::move(st));
+  TIER_TRY(encode_record(record, seq, buf_));
   if (Status st = pwrite_all(fd_, buf_, size_, path_); !st) {
     // Part of the record may be on disk: cut it off, or later appends would follow garbage
     // and turn a harmless torn tail into corruption in the middle.
@@ -244,7 +237,7 @@ bool Journal::compaction_due() const noexcept {
 
 Status Journal::compact(std::span<const Record> live) {
   return compact([&](const Emit& emit) -> Status {
-    for (const Record& r : live) TIER_RETURN_IF_ERROR(emit(r));
+    for (const Record& r : live) TIER_TRY(emit(r));
     return Status::ok();
   });
 }
@@ -265,10 +258,10 @@ Status Journal::compact(const std::function<Status(const Emit& emit)>& write_liv
   std::vector<std::byte> out;
   encode_file_header(kJournalMagic, first_seq, 0, out);  // rewritten with base_kib below
   Emit emit = [&](const Record& r) -> Status {
-    TIER_RETURN_IF_ERROR(encode_record(r, seq, out));
+    TIER_TRY(encode_record(r, seq, out));
     ++seq;
     if (out.size() >= kCompactChunkBytes) {
-      TIER_RETURN_IF_ERROR(pwrite_all(tmp.get(), out, written, tmp_path));
+      TIER_TRY(pwrite_all(tmp.get(), out, written, tmp_path));
       written += out.size();
       out.clear();
     }

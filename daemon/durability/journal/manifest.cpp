@@ -29,13 +29,13 @@ Status write_manifest(const std::string& path, const ManifestBegin& begin, std::
   std::vector<std::byte> out;
   encode_file_header(kManifestMagic, 1, 0, out);
   uint64_t seq = 1;
-  TIER_RETURN_IF_ERROR(encode_record(begin, seq++, out));
+  TIER_TRY(encode_record(begin, seq++, out));
   for (const Record& r : body) {
     if (is_frame(r))
       return Status(Code::kInvalidArgument, "a manifest body cannot contain ManifestBegin/End");
-    TIER_RETURN_IF_ERROR(encode_record(r, seq++, out));
+    TIER_TRY(encode_record(r, seq++, out));
   }
-  TIER_RETURN_IF_ERROR(encode_record(ManifestEnd{body.size(), tensor_bytes(body)}, seq++, out));
+  TIER_TRY(encode_record(ManifestEnd{body.size(), tensor_bytes(body)}, seq++, out));
 
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -87,7 +87,7 @@ Result<Manifest> parse_manifest(std::span<const std::byte> image) {
     ++count;
     return Status::ok();
   });
-  if (!res) return fail(res.error());
+  TIER_TRY(res);
   if (res->fresh || res->dropped_bytes > 0)
     return fail(Code::kCorruption, "manifest is truncated or damaged at offset " +
                                        std::to_string(res->valid_end) +
@@ -104,7 +104,7 @@ Result<Manifest> read_manifest(const std::string& path) {
   if (fd < 0) return fail(Status::from_errno(errno, "open " + path));
   auto data = read_whole_file(fd, path);
   ::close(fd);
-  if (!data) return fail(data.error());
+  TIER_TRY(data);
   auto m = parse_manifest(*data);
   if (!m) return fail(m.error().code(), path + ": " + m.error().message());
   return m;

@@ -92,7 +92,7 @@ Status check_file_header(std::span<const std::byte> file, uint64_t magic, ScanRe
 
 Result<ScanResult> scan(std::span<const std::byte> file, uint64_t magic, const RecordVisitor& visit) {
   ScanResult out;
-  if (Status st = check_file_header(file, magic, out); !st) return fail(std::move(st));
+  TIER_TRY(check_file_header(file, magic, out));
   if (out.fresh) return out;
   const std::string kind = kind_name(magic);
 
@@ -139,9 +139,7 @@ Result<ScanResult> scan(std::span<const std::byte> file, uint64_t magic, const R
     if (!rec)
       return fail(rec.error().code(), "the " + kind + " record at offset " + std::to_string(pos) + " (seq " +
                                           std::to_string(h.seq) + "): " + rec.error().message());
-    if (visit) {
-      if (Status st = visit(*rec, h.seq, pos); !st) return fail(std::move(st));
-    }
+    if (visit) { TIER_TRY(visit(*rec, h.seq, pos)); }
     pos += kRecordHeaderBytes + h.payload_len;
   }
   return out;

@@ -124,7 +124,7 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
     if (::epoll_ctl(e->epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) return Status::from_errno(errno, "epoll_ctl");
     return Status::ok();
   };
-  if (Status s = watch(e->efd_); !s) return fail(s);
+  TIER_TRY(watch(e->efd_));
 
   std::vector<std::unique_ptr<DirStore>> stores;
   for (size_t i = 0; i < o.dirs.size(); ++i) {
@@ -140,7 +140,7 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
       why = "it is on tmpfs/ramfs (no block device; O_DIRECT is refused or meaningless there)";
     } else {
       auto probed = probe_direct_io(dc.path, why);
-      if (!probed) return fail(probed.error());
+      TIER_TRY(probed);
       direct = *probed;
     }
     BackendOptions bo{o.queue_depth, o.threads, dc.numa_node};
@@ -156,7 +156,7 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
     }
     if (!backend) {
       auto t = make_thread_pool_backend(bo);
-      if (!t) return fail(t.error());
+      TIER_TRY(t);
       backend = std::move(*t);
       log_warn(
           "nvme: NVMe directory {}: using the pread/pwrite thread pool ({} threads{}) "
@@ -174,12 +174,12 @@ Result<std::unique_ptr<Engine>> Engine::open(EngineOptions o) {
     Dir d;
     d.direct = direct;
     d.queue = std::make_unique<IoQueue>(std::move(backend), IoQueueOptions{o.request_size, 1000});
-    if (Status s = watch(d.queue->event_fd()); !s) return fail(s);
+    TIER_TRY(watch(d.queue->event_fd()));
     IoQueue* q = d.queue.get();
     e->dirs_.push_back(std::move(d));
     auto st = DirStore::open(static_cast<uint16_t>(i), dc, o.file_size, o.format, direct, o.prepare_files,
                              [q](int fd) { return q->backend().add_file(fd); });
-    if (!st) return fail(st.error());
+    TIER_TRY(st);
     stores.push_back(std::move(*st));
   }
   e->store_ = std::make_unique<ExtentStore>(std::move(stores), o.stripe_unit, o.max_extent);

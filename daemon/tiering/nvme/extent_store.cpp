@@ -176,8 +176,8 @@ Status DirStore::add_file() {
   auto n = static_cast<uint32_t>(files_.size());
   if (!prep_) return open_file(n, true);
   auto fd = prep_->take(n);
-  if (!fd) return fd.error();
-  TIER_RETURN_IF_ERROR(use_file(n, *fd));
+  TIER_TRY(fd);
+  TIER_TRY(use_file(n, *fd));
   if (files_.size() < max_files_) prep_->start(n + 1);  // the next one, while the engine is idle
   return Status::ok();
 }
@@ -210,7 +210,7 @@ Status DirStore::release(const Extent& e) {
 }
 
 Status DirStore::reserve(const Extent& e) {
-  while (e.file >= files_.size() && files_.size() < max_files_) TIER_RETURN_IF_ERROR(add_file());
+  while (e.file >= files_.size() && files_.size() < max_files_) TIER_TRY(add_file());
   if (e.file >= files_.size() || e.offset + allocated_bytes(e) > file_size_)
     return {Code::kInvalidArgument, fmt::format("extent {}+{} in file {} lies outside directory {}", e.offset,
                                                 e.length, e.file, path_)};

@@ -202,7 +202,7 @@ Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool at
     dir = spec.hugetlbfs_mount;
     if (dir.empty()) {
       auto m = find_hugetlbfs(spec.hugepages);
-      if (!m) return fail(m.error());
+      TIER_TRY(m);
       dir = *m;
     }
     a->huge_ = true;
@@ -239,14 +239,14 @@ Result<std::unique_ptr<Arena>> Arena::open_object(const ArenaSpec& spec, bool at
                                          " bytes, the journal needs " + std::to_string(spec.min_size) +
                                          " to " + std::to_string(a->size_));
     a->committed_ = have;
-    if (Status st = a->map_and_guard(); !st) return fail(std::move(st));
+    TIER_TRY(a->map_and_guard());
     // The object keeps the NUMA policy the creating daemon set on its whole reservation
     // (shared memory carries it), so pages committed later land on the node too.
     a->os_node_ = os_node_for(spec.node);
     return a;
   }
   std::array<uint8_t, 16> identity;
-  if (Status st = fill_identity(identity); !st) return fail(std::move(st));
+  TIER_TRY(fill_identity(identity));
   std::string name = arena_object_name(spec.prefix, spec.pool_id, spec.node, identity);
   a->path_ = a->huge_ ? dir + "/" + name : "/" + name;
   if (a->huge_) {

@@ -57,12 +57,12 @@ Result<RamLocation> RamTier::allocate(Pool& pool, int32_t node, uint64_t size, b
   auto it = arenas_.find(id);
   // An extent on pinned pages adds less than `need`; how much is known once it is placed.
   const uint64_t relief = it == arenas_.end() ? 0 : std::min(need, it->second.pinned_free);
-  if (Status st = fits(pool, *nu, need - relief, need); !st) return fail(std::move(st));
+  TIER_TRY(fits(pool, *nu, need - relief, need));
   if (it == arenas_.end()) {
     ArenaSpec spec{opts_.prefix,   pool.id, node, pool.ram_quota, opts_.hugepages, opts_.hugetlbfs_mount,
                    opts_.prefault, {},      0};
     auto a = Arena::create(spec);
-    if (!a) return fail(a.error());
+    TIER_TRY(a);
     uint64_t cap = (*a)->size();
     log_info("pool '{}': arena {} on node {} ({} reserved, grown as placed{})", pool.name, (*a)->path(), node,
              format_size(cap), (*a)->os_node() >= 0 ? ", bound" : ", unbound");
@@ -201,7 +201,7 @@ void RamTier::recount_pinned(Pool& pool, uint64_t arena_id) {
 
 Status RamTier::pin(Pool& pool, uint64_t session, uid_t uid, uint64_t arena, uint64_t offset, uint64_t length,
                     uint64_t uid_cap) {
-  TIER_RETURN_IF_ERROR(pins_.add(session, uid, arena, offset, length, uid_cap));
+  TIER_TRY(pins_.add(session, uid, arena, offset, length, uid_cap));
   const uint64_t before = pool.ram_pinned;
   recount_pinned(pool, arena);
   const NodeUsage* nu = usage(arena_node(arena));
@@ -224,7 +224,7 @@ Status RamTier::pin(Pool& pool, uint64_t session, uid_t uid, uint64_t arena, uin
 
 Status RamTier::unpin(Pool& pool, uint64_t session, uint64_t arena, uint64_t offset, uint64_t length) {
   DmaPins::Range gone;
-  TIER_RETURN_IF_ERROR(pins_.remove(session, arena, offset, length, &gone));
+  TIER_TRY(pins_.remove(session, arena, offset, length, &gone));
   punch_unheld(arena, gone.first, gone.second);
   recount_pinned(pool, arena);
   return Status::ok();
@@ -256,7 +256,7 @@ Result<RamTier::Attach> RamTier::attach_arena(const Pool& pool, int32_t node, co
     }
     a = Arena::create(spec);
   }
-  if (!a) return fail(a.error());
+  TIER_TRY(a);
   uint64_t cap = (*a)->size();
   arenas_.emplace(id, Entry{std::move(*a), ExtentAllocator(cap)});
   ++generation_;
