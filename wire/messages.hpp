@@ -27,7 +27,7 @@ namespace tier::wire {
 
 // --- protocol constants (part of the wire format) ---
 inline constexpr uint32_t kMagic = 0x52454954;  // "TIER" read as little-endian bytes
-inline constexpr uint16_t kVersion = 2;         // 2: LeaseMode kOverwrite, PlanSetReq.overwrite
+inline constexpr uint16_t kVersion = 2;  // 2: LeaseMode kOverwrite, PlanSetReq.overwrite
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr uint16_t kReplyBit = 0x8000;
 inline constexpr uint32_t kMaxBatch = 4096;  // tensors in one lease/release/prefetch request
@@ -52,9 +52,9 @@ enum class MsgType : uint16_t {
   kPlanSet = 17,
   kSnapshot = 18,
   kMetrics = 19,
-  kDiscard = 20,          // added within version 2: an older daemon answers it as an unknown type
-  kLeaseReclaim = 21,     // added within version 2, likewise
-  kArenaPin = 22,         // added within version 2, likewise
+  kDiscard = 20,  // added within version 2: an older daemon answers it as an unknown type
+  kLeaseReclaim = 21,  // added within version 2, likewise
+  kArenaPin = 22,  // added within version 2, likewise
   kSnapshotTake = 23,     // added within version 2, likewise: a tagged snapshot, keeping older ones
   kSnapshotList = 24,     // added within version 2, likewise
   kSnapshotRestore = 25,  // added within version 2, likewise
@@ -74,10 +74,7 @@ static_assert(sizeof(Header) == kHeaderBytes && alignof(Header) == 4, "Header is
 struct ReplyStatus {
   uint16_t code = 0;  // tier::Code
   std::string message;
-  template <class V> void visit(V& v) {
-    v(code);
-    v(message);
-  }
+  template <class V> void visit(V& v) { v(code); v(message); }
 };
 
 // --- requests and reply bodies. Empty structs are messages without fields. ---
@@ -85,24 +82,15 @@ struct ReplyStatus {
 struct HelloReq {
   uint16_t version = kVersion;
   int32_t pid = 0;
-  int32_t numa_node = -1;   // the client's current node, for Placement::kAny
+  int32_t numa_node = -1;  // the client's current node, for Placement::kAny
   std::string client_name;  // for logs and tierctl status
-  template <class V> void visit(V& v) {
-    v(version);
-    v(pid);
-    v(numa_node);
-    v(client_name);
-  }
+  template <class V> void visit(V& v) { v(version); v(pid); v(numa_node); v(client_name); }
 };
 struct HelloRep {
   uint16_t version = kVersion;
   std::string daemon_version;
   uint64_t session_id = 0;
-  template <class V> void visit(V& v) {
-    v(version);
-    v(daemon_version);
-    v(session_id);
-  }
+  template <class V> void visit(V& v) { v(version); v(daemon_version); v(session_id); }
 };
 
 struct PoolInfoW {
@@ -113,33 +101,18 @@ struct PoolInfoW {
   uint32_t group = UINT32_MAX;  // UINT32_MAX: none
   bool group_read = false;
   template <class V> void visit(V& v) {
-    v(id);
-    v(name);
-    v(owner_uid);
-    v(ram_quota);
-    v(nvme_quota);
-    v(ram_used);
-    v(nvme_used);
-    v(tensor_count);
-    v(group);
-    v(group_read);
+    v(id); v(name); v(owner_uid); v(ram_quota); v(nvme_quota); v(ram_used); v(nvme_used);
+    v(tensor_count); v(group); v(group_read);
   }
 };
 
 struct PoolCreateReq {
   std::string name;
   uint64_t ram_quota = 0, nvme_quota = 0;
-  bool exist_ok = false;        // open the pool instead of failing when it exists (same owner only)
+  bool exist_ok = false;  // open the pool instead of failing when it exists (same owner only)
   uint32_t group = UINT32_MAX;  // a group that may read the pool (with group_read); UINT32_MAX: none
   bool group_read = false;
-  template <class V> void visit(V& v) {
-    v(name);
-    v(ram_quota);
-    v(nvme_quota);
-    v(exist_ok);
-    v(group);
-    v(group_read);
-  }
+  template <class V> void visit(V& v) { v(name); v(ram_quota); v(nvme_quota); v(exist_ok); v(group); v(group_read); }
 };
 struct PoolNameReq {  // PoolOpen, PoolDrop, TensorList, Snapshot
   std::string name;
@@ -162,15 +135,7 @@ struct TensorInfoW {
   uint32_t readers = 0;
   bool writer = false;
   template <class V> void visit(V& v) {
-    v(id);
-    v(name);
-    v(size);
-    v(dtype);
-    v(shape);
-    v(numa_node);
-    v(tiers);
-    v(dirty);
-    v(readers);
+    v(id); v(name); v(size); v(dtype); v(shape); v(numa_node); v(tiers); v(dirty); v(readers);
     v(writer);
   }
 };
@@ -185,52 +150,32 @@ struct TensorCreateReq {
   int32_t placement_index = -1;
   bool exist_ok = false;  // return the existing tensor when name and size match
   template <class V> void visit(V& v) {
-    v(pool);
-    v(name);
-    v(size);
-    v(dtype);
-    v(shape);
-    v(placement_kind);
-    v(placement_index);
+    v(pool); v(name); v(size); v(dtype); v(shape); v(placement_kind); v(placement_index);
     v(exist_ok);
   }
 };
 struct TensorRefReq {  // TensorOpen, TensorDelete
   std::string pool;
   std::string name;
-  template <class V> void visit(V& v) {
-    v(pool);
-    v(name);
-  }
+  template <class V> void visit(V& v) { v(pool); v(name); }
 };
 struct TensorListReq {
   std::string pool;
   uint64_t after_id = 0;  // paging: only tensors with id > after_id
   uint32_t max = 0;       // 0 = as many as fit in one reply
-  template <class V> void visit(V& v) {
-    v(pool);
-    v(after_id);
-    v(max);
-  }
+  template <class V> void visit(V& v) { v(pool); v(after_id); v(max); }
 };
 struct TensorListRep {
   std::vector<TensorInfoW> tensors;
   bool more = false;  // another page follows after the last id
-  template <class V> void visit(V& v) {
-    v(tensors);
-    v(more);
-  }
+  template <class V> void visit(V& v) { v(tensors); v(more); }
 };
 
 struct LeaseReq {
-  uint8_t mode = 1;                  // LeaseMode
-  int32_t timeout_ms = 0;            // 0 = fail fast with kBusy; < 0 = wait forever; > 0 = wait
+  uint8_t mode = 1;         // LeaseMode
+  int32_t timeout_ms = 0;   // 0 = fail fast with kBusy; < 0 = wait forever; > 0 = wait
   std::vector<uint64_t> tensor_ids;  // all granted or none
-  template <class V> void visit(V& v) {
-    v(mode);
-    v(timeout_ms);
-    v(tensor_ids);
-  }
+  template <class V> void visit(V& v) { v(mode); v(timeout_ms); v(tensor_ids); }
 };
 struct LeaseGrant {
   uint64_t lease_id = 0;
@@ -238,13 +183,7 @@ struct LeaseGrant {
   uint64_t arena_id = 0;  // map with MapArena once per connection
   uint64_t offset = 0;    // byte offset of the tensor in the arena
   uint64_t length = 0;
-  template <class V> void visit(V& v) {
-    v(lease_id);
-    v(tensor_id);
-    v(arena_id);
-    v(offset);
-    v(length);
-  }
+  template <class V> void visit(V& v) { v(lease_id); v(tensor_id); v(arena_id); v(offset); v(length); }
 };
 struct LeaseRep {
   std::vector<LeaseGrant> grants;  // in request order
@@ -261,10 +200,7 @@ struct ReleaseReq {
 struct LeaseReclaimReq {
   uint64_t tensor_id = 0;
   uint64_t lease_id = 0;
-  template <class V> void visit(V& v) {
-    v(tensor_id);
-    v(lease_id);
-  }
+  template <class V> void visit(V& v) { v(tensor_id); v(lease_id); }
 };
 
 struct MapArenaReq {
@@ -275,11 +211,7 @@ struct MapArenaRep {  // the arena's fd rides along as SCM_RIGHTS
   uint64_t arena_id = 0;
   uint64_t size = 0;
   int32_t numa_node = -1;
-  template <class V> void visit(V& v) {
-    v(arena_id);
-    v(size);
-    v(numa_node);
-  }
+  template <class V> void visit(V& v) { v(arena_id); v(size); v(numa_node); }
 };
 
 // The client pinned (pinned = true) or unpinned bytes [offset, offset+length) of an arena it
@@ -291,37 +223,20 @@ struct ArenaPinReq {
   uint64_t offset = 0;
   uint64_t length = 0;
   bool pinned = true;
-  template <class V> void visit(V& v) {
-    v(arena_id);
-    v(offset);
-    v(length);
-    v(pinned);
-  }
+  template <class V> void visit(V& v) { v(arena_id); v(offset); v(length); v(pinned); }
 };
 
 struct NodeTierW {  // one NUMA node's RAM tier
   int32_t node = 0;
   uint64_t capacity = 0, used = 0, dirty = 0, tensors = 0;
-  template <class V> void visit(V& v) {
-    v(node);
-    v(capacity);
-    v(used);
-    v(dirty);
-    v(tensors);
-  }
+  template <class V> void visit(V& v) { v(node); v(capacity); v(used); v(dirty); v(tensors); }
 };
 struct NvmeTierW {  // one NVMe directory
   std::string path;
   int32_t numa_node = -1;
   std::string backend;  // "io_uring" or "pread"
   uint64_t capacity = 0, used = 0;
-  template <class V> void visit(V& v) {
-    v(path);
-    v(numa_node);
-    v(backend);
-    v(capacity);
-    v(used);
-  }
+  template <class V> void visit(V& v) { v(path); v(numa_node); v(backend); v(capacity); v(used); }
 };
 struct StatusRep {
   std::string daemon_version;
@@ -335,36 +250,25 @@ struct StatusRep {
   uint64_t hits = 0, misses = 0, stalls = 0, evictions = 0, prefetches = 0;
   uint64_t requests = 0, errors = 0;
   template <class V> void visit(V& v) {
-    v(daemon_version);
-    v(uptime_ms);
-    v(clients);
-    v(pools);
-    v(leases);
-    v(ram);
-    v(nvme);
-    v(bytes_read);
-    v(bytes_written);
-    v(hits);
-    v(misses);
-    v(stalls);
-    v(evictions);
-    v(prefetches);
-    v(requests);
-    v(errors);
+    v(daemon_version); v(uptime_ms); v(clients); v(pools); v(leases); v(ram); v(nvme);
+    v(bytes_read); v(bytes_written); v(hits); v(misses); v(stalls); v(evictions); v(prefetches);
+    v(requests); v(errors);
   }
 };
 
 // StatusRep's counters, copied between the structs that name them alike: the daemon's
 // Counters and its NVMe tier's TierStats into StatusRep, StatusRep into the client's
 // NodeStatus. Said once, so a new counter cannot be forgotten in one of the copies.
-template <class To, class From> void copy_cache_counters(To& to, const From& from) {
+template <class To, class From>
+void copy_cache_counters(To& to, const From& from) {
   to.hits = from.hits;
   to.misses = from.misses;
   to.stalls = from.stalls;
   to.evictions = from.evictions;
   to.prefetches = from.prefetches;
 }
-template <class To, class From> void copy_counters(To& to, const From& from) {
+template <class To, class From>
+void copy_counters(To& to, const From& from) {
   to.bytes_read = from.bytes_read;
   to.bytes_written = from.bytes_written;
   copy_cache_counters(to, from);
@@ -376,86 +280,52 @@ struct TopoNodeW {
   int32_t id = 0;
   uint64_t memory = 0;
   std::string cpus;  // "0-63,128-191"
-  template <class V> void visit(V& v) {
-    v(id);
-    v(memory);
-    v(cpus);
-  }
+  template <class V> void visit(V& v) { v(id); v(memory); v(cpus); }
 };
 struct TopoDevW {
   int32_t index = 0;
   std::string name;
   std::string pci;  // "0000:07:00.0"
   int32_t numa_node = -1;
-  template <class V> void visit(V& v) {
-    v(index);
-    v(name);
-    v(pci);
-    v(numa_node);
-  }
+  template <class V> void visit(V& v) { v(index); v(name); v(pci); v(numa_node); }
 };
 struct TopoRep {
   std::string source;  // "hwloc:this system", "hwloc:synthetic ...", "hwloc:xml FILE"
   std::vector<TopoNodeW> nodes;
   std::vector<TopoDevW> gpus;
   std::vector<TopoDevW> nvme;
-  template <class V> void visit(V& v) {
-    v(source);
-    v(nodes);
-    v(gpus);
-    v(nvme);
-  }
+  template <class V> void visit(V& v) { v(source); v(nodes); v(gpus); v(nvme); }
 };
 
 struct TensorIdsReq {  // Prefetch, Evict, Discard (empty ids + pool = whole pool for Evict)
   std::string pool;
   std::vector<uint64_t> tensor_ids;
-  template <class V> void visit(V& v) {
-    v(pool);
-    v(tensor_ids);
-  }
+  template <class V> void visit(V& v) { v(pool); v(tensor_ids); }
 };
 struct PlanSetReq {
   std::string pool;
   std::vector<uint64_t> tensor_ids;  // one step's uses in order; repeats every step
   uint64_t budget = 0;               // bytes of the plan to keep resident ahead; 0 = daemon default
   std::vector<uint8_t> overwrite;    // empty, or per use: 1 = the use overwrites (nothing to fetch)
-  template <class V> void visit(V& v) {
-    v(pool);
-    v(tensor_ids);
-    v(budget);
-    v(overwrite);
-  }
+  template <class V> void visit(V& v) { v(pool); v(tensor_ids); v(budget); v(overwrite); }
 };
 struct SnapshotRep {
   uint64_t snapshot_id = 0;
   uint64_t bytes = 0;
   uint64_t stall_us = 0;  // how long the pool was frozen for the point-in-time copy
-  template <class V> void visit(V& v) {
-    v(snapshot_id);
-    v(bytes);
-    v(stall_us);
-  }
+  template <class V> void visit(V& v) { v(snapshot_id); v(bytes); v(stall_us); }
 };
 struct SnapshotTakeReq {  // reply: SnapshotRep
   std::string pool;
   uint64_t tag = 0;   // the client's label (e.g. a training step); 0: none
   uint32_t keep = 1;  // durable snapshots of the pool kept once this one is durable (>= 1)
-  template <class V> void visit(V& v) {
-    v(pool);
-    v(tag);
-    v(keep);
-  }
+  template <class V> void visit(V& v) { v(pool); v(tag); v(keep); }
 };
 struct SnapshotInfoW {
   uint64_t snapshot_id = 0;
   uint64_t tag = 0;
   uint64_t bytes = 0;
-  template <class V> void visit(V& v) {
-    v(snapshot_id);
-    v(tag);
-    v(bytes);
-  }
+  template <class V> void visit(V& v) { v(snapshot_id); v(tag); v(bytes); }
 };
 struct SnapshotListRep {  // request: PoolNameReq
   // A restart rebuilt the pool after losing its RAM (a reboot) and it has not been restored
@@ -464,40 +334,24 @@ struct SnapshotListRep {  // request: PoolNameReq
   uint64_t recovered_from = 0;
   uint64_t lost = 0;                     // tensors that restart could not bring back
   std::vector<SnapshotInfoW> snapshots;  // durable ones, oldest first
-  template <class V> void visit(V& v) {
-    v(recovered);
-    v(recovered_from);
-    v(lost);
-    v(snapshots);
-  }
+  template <class V> void visit(V& v) { v(recovered); v(recovered_from); v(lost); v(snapshots); }
 };
 struct SnapshotRestoreReq {
   std::string pool;
   uint64_t snapshot_id = 0;
-  template <class V> void visit(V& v) {
-    v(pool);
-    v(snapshot_id);
-  }
+  template <class V> void visit(V& v) { v(pool); v(snapshot_id); }
 };
 struct SnapshotRestoreRep {
   uint64_t tensors = 0;  // restored to their bytes as of the snapshot
   uint64_t bytes = 0;
-  uint64_t deleted = 0;            // tensors the snapshot does not hold
+  uint64_t deleted = 0;  // tensors the snapshot does not hold
   uint64_t dropped_snapshots = 0;  // newer snapshots, dropped
-  template <class V> void visit(V& v) {
-    v(tensors);
-    v(bytes);
-    v(deleted);
-    v(dropped_snapshots);
-  }
+  template <class V> void visit(V& v) { v(tensors); v(bytes); v(deleted); v(dropped_snapshots); }
 };
 struct TextRep {  // Metrics (Prometheus text), one page of at most kMaxStringBytes
   std::string text;
   bool more = false;  // further pages follow: ask for page + 1
-  template <class V> void visit(V& v) {
-    v(text);
-    v(more);
-  }
+  template <class V> void visit(V& v) { v(text); v(more); }
 };
 struct MetricsReq {  // an empty payload means page 0 (older clients)
   uint32_t page = 0;
@@ -515,19 +369,21 @@ template <class T>
 [[nodiscard]] Status encode(uint16_t type, uint32_t request_id, const T& msg, std::vector<std::byte>& out);
 
 // A reply: status first, then the body when status is ok.
-template <class T> [[nodiscard]] Status encode_reply(uint16_t request_type, uint32_t request_id,
-                                                     const Status& st, const T& body,
-                                                     std::vector<std::byte>& out);
+template <class T>
+[[nodiscard]] Status encode_reply(uint16_t request_type, uint32_t request_id, const Status& st,
+                                  const T& body, std::vector<std::byte>& out);
 
 // Validates magic, version and payload length of a whole datagram.
 [[nodiscard]] Result<Header> parse_header(std::span<const std::byte> datagram);
 
 // Decodes a payload that must be consumed exactly.
-template <class T> [[nodiscard]] Result<T> decode(std::span<const std::byte> payload);
+template <class T>
+[[nodiscard]] Result<T> decode(std::span<const std::byte> payload);
 
 // Decodes a reply payload: the status, and the body when the status is ok. A non-ok status
 // is returned as the error.
-template <class T> [[nodiscard]] Result<T> decode_reply(std::span<const std::byte> payload);
+template <class T>
+[[nodiscard]] Result<T> decode_reply(std::span<const std::byte> payload);
 
 [[nodiscard]] inline std::span<const std::byte> payload_of(std::span<const std::byte> datagram) {
   return datagram.subspan(kHeaderBytes);
@@ -548,8 +404,8 @@ Status encode(uint16_t type, uint32_t request_id, const T& msg, std::vector<std:
   Writer w(out);
   w(msg);
   if (out.size() > kMaxMessageBytes)
-    return Status(Code::kInvalidArgument,
-                  "message of " + std::to_string(out.size()) + " bytes exceeds the protocol limit of 64 KiB");
+    return Status(Code::kInvalidArgument, "message of " + std::to_string(out.size()) +
+                                              " bytes exceeds the protocol limit of 64 KiB");
   Header h;
   h.type = type;
   h.request_id = request_id;
@@ -558,8 +414,9 @@ Status encode(uint16_t type, uint32_t request_id, const T& msg, std::vector<std:
   return Status::ok();
 }
 
-template <class T> Status encode_reply(uint16_t request_type, uint32_t request_id, const Status& st,
-                                       const T& body, std::vector<std::byte>& out) {
+template <class T>
+Status encode_reply(uint16_t request_type, uint32_t request_id, const Status& st, const T& body,
+                    std::vector<std::byte>& out) {
   out.clear();
   out.resize(kHeaderBytes);
   Writer w(out);
@@ -577,7 +434,8 @@ template <class T> Status encode_reply(uint16_t request_type, uint32_t request_i
   return Status::ok();
 }
 
-template <class T> Result<T> decode(std::span<const std::byte> payload) {
+template <class T>
+Result<T> decode(std::span<const std::byte> payload) {
   T msg{};
   Reader r(payload);
   r(msg);
@@ -586,7 +444,8 @@ template <class T> Result<T> decode(std::span<const std::byte> payload) {
   return msg;
 }
 
-template <class T> Result<T> decode_reply(std::span<const std::byte> payload) {
+template <class T>
+Result<T> decode_reply(std::span<const std::byte> payload) {
   Reader r(payload);
   ReplyStatus rs;
   r(rs);

@@ -65,13 +65,7 @@ struct PoolCreated {
   uint64_t ram_quota = 0;
   uint64_t nvme_quota = 0;
   template <class V> void visit(V& v) {
-    v(pool_id);
-    v(name);
-    v(owner_uid);
-    v(group);
-    v(flags);
-    v(ram_quota);
-    v(nvme_quota);
+    v(pool_id); v(name); v(owner_uid); v(group); v(flags); v(ram_quota); v(nvme_quota);
   }
   bool operator==(const PoolCreated&) const = default;
 };
@@ -98,16 +92,8 @@ struct TensorCreated {
   uint64_t offset = 0;      // byte offset of the RAM copy in the arena
   uint64_t ram_length = 0;  // bytes allocated there (>= size: the allocator's rounding)
   template <class V> void visit(V& v) {
-    v(pool_id);
-    v(tensor_id);
-    v(name);
-    v(size);
-    v(dtype);
-    v(shape);
-    v(numa_node);
-    v(arena_id);
-    v(offset);
-    v(ram_length);
+    v(pool_id); v(tensor_id); v(name); v(size); v(dtype); v(shape); v(numa_node); v(arena_id);
+    v(offset); v(ram_length);
   }
   bool operator==(const TensorCreated&) const = default;
 };
@@ -116,10 +102,7 @@ struct TensorDeleted {
   static constexpr RecordType kType = RecordType::kTensorDeleted;
   uint64_t pool_id = 0;
   uint64_t tensor_id = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(tensor_id);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(tensor_id); }
   bool operator==(const TensorDeleted&) const = default;
 };
 
@@ -130,13 +113,7 @@ struct Extent {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint64_t checksum = 0;  // of the extent's bytes, as the NVMe tier computes it
-  template <class V> void visit(V& v) {
-    v(dir);
-    v(file);
-    v(offset);
-    v(length);
-    v(checksum);
-  }
+  template <class V> void visit(V& v) { v(dir); v(file); v(offset); v(length); v(checksum); }
   bool operator==(const Extent&) const = default;
 };
 
@@ -148,11 +125,7 @@ struct NvmeCopyWritten {
   uint64_t tensor_id = 0;
   uint64_t generation = 0;
   std::vector<Extent> extents;
-  template <class V> void visit(V& v) {
-    v(tensor_id);
-    v(generation);
-    v(extents);
-  }
+  template <class V> void visit(V& v) { v(tensor_id); v(generation); v(extents); }
   bool operator==(const NvmeCopyWritten&) const = default;
 };
 
@@ -161,10 +134,7 @@ struct NvmeCopyDropped {
   static constexpr RecordType kType = RecordType::kNvmeCopyDropped;
   uint64_t tensor_id = 0;
   uint64_t generation = 0;
-  template <class V> void visit(V& v) {
-    v(tensor_id);
-    v(generation);
-  }
+  template <class V> void visit(V& v) { v(tensor_id); v(generation); }
   bool operator==(const NvmeCopyDropped&) const = default;
 };
 
@@ -177,11 +147,7 @@ struct TensorRamPlaced {
   uint64_t offset = 0;
   uint64_t ram_length = 0;
   template <class V> void visit(V& v) {
-    v(tensor_id);
-    v(numa_node);
-    v(arena_id);
-    v(offset);
-    v(ram_length);
+    v(tensor_id); v(numa_node); v(arena_id); v(offset); v(ram_length);
   }
   bool operator==(const TensorRamPlaced&) const = default;
 };
@@ -202,13 +168,7 @@ struct ArenaCreated {
   int32_t numa_node = -1;
   std::string shm_name;  // the named shared-memory object
   uint64_t size = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(arena_id);
-    v(numa_node);
-    v(shm_name);
-    v(size);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(arena_id); v(numa_node); v(shm_name); v(size); }
   bool operator==(const ArenaCreated&) const = default;
 };
 
@@ -217,11 +177,7 @@ struct SnapshotBegun {
   uint64_t pool_id = 0;
   uint64_t snapshot_id = 0;
   std::string path;  // the snapshot's directory or manifest
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-    v(path);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(path); }
   bool operator==(const SnapshotBegun&) const = default;
 };
 
@@ -232,12 +188,7 @@ struct SnapshotDurable {
   uint64_t snapshot_id = 0;
   std::string path;
   uint64_t bytes = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-    v(path);
-    v(bytes);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(path); v(bytes); }
   bool operator==(const SnapshotDurable&) const = default;
 };
 
@@ -245,10 +196,7 @@ struct SnapshotDropped {
   static constexpr RecordType kType = RecordType::kSnapshotDropped;
   uint64_t pool_id = 0;
   uint64_t snapshot_id = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); }
   bool operator==(const SnapshotDropped&) const = default;
 };
 
@@ -259,11 +207,7 @@ struct SnapshotTagged {
   uint64_t pool_id = 0;
   uint64_t snapshot_id = 0;
   uint64_t tag = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-    v(tag);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(tag); }
   bool operator==(const SnapshotTagged&) const = default;
 };
 
@@ -277,11 +221,7 @@ struct PoolRecovered {
   uint64_t pool_id = 0;
   uint64_t snapshot_id = 0;
   uint64_t lost = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-    v(lost);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(lost); }
   bool operator==(const PoolRecovered&) const = default;
 };
 
@@ -293,10 +233,7 @@ struct PoolRestored {
   static constexpr RecordType kType = RecordType::kPoolRestored;
   uint64_t pool_id = 0;
   uint64_t snapshot_id = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); }
   bool operator==(const PoolRestored&) const = default;
 };
 
@@ -310,11 +247,7 @@ struct Watermarks {
   uint64_t next_arena_id = 1;
   uint64_t next_generation = 1;
   template <class V> void visit(V& v) {
-    v(next_pool_id);
-    v(next_tensor_id);
-    v(next_snapshot_id);
-    v(next_arena_id);
-    v(next_generation);
+    v(next_pool_id); v(next_tensor_id); v(next_snapshot_id); v(next_arena_id); v(next_generation);
   }
   bool operator==(const Watermarks&) const = default;
 };
@@ -326,21 +259,14 @@ struct ManifestBegin {
   uint64_t pool_id = 0;
   uint64_t snapshot_id = 0;
   uint64_t created_unix_ms = 0;
-  template <class V> void visit(V& v) {
-    v(pool_id);
-    v(snapshot_id);
-    v(created_unix_ms);
-  }
+  template <class V> void visit(V& v) { v(pool_id); v(snapshot_id); v(created_unix_ms); }
   bool operator==(const ManifestBegin&) const = default;
 };
 struct ManifestEnd {
   static constexpr RecordType kType = RecordType::kManifestEnd;
   uint64_t records = 0;  // records between ManifestBegin and this one
   uint64_t bytes = 0;    // tensor bytes covered
-  template <class V> void visit(V& v) {
-    v(records);
-    v(bytes);
-  }
+  template <class V> void visit(V& v) { v(records); v(bytes); }
   bool operator==(const ManifestEnd&) const = default;
 };
 
@@ -361,14 +287,7 @@ struct WriteLeaseHeld {
   int32_t pid = 0;
   uint64_t pid_start = 0;
   uint64_t pid_ns = 0;
-  template <class V> void visit(V& v) {
-    v(tensor_id);
-    v(lease_id);
-    v(uid);
-    v(pid);
-    v(pid_start);
-    v(pid_ns);
-  }
+  template <class V> void visit(V& v) { v(tensor_id); v(lease_id); v(uid); v(pid); v(pid_start); v(pid_ns); }
   bool operator==(const WriteLeaseHeld&) const = default;
 };
 
@@ -381,10 +300,11 @@ struct WriteLeaseEnded {
   bool operator==(const WriteLeaseEnded&) const = default;
 };
 
-using Record = std::variant<PoolCreated, PoolDropped, TensorCreated, TensorDeleted, NvmeCopyWritten,
-                            NvmeCopyDropped, SnapshotBegun, SnapshotDurable, SnapshotDropped, Watermarks,
-                            TensorRamPlaced, TensorRamDropped, ArenaCreated, ManifestBegin, ManifestEnd,
-                            WriteLeaseHeld, WriteLeaseEnded, SnapshotTagged, PoolRecovered, PoolRestored>;
+using Record = std::variant<PoolCreated, PoolDropped, TensorCreated, TensorDeleted,
+                            NvmeCopyWritten, NvmeCopyDropped, SnapshotBegun, SnapshotDurable,
+                            SnapshotDropped, Watermarks, TensorRamPlaced, TensorRamDropped,
+                            ArenaCreated, ManifestBegin, ManifestEnd, WriteLeaseHeld,
+                            WriteLeaseEnded, SnapshotTagged, PoolRecovered, PoolRestored>;
 static_assert(std::variant_size_v<Record> == kMaxRecordType, "one alternative per RecordType");
 
 [[nodiscard]] RecordType record_type(const Record& r) noexcept;
