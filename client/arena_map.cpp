@@ -1,5 +1,5 @@
 #include "client/arena_map.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -30,14 +30,14 @@ bool ArenaMap::same_object(uint64_t id, int fd) const noexcept {
 
 Result<const Arena*> ArenaMap::add(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
   auto a = map(id, fd, size, numa_node);
-  if (!a) return fail(a.error());
+  TIER_TRY(a);
   arenas_.push_back(*a);
   return &arenas_.back();
 }
 
 Result<const Arena*> ArenaMap::replace(uint64_t id, int fd, uint64_t size, int32_t numa_node) {
   auto a = map(id, fd, size, numa_node);
-  if (!a) return fail(a.error());
+  TIER_TRY(a);
   for (Arena& old : arenas_)
     if (old.id == id) {
       retired_.push_back(old);
@@ -66,7 +66,7 @@ Result<Arena> ArenaMap::map(uint64_t id, int fd, uint64_t size, int32_t numa_nod
     return fail(Code::kProtocol, "arena " + std::to_string(id) + " is " + std::to_string(st.st_size) +
                                      " bytes, larger than the " + std::to_string(size) + " tierd announced");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  // A group reader gets a read-only fd (daemon/access.hpp): map it read-only.
+  // A group reader gets a read-only fd (daemon/leases/access.hpp): map it read-only.
   bool read_only = false;
   if (p == MAP_FAILED && errno == EACCES) {
     p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);

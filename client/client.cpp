@@ -24,8 +24,8 @@
 #include "client/connection.hpp"
 #include "client/held_leases.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
-#include "wire/names.hpp"
+#include "base/errors.hpp"
+#include "base/names.hpp"
 
 namespace tier {
 
@@ -104,7 +104,7 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
         opts.reconnect_timeout.count() <= 0)
       return st;
     bool sent = conn.last_sent();
-    TIER_RETURN_IF_ERROR(reconnect(st));
+    TIER_TRY(reconnect(st));
     if (sent && !idempotent)
       return Status(Code::kUnavailable,
                     "tierd restarted while this request was in flight: it may or may not have "
@@ -125,7 +125,7 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
       size_t n = std::min<size_t>(wire::kMaxBatch, ids.size() - i);
       std::span<const uint64_t> batch = ids.subspan(i, n);
       req.tensor_ids.assign(batch.begin(), batch.end());
-      TIER_RETURN_IF_ERROR(call(type, req, empty));
+      TIER_TRY(call(type, req, empty));
     }
     return Status::ok();
   }
@@ -151,7 +151,7 @@ struct [[gnu::visibility("hidden")]] Client::Impl {
   // The span a grant names, mapping its arena first if needed. Caller holds mu.
   Result<std::span<std::byte>> span_of(const wire::LeaseGrant& g) {
     auto a = arena(g.arena_id);
-    if (!a) return fail(a.error());
+    TIER_TRY(a);
     const client::Arena* ar = *a;
     if (g.offset > ar->size || g.length > ar->size - g.offset)
       return fail(Code::kProtocol, "lease of tensor " + std::to_string(g.tensor_id) + " lies outside arena " +
@@ -237,7 +237,7 @@ Status Client::Impl::hello() {
   req.client_name = opts.client_name.empty() ? default_client_name() : opts.client_name;
   if (req.client_name.size() > 255) req.client_name.resize(255);
   wire::HelloRep rep;
-  TIER_RETURN_IF_ERROR(conn.call(MsgType::kHello, req, rep));
+  TIER_TRY(conn.call(MsgType::kHello, req, rep));
   if (rep.version != wire::kVersion)
     return Status(Code::kProtocol, "tierd speaks protocol version " + std::to_string(rep.version) +
                                        ", this libtier speaks " + std::to_string(wire::kVersion));
@@ -531,7 +531,7 @@ Status Client::Impl::lease_chunk(std::span<const uint64_t> ids, LeaseMode mode, 
   lease_req.mode = static_cast<uint8_t>(mode);
   lease_req.timeout_ms = wait.timeout_ms;
   lease_req.tensor_ids.assign(ids.begin(), ids.end());
-  TIER_RETURN_IF_ERROR(call(MsgType::kLease, lease_req, lease_rep));
+  TIER_TRY(call(MsgType::kLease, lease_req, lease_rep));
   std::vector<uint64_t> granted;
   granted.reserve(lease_rep.grants.size());
   for (const auto& gr : lease_rep.grants) granted.push_back(gr.lease_id);
@@ -844,8 +844,8 @@ Status Client::pin_for_dma(std::span<const std::byte> range, bool pinned) {
       const auto base = reinterpret_cast<uintptr_t>(a.base);
       if (range.empty() || p < base || p - base > a.size || range.size() > a.size - (p - base)) continue;
       wire::ArenaPinReq req{a.id, p - base, range.size(), true};
-      TIER_RETURN_IF_ERROR(impl_->call(
-          MsgType::kArenaPin, wire::ArenaPinReq{req.arena_id, req.offset, req.length, pinned}, impl_->empty));
+      TIER_TRY(impl_->call(MsgType::kArenaPin,
+                           wire::ArenaPinReq{req.arena_id, req.offset, req.length, pinned}, impl_->empty));
       auto& pins = impl_->dma_pins;
       if (pinned) {
         pins.push_back(req);

@@ -25,7 +25,7 @@
 
 #include "tier/status.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::client {
 
@@ -54,17 +54,17 @@ class Connection {
   template <class Req, class Rep>
   [[nodiscard]] Status call(wire::MsgType type, const Req& req, Rep& rep, int* fd_out = nullptr) {
     last_sent_ = false;
-    if (!broken_.is_ok()) return broken_;
-    TIER_RETURN_IF_ERROR(send_request(type, req));
+    TIER_TRY(broken_);
+    TIER_TRY(send_request(type, req));
     last_sent_ = true;
-    TIER_RETURN_IF_ERROR(receive_reply(type, fd_out));
+    TIER_TRY(receive_reply(type, fd_out));
     return decode_body(rep);
   }
 
  private:
   template <class Req> Status send_request(wire::MsgType type, const Req& req) {
     Status st = wire::encode(static_cast<uint16_t>(type), ++last_id_, req, send_buf_);
-    if (!st.is_ok()) return st;  // too large to send: the caller's fault, the link is intact
+    TIER_TRY(st);  // too large to send: the caller's fault, the link is intact
     return send_buf();
   }
   Status send_buf();

@@ -9,12 +9,12 @@
 #include <cstdio>
 #include <iostream>
 
-#include "daemon/config.hpp"
-#include "daemon/log.hpp"
-#include "daemon/ram/arena.hpp"
-#include "daemon/server.hpp"
-#include "daemon/state.hpp"
-#include "wire/sizes.hpp"
+#include "core/config.hpp"
+#include "base/log.hpp"
+#include "ram/arena.hpp"
+#include "server/server.hpp"
+#include "daemon/daemon.hpp"
+#include "base/sizes.hpp"
 
 using namespace tier;
 using namespace tier::daemon;

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "daemon/config.hpp"
+#include "core/config.hpp"
 #include "fuzz/fuzz_check.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

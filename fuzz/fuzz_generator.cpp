@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "daemon/toml_text.hpp"
+#include "core/toml_text.hpp"
 #include "fuzz/fuzz_check.hpp"
 #include "packaging/systemd/generator_paths.hpp"
 

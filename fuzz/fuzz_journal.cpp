@@ -14,10 +14,10 @@
 #include <span>
 #include <vector>
 
-#include "daemon/journal/catalog_image.hpp"
-#include "daemon/journal/format.hpp"
-#include "daemon/journal/manifest.hpp"
-#include "daemon/journal/reader.hpp"
+#include "journal/catalog_image.hpp"
+#include "journal/format.hpp"
+#include "journal/manifest.hpp"
+#include "journal/reader.hpp"
 #include "fuzz/fuzz_check.hpp"
 
 using namespace tier;

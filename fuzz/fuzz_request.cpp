@@ -19,9 +19,9 @@
 #include <memory>
 #include <string>
 
-#include "daemon/log.hpp"
-#include "daemon/request_handler.hpp"
-#include "daemon/state.hpp"
+#include "base/log.hpp"
+#include "rpc/request_handler.hpp"
+#include "daemon/daemon.hpp"
 #include "fuzz/fuzz_check.hpp"
 #include "fuzz/request_input.hpp"
 #include "wire/messages.hpp"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/journal/manifest.hpp"
-#include "daemon/journal/reader.hpp"
+#include "journal/manifest.hpp"
+#include "journal/reader.hpp"
 #include "fuzz/request_input.hpp"
 #include "wire/messages.hpp"
 

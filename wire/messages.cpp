@@ -1,5 +1,5 @@
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::wire {
 

@@ -21,7 +21,7 @@
 #include "tier/status.hpp"
 #include "tier/types.hpp"
 #include "wire/codec.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::wire {
 
@@ -216,7 +216,7 @@ struct MapArenaRep {  // the arena's fd rides along as SCM_RIGHTS
 
 // The client pinned (pinned = true) or unpinned bytes [offset, offset+length) of an arena it
 // maps, e.g. with cudaHostRegister: a device DMAs to and from those physical pages, so tierd
-// must never punch them out of the arena (daemon/dma_pins.hpp). Pins belong to the connection.
+// must never punch them out of the arena (daemon/tiering/ram/dma_pins.hpp). Pins belong to the connection.
 // Reply: Empty.
 struct ArenaPinReq {
   uint64_t arena_id = 0;

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::wire {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "cuda_status.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::gpu::registry {
 namespace {
@@ -54,8 +54,7 @@ Status register_span(Record& r, uintptr_t base, uint64_t size, uint64_t piece, u
       (void)cudaGetLastError();
       if (n > kMinPiece && !is_no_device(err)) {
         // Split the refused piece and try the halves.
-        TIER_RETURN_IF_ERROR(
-            register_span(r, base + off, n, std::max(kMinPiece, n / 2), flags, acquired, newly, calls));
+        TIER_TRY(register_span(r, base + off, n, std::max(kMinPiece, n / 2), flags, acquired, newly, calls));
         off += n;
         continue;
       }
@@ -106,7 +105,7 @@ Status acquire(uintptr_t base, uint64_t size, uint64_t max_piece, bool read_only
     // Unregistered gap up to the next registered piece (or the end).
     auto next = r.pieces.upper_bound(pos);
     const uintptr_t gap_end = next == r.pieces.end() ? end : std::min<uintptr_t>(end, next->first);
-    TIER_RETURN_IF_ERROR(
+    TIER_TRY(
         register_span(r, pos, gap_end - pos, max_piece, flags, acquired, newly_registered, registrations));
     pos = gap_end;
   }

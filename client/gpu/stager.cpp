@@ -16,7 +16,7 @@
 
 #include "cuda_status.hpp"
 #include "registry.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::gpu {
 
@@ -35,7 +35,7 @@ Result<int> device_count() {
 
 Result<int> device_numa_node(int device) {
   auto n = device_count();
-  if (!n) return fail(n.error());
+  TIER_TRY(n);
   if (device < 0 || device >= *n)
     return fail(Code::kInvalidArgument, "no CUDA device with index " + std::to_string(device));
   char bus[32] = {};
@@ -344,7 +344,7 @@ struct Stager::Impl {
 
 Result<std::unique_ptr<Stager::Impl>> Stager::make_impl(Client* client, const StagerOptions& opts) {
   auto n = device_count();
-  if (!n) return fail(n.error());
+  TIER_TRY(n);
   if (opts.device < 0 || opts.device >= *n)
     return fail(Code::kInvalidArgument, "no CUDA device with index " + std::to_string(opts.device) + " (" +
                                             std::to_string(*n) + " present)");
@@ -367,7 +367,7 @@ Stager::~Stager() = default;
 
 Result<std::unique_ptr<Stager>> Stager::create(Client& client, const StagerOptions& opts) {
   auto impl = make_impl(&client, opts);
-  if (!impl) return fail(impl.error());
+  TIER_TRY(impl);
   std::unique_ptr<Stager> st(new Stager(std::move(*impl)));
   if (opts.register_on_demand) return st;
   Status s = st->impl_->register_arenas();  // a failure is kept in stats().registration_error
@@ -380,7 +380,7 @@ Result<std::unique_ptr<Stager>> Stager::create(Client& client, const StagerOptio
 
 Result<std::unique_ptr<Stager>> Stager::create_detached(const StagerOptions& opts) {
   auto impl = make_impl(nullptr, opts);
-  if (!impl) return fail(impl.error());
+  TIER_TRY(impl);
   return std::unique_ptr<Stager>(new Stager(std::move(*impl)));
 }
 

@@ -1,11 +1,11 @@
 // NvmeTier: watermark maintenance and background write-back of dirty, idle RAM copies while
 // the device would otherwise idle.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <algorithm>
 
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
 
 namespace tier::daemon {
 

@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <vector>
 
-#include "daemon/log.hpp"
-#include "daemon/ram/arena.hpp"
-#include "daemon/tiering/nvme_tier.hpp"
-#include "wire/sizes.hpp"
+#include "base/log.hpp"
+#include "ram/arena.hpp"
+#include "tiering/nvme_tier.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "daemon/leases.hpp"
+#include "core/clock.hpp"
 #include "nvme/location.hpp"
 
 namespace tier::daemon::tiering {

@@ -1,13 +1,13 @@
 // NvmeTier: what a lease needs from the tier. Fetches before a grant, RAM without a read for
 // overwrites, LRU stamps and dirtiness at the grant, Discard hints and a restore's placement.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
 
 namespace tier::daemon {
 
@@ -95,7 +95,7 @@ Result<bool> NvmeTier::prepare_lease_impl(uint64_t session, std::span<Tensor* co
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return fail(Code::kInternal, "tensor without a pool");
     if (!place) {
-      if (Status st = fill_if_in_no_tier(*p, *t); !st) return fail(std::move(st));
+      TIER_TRY(fill_if_in_no_tier(*p, *t));
       if (t->ram) continue;
     }
     wait = true;
@@ -152,7 +152,7 @@ Status NvmeTier::lease_ready_impl(std::span<Tensor* const> tensors, bool& ready,
     Pool* p = catalog_.find_pool(t->pool_id);
     if (!p) return Status(Code::kNotFound, "tensor '" + t->name + "' was deleted");
     if (!place) {
-      if (Status st = fill_if_in_no_tier(*p, *t); !st) return st;
+      TIER_TRY(fill_if_in_no_tier(*p, *t));
       if (t->ram) continue;
     }
     ready = false;

@@ -1,6 +1,6 @@
 // NvmeTier: opening the engine, shared helpers (RAM extents, fixed-buffer registration, dropping
 // RAM copies), restart adoption, forgetting a tensor, the loop's poll and the tier's figures.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,11 +13,11 @@
 #include <cstring>
 #include <utility>
 
-#include "daemon/admission.hpp"
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "tiering/admission.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 
@@ -50,7 +50,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const Config& cfg, Catalog& cat
       o.file_size = (smallest + nvme::kExtentAlign - 1) / nvme::kExtentAlign * nvme::kExtentAlign;
   }
   auto eng = nvme::Engine::open(std::move(o));
-  if (!eng) return fail(eng.error());
+  TIER_TRY(eng);
   std::unique_ptr<NvmeTier> m(new NvmeTier(catalog, ram));
   m->engine_ = std::move(*eng);
   m->marks_ = policy::Watermarks{cfg.ram_high_watermark, cfg.ram_low_watermark}.normalized();
@@ -133,7 +133,7 @@ bool NvmeTier::evictable(const Tensor& t) const {
 }
 
 void NvmeTier::release_ram(Pool& pool, const RamLocation& loc, bool punch) {
-  // The RAM tier punches the freed pages no DMA pin covers (daemon/ram/ram_tier.hpp). Not when
+  // The RAM tier punches the freed pages no DMA pin covers (daemon/tiering/ram/ram_tier.hpp). Not when
   // the extent is about to be reused in the same arena (keep_pages): the pages would be
   // faulted back in and zeroed by the kernel only to be overwritten; and never for io_uring
   // fixed buffers, whose pages the kernel holds.

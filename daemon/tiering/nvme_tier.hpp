@@ -2,7 +2,7 @@
 // shared helpers, residency.cpp the per-tensor I/O state machine, victims.cpp eviction,
 // cleaner.cpp background write-back, lease_path.cpp what leases need, plans.cpp plans and
 // prefetch). It owns the nvme::Engine and the per-tensor tiering
-// state, and decides (with daemon/policy) what leaves RAM and what comes back ahead of use.
+// state, and decides (with daemon/tiering/policy) what leaves RAM and what comes back ahead of use.
 //
 // Placement: a tensor is in RAM (Tensor::ram), on NVMe (Tensor::nvme), or both. Both with
 // dirty == false means the NVMe copy equals the RAM copy (a clean copy: the RAM copy may be
@@ -32,15 +32,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "daemon/catalog.hpp"
-#include "daemon/config.hpp"
-#include "daemon/leases.hpp"
-#include "daemon/ram/ram_tier.hpp"
+#include "core/catalog.hpp"
+#include "core/config.hpp"
+#include "core/clock.hpp"
+#include "ram/ram_tier.hpp"
 #include "nvme/engine.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "policy/watermark.hpp"
-#include "daemon/residency_log.hpp"
+#include "core/residency_log.hpp"
 
 namespace tier::daemon {
 
@@ -82,7 +82,7 @@ class NvmeTier {
   // can be evicted (all leased or busy), naming why.
   [[nodiscard]] Result<RamLocation> allocate(Pool& pool, int32_t node, uint64_t size);
 
-  // Admission (daemon/admission.hpp): kResourceExhausted when a tensor of `size` bytes is larger
+  // Admission (daemon/tiering/admission.hpp): kResourceExhausted when a tensor of `size` bytes is larger
   // than `pool`'s NVMe quota or the whole NVMe tier, so it could never leave RAM.
   [[nodiscard]] Status nvme_admits(const Pool& pool, uint64_t size, std::string_view name) const;
 
@@ -154,7 +154,7 @@ class NvmeTier {
   const nvme::Engine& engine() const noexcept { return *engine_; }
 
   // Where RAM placements, drops and completed NVMe copies are reported (the journal, through
-  // daemon/residency_log.hpp). Null: nothing is journaled (tests).
+  // daemon/core/residency_log.hpp). Null: nothing is journaled (tests).
   void set_residency_log(ResidencyLog* log) noexcept { durable_ = log; }
   // After a restart rebuilt the catalog: marks every journaled NVMe copy's extents used. A copy
   // whose extents the engine refuses is dropped (journaled) and logged.

@@ -1,6 +1,6 @@
 // NvmeTier: step plans and prefetch. Registered plans, the timer that starts each prefetch
 // just in time, and the Prefetch request.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -9,10 +9,10 @@
 #include <cmath>
 #include <limits>
 
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
 #include "policy/prefetch.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::daemon {
 
@@ -104,7 +104,7 @@ Status NvmeTier::prefetch(Pool& pool, std::span<Tensor* const> tensors) {
     // A hint: no room without waiting for write-backs (kBusy) skips this tensor.
     Status st = start_fetch(pool, *t, true, std::nullopt);
     if (!st && st.code() == Code::kBusy) continue;
-    TIER_RETURN_IF_ERROR(st);
+    TIER_TRY(st);
     stats_.prefetches++;
   }
   return Status::ok();

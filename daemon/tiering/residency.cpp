@@ -1,15 +1,15 @@
 // NvmeTier: the per-tensor I/O state machine. A fetch brings a tensor's NVMe copy into RAM, a
 // write-back (spill) writes its RAM copy to NVMe; their completions update the tensor, its
 // TensorIo and the journal, and wait_idle() waits one tensor's I/O out.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 
@@ -50,7 +50,7 @@ Status NvmeTier::start_fetch(Pool& pool, Tensor& t, bool demand, std::optional<A
         loc = ram_.allocate(pool, t.node, t.size);
     }
   }
-  if (!loc) return loc.error();
+  TIER_TRY(loc);
   // ensure_registration() may drain I/O, whose completions run: only after it can nobody else
   // have given this tensor RAM or started its I/O (fetches start only here).
   ensure_registration();

@@ -1,16 +1,16 @@
-// NvmeTier: choosing what leaves RAM. Candidates in policy order (daemon/policy/eviction.hpp),
+// NvmeTier: choosing what leaves RAM. Candidates in policy order (daemon/tiering/policy/eviction.hpp),
 // evicting them until an allocation fits, and the Evict request.
-#include "daemon/tiering/nvme_tier.hpp"
+#include "tiering/nvme_tier.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "daemon/admission.hpp"
-#include "daemon/log.hpp"
-#include "daemon/tiering/internal.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "tiering/admission.hpp"
+#include "base/log.hpp"
+#include "tiering/internal.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::daemon {
 
@@ -130,7 +130,7 @@ uint64_t NvmeTier::evict_some(std::span<const policy::Candidate> cands, uint64_t
 Result<RamLocation> NvmeTier::allocate(Pool& pool, int32_t node, uint64_t size) {
   // A size no eviction can make room for (a tensor journaled before admission checked it):
   // refused without evicting anything.
-  if (Status st = ram_admits(ram_, pool, node, size, ""); !st) return fail(std::move(st));
+  TIER_TRY(ram_admits(ram_, pool, node, size, ""));
   Status last_error;
   NvmeShort short_of;
   last_spill_error_ = Status::ok();

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/toml_text.hpp"
+#include "core/toml_text.hpp"
 #include "generator_paths.hpp"
 
 namespace {

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/ram/arena.hpp"
+#include "ram/arena.hpp"
 #include "support/daemon_fixture.hpp"
 #include "support/raw_client.hpp"
 #include "support/tenant.hpp"

@@ -4,10 +4,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon/config.hpp"
-#include "daemon/toml_text.hpp"
+#include "core/config.hpp"
+#include "core/toml_text.hpp"
 #include "tier/types.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 using namespace tier;
 using namespace tier::daemon;

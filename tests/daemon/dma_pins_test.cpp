@@ -1,5 +1,5 @@
-// DmaPins (daemon/dma_pins.hpp): which parts of a freed extent tierd may punch.
-#include "daemon/dma_pins.hpp"
+// DmaPins (daemon/tiering/ram/dma_pins.hpp): which parts of a freed extent tierd may punch.
+#include "ram/dma_pins.hpp"
 
 #include <catch2/catch.hpp>
 

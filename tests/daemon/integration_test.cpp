@@ -22,7 +22,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/ram/arena.hpp"
+#include "ram/arena.hpp"
 #include "support/daemon_fixture.hpp"
 #include "support/raw_client.hpp"
 

@@ -1,4 +1,4 @@
-// Holder liveness for write leases across a restart (daemon/lease_reclaim.hpp): a live process
+// Holder liveness for write leases across a restart (daemon/leases/reclaim.hpp): a live process
 // mapping the arena writable is alive, a reaped or reused pid or an unmapped arena is gone, a
 // pid of another namespace is unknown.
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "daemon/lease_reclaim.hpp"
+#include "leases/reclaim.hpp"
 
 using namespace tier::daemon;
 

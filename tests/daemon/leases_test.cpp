@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "daemon/leases.hpp"
+#include "leases/lease_table.hpp"
 
 using namespace tier;
 using namespace tier::daemon;

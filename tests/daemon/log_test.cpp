@@ -1,11 +1,11 @@
-// The one logger (daemon/log.hpp): levels filter lines, a sink captures them unprefixed.
+// The one logger (base/log.hpp): levels filter lines, a sink captures them unprefixed.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "daemon/log.hpp"
+#include "base/log.hpp"
 
 using namespace tier;
 

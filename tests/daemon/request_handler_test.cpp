@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <random>
 
-#include "daemon/ram/arena.hpp"
-#include "daemon/request_handler.hpp"
+#include "ram/arena.hpp"
+#include "rpc/request_handler.hpp"
 #include "support/handler_harness.hpp"
 
 using namespace tier;

@@ -2,8 +2,8 @@
 // handler's decoding: the rules themselves (quotas, grants, waits, retries, deadlines).
 #include <catch2/catch.hpp>
 
-#include "daemon/lease_service.hpp"
-#include "daemon/pool_service.hpp"
+#include "leases/lease_service.hpp"
+#include "pools/pool_service.hpp"
 #include "support/handler_harness.hpp"
 
 using namespace tier;
@@ -15,7 +15,7 @@ constexpr uint64_t kMiB = 1ull << 20;
 
 struct Fixture : tier::test::HandlerHarness {
   explicit Fixture(ResolvedSizes sizes = {256 * kMiB, 64 * kMiB, 2 * kMiB})
-      : HandlerHarness(config(), sizes), pools(*state), leases(*state) {
+      : HandlerHarness(config(), sizes), pools(state->pool_parts()), leases(state->lease_parts()) {
     leases.set_deferred_sink([this](uint64_t sid, std::span<const std::byte> b) {
       sunk.emplace_back(sid, std::vector<std::byte>(b.begin(), b.end()));
     });

@@ -1,4 +1,4 @@
-// The state dir's space (daemon/state_space.hpp, issue 33 finding 3): snapshots are charged to
+// The state dir's space (daemon/durability/state_space.hpp, issue 33 finding 3): snapshots are charged to
 // the pool's NVMe quota, refused below a free-space floor, and a full disk never stops tierd.
 // The full-disk case needs root: a private mount namespace with a small loop-mounted ext4 as
 // the state dir, the tenant as uid 65534.

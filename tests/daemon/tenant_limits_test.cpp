@@ -563,7 +563,7 @@ TEST_CASE("LeaseReclaim of another uid's lease is refused as if it did not exist
   auto l = root.lease(LeaseMode::kWrite, {t->id}, 5000);
   REQUIRE(l);
   const uint64_t lease = l->grants[0].lease_id;
-  // A holder is one that still maps the arena writable (daemon/lease_reclaim.hpp).
+  // A holder is one that still maps the arena writable (daemon/leases/reclaim.hpp).
   uint64_t mapped = 0;
   std::byte* base = map_arena(root, l->grants[0].arena_id, &mapped);
   REQUIRE(base != nullptr);

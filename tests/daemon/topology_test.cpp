@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "daemon/topology.hpp"
+#include "core/topology.hpp"
 
 using namespace tier;
 using namespace tier::daemon;

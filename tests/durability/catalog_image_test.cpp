@@ -3,8 +3,8 @@
 
 #include <random>
 
-#include "daemon/journal/catalog_image.hpp"
-#include "daemon/journal/journal.hpp"
+#include "journal/catalog_image.hpp"
+#include "journal/journal.hpp"
 #include "journal_util.hpp"
 
 using namespace tier;

@@ -12,7 +12,7 @@
 
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 using namespace tier;
 using Clock = std::chrono::steady_clock;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/journal/journal.hpp"
+#include "journal/journal.hpp"
 
 using namespace tier;
 using namespace tier::journal;

@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "daemon/journal/journal.hpp"
+#include "journal/journal.hpp"
 #include "journal_util.hpp"
 
 using namespace tier;

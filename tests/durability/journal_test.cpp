@@ -7,11 +7,11 @@
 
 #include <cstring>
 
-#include "daemon/journal/format.hpp"
-#include "daemon/journal/journal.hpp"
-#include "daemon/journal/reader.hpp"
+#include "journal/format.hpp"
+#include "journal/journal.hpp"
+#include "journal/reader.hpp"
 #include "journal_util.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 using namespace tier;
 using namespace tier::journal;

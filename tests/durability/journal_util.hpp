@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/journal/journal.hpp"
-#include "daemon/journal/records.hpp"
+#include "journal/journal.hpp"
+#include "journal/records.hpp"
 
 namespace tier::journal::test {
 

@@ -1,9 +1,9 @@
 // Snapshot manifests: written atomically, read back whole, refused when not whole.
 #include <catch2/catch.hpp>
 
-#include "daemon/journal/format.hpp"
-#include "daemon/journal/manifest.hpp"
-#include "daemon/journal/reader.hpp"
+#include "journal/format.hpp"
+#include "journal/manifest.hpp"
+#include "journal/reader.hpp"
 #include "journal_util.hpp"
 
 using namespace tier;

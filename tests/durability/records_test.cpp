@@ -4,9 +4,9 @@
 
 #include <cstring>
 
-#include "daemon/journal/format.hpp"
-#include "daemon/journal/reader.hpp"
-#include "daemon/journal/records.hpp"
+#include "journal/format.hpp"
+#include "journal/reader.hpp"
+#include "journal/records.hpp"
 #include "journal_util.hpp"
 
 using namespace tier;

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "tier/client.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 using namespace tier;
 using Clock = std::chrono::steady_clock;

@@ -31,7 +31,7 @@
 #include "snapshot_util.hpp"
 #include "support/daemon_fixture.hpp"
 #include "tier/client.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 using namespace tier;
 using tier::test::DaemonOptions;

@@ -1,5 +1,5 @@
 // Registered arenas on a GPU: an H2D after evict + refetch copies the arena's current bytes
-// (tierd keeps the pages of registered ranges, daemon/dma_pins.hpp), and a group reader's
+// (tierd keeps the pages of registered ranges, daemon/tiering/ram/dma_pins.hpp), and a group reader's
 // read-only mapping is registered with cudaHostRegisterReadOnly, so its copies are direct.
 // Without a device every case prints "no CUDA device: skipping" and returns.
 #include <cuda_runtime_api.h>

@@ -11,7 +11,7 @@
 #include <optional>
 #include <random>
 
-#include "daemon/log.hpp"
+#include "base/log.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
 #include "wire/codec.hpp"

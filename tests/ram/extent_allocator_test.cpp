@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "daemon/ram/extent_allocator.hpp"
+#include "ram/extent_allocator.hpp"
 
 using tier::daemon::ExtentAllocator;
 

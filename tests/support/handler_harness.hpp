@@ -19,9 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/ram/arena.hpp"
-#include "daemon/request_handler.hpp"
-#include "wire/errors.hpp"
+#include "daemon/daemon.hpp"
+#include "ram/arena.hpp"
+#include "rpc/request_handler.hpp"
+#include "base/errors.hpp"
 
 namespace tier::test {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "wire/transport.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::test {
 

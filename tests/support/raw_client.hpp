@@ -10,7 +10,7 @@
 
 #include "tier/status.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::test {
 

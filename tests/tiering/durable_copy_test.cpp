@@ -14,10 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "daemon/durability.hpp"
-#include "daemon/journal/format.hpp"
-#include "daemon/journal/journal.hpp"
-#include "daemon/journal/reader.hpp"
+#include "daemon/daemon.hpp"
+#include "durability/durability.hpp"
+#include "journal/format.hpp"
+#include "journal/journal.hpp"
+#include "journal/reader.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
 #include "nvme/test_util.hpp"

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/ram/arena.hpp"
-#include "daemon/state.hpp"
+#include "ram/arena.hpp"
+#include "daemon/daemon.hpp"
 #include "nvme/engine.hpp"
 #include "nvme/fault_backend.hpp"
 #include "nvme/test_util.hpp"

@@ -17,8 +17,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "daemon/ram/arena.hpp"
-#include "daemon/request_handler.hpp"
+#include "ram/arena.hpp"
+#include "rpc/request_handler.hpp"
 #include "support/handler_harness.hpp"
 
 using namespace tier;

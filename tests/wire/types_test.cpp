@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include "tier/types.hpp"
-#include "wire/sizes.hpp"
-#include "wire/names.hpp"
+#include "base/sizes.hpp"
+#include "base/names.hpp"
 
 using namespace tier;
 

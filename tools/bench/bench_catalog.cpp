@@ -153,6 +153,102 @@ void alternate(int rounds, const std::function<bool(int, int)>& fn, std::vector<
     }
 }
 
+// Lease and open latencies of random tensors of big and small on one client, alternating.
+struct Lookups {
+  std::vector<double> lease_big, lease_small, open_big, open_small;
+};
+Lookups time_lookups(Client& one, const PoolRun& big, const PoolRun& small, int rounds, Errors& err) {
+  Lookups r;
+  std::mt19937_64 rng(42);
+  const PoolRun* side_pool[2] = {&big, &small};
+  alternate(
+      rounds,
+      [&](int side, int) {
+        const auto& ids = side_pool[side]->ids;
+        uint64_t id = ids[rng() % ids.size()];
+        auto l = one.lease(id, LeaseMode::kRead);
+        if (!l) {
+          err.note("lease " + std::to_string(id), l.error());
+          return false;
+        }
+        if (Status st = l->release(); !st) {
+          err.note("release " + std::to_string(id), st);
+          return false;
+        }
+        return true;
+      },
+      r.lease_big, r.lease_small);
+  alternate(
+      rounds,
+      [&](int side, int) {
+        const PoolRun& p = *side_pool[side];
+        uint64_t i = rng() % p.ids.size();
+        auto t = one.open_tensor(p.name, tensor_name(i));
+        if (!t) {
+          err.note("open_tensor " + p.name + "/" + tensor_name(i), t.error());
+          return false;
+        }
+        if (t->id != p.ids[i]) {
+          err.note("open_tensor " + p.name + "/" + tensor_name(i) + " returned id " + std::to_string(t->id) +
+                   ", created as " + std::to_string(p.ids[i]));
+          return false;
+        }
+        return true;
+      },
+      r.open_big, r.open_small);
+
+  return r;
+}
+
+// Listing rates, tensors/s: all of big once (first), small repeatedly for about as long as big
+// took, at least 3 times (second). Only the list calls are timed; checking the answer against
+// the created ids is not.
+std::pair<double, double> list_rates(Client& one, const PoolRun& big, const PoolRun& small, Errors& err) {
+  auto list_timed = [&](const PoolRun& p, double& seconds) {
+    uint64_t t0 = now_ns();
+    auto l = one.list_tensors(p.name);
+    seconds += static_cast<double>(now_ns() - t0) * 1e-9;
+    if (!l) {
+      err.note("list_tensors " + p.name, l.error());
+      return false;
+    }
+    std::vector<uint64_t> got, want = p.ids;
+    got.reserve(l->size());
+    for (const auto& t : *l) got.push_back(t.id);
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    if (got != want) {
+      err.note("list_tensors " + p.name + " returned " + std::to_string(got.size()) +
+               " tensors that are not the " + std::to_string(want.size()) + " created");
+      return false;
+    }
+    return true;
+  };
+  double list_big_s = 0, list_small_s = 0;
+  (void)list_timed(big, list_big_s);
+  uint64_t listed_small = 0;
+  for (int i = 0; i < 3 || list_small_s < list_big_s; ++i) {
+    if (!list_timed(small, list_small_s)) break;
+    listed_small += small.ids.size();
+  }
+  double list_rate = static_cast<double>(big.ids.size()) / list_big_s;
+  double list_base = listed_small > 0 ? static_cast<double>(listed_small) / list_small_s : 0;
+  return {list_rate, list_base};
+}
+
+// Drops base, big and small; adds base's drop time (s) to `drop_base_s`, returns big's in ms.
+double drop_pools(Client& one, const PoolRun& base, const PoolRun& big, const PoolRun& small,
+                  std::vector<double>& drop_base_s, Errors& err) {
+  uint64_t d0 = now_ns();
+  if (Status st = one.drop_pool(base.name); !st) err.note("drop_pool " + base.name, st);
+  uint64_t d1 = now_ns();
+  if (Status st = one.drop_pool(big.name); !st) err.note("drop_pool " + big.name, st);
+  uint64_t d2 = now_ns();
+  if (Status st = one.drop_pool(small.name); !st) err.note("drop_pool " + small.name, st);
+  drop_base_s.push_back(static_cast<double>(d1 - d0) * 1e-9);
+  return static_cast<double>(d2 - d1) / 1e6;
+}
+
 }  // namespace
 
 int run_catalog(const BenchOptions& o) {
@@ -221,100 +317,23 @@ int run_catalog(const BenchOptions& o) {
   double create_tail = static_cast<double>(base_n) / big.tail_seconds;
 
   // Lookups on one client: random tensors of big and small, alternating.
-  std::mt19937_64 rng(42);
-  const PoolRun* side_pool[2] = {&big, &small};
-  std::vector<double> lease_big, lease_small, open_big, open_small;
-  alternate(
-      rounds,
-      [&](int side, int) {
-        const auto& ids = side_pool[side]->ids;
-        uint64_t id = ids[rng() % ids.size()];
-        auto l = one.lease(id, LeaseMode::kRead);
-        if (!l) {
-          err.note("lease " + std::to_string(id), l.error());
-          return false;
-        }
-        if (Status st = l->release(); !st) {
-          err.note("release " + std::to_string(id), st);
-          return false;
-        }
-        return true;
-      },
-      lease_big, lease_small);
-  alternate(
-      rounds,
-      [&](int side, int) {
-        const PoolRun& p = *side_pool[side];
-        uint64_t i = rng() % p.ids.size();
-        auto t = one.open_tensor(p.name, tensor_name(i));
-        if (!t) {
-          err.note("open_tensor " + p.name + "/" + tensor_name(i), t.error());
-          return false;
-        }
-        if (t->id != p.ids[i]) {
-          err.note("open_tensor " + p.name + "/" + tensor_name(i) + " returned id " + std::to_string(t->id) +
-                   ", created as " + std::to_string(p.ids[i]));
-          return false;
-        }
-        return true;
-      },
-      open_big, open_small);
-
-  // List: all of big once; small repeatedly for about as long as big took (at least 3 times).
-  // Only the list calls are timed; checking the answer against the created ids is not.
-  auto list_timed = [&](const PoolRun& p, double& seconds) {
-    uint64_t t0 = now_ns();
-    auto l = one.list_tensors(p.name);
-    seconds += static_cast<double>(now_ns() - t0) * 1e-9;
-    if (!l) {
-      err.note("list_tensors " + p.name, l.error());
-      return false;
-    }
-    std::vector<uint64_t> got, want = p.ids;
-    got.reserve(l->size());
-    for (const auto& t : *l) got.push_back(t.id);
-    std::sort(got.begin(), got.end());
-    std::sort(want.begin(), want.end());
-    if (got != want) {
-      err.note("list_tensors " + p.name + " returned " + std::to_string(got.size()) +
-               " tensors that are not the " + std::to_string(want.size()) + " created");
-      return false;
-    }
-    return true;
-  };
-  double list_big_s = 0, list_small_s = 0;
-  (void)list_timed(big, list_big_s);
-  uint64_t listed_small = 0;
-  for (int i = 0; i < 3 || list_small_s < list_big_s; ++i) {
-    if (!list_timed(small, list_small_s)) break;
-    listed_small += small.ids.size();
-  }
-  double list_rate = static_cast<double>(n) / list_big_s;
-  double list_base = listed_small > 0 ? static_cast<double>(listed_small) / list_small_s : 0;
-
+  Lookups lk = time_lookups(one, big, small, rounds, err);
+  auto [list_rate, list_base] = list_rates(one, big, small, err);
   // Drop (unless --keep): base first, the third sample of the drop baseline.
   double drop_big_ms = 0, drop_base_ms = 0;
   if (!o.keep) {
-    uint64_t d0 = now_ns();
-    if (Status st = one.drop_pool(base.name); !st) err.note("drop_pool " + base.name, st);
-    uint64_t d1 = now_ns();
-    if (Status st = one.drop_pool(big.name); !st) err.note("drop_pool " + big.name, st);
-    uint64_t d2 = now_ns();
-    if (Status st = one.drop_pool(small.name); !st) err.note("drop_pool " + small.name, st);
-    drop_base_s.push_back(static_cast<double>(d1 - d0) * 1e-9);
+    drop_big_ms = drop_pools(one, base, big, small, drop_base_s, err);
     drop_base_ms = median(drop_base_s) * 1e3 * static_cast<double>(n) / static_cast<double>(base_n);
-    drop_big_ms = static_cast<double>(d2 - d1) / 1e6;
   }
-
   emit(o, {"catalog.create", std::nullopt, create, "tensors/s", create_base, ratio(create, create_base)});
   emit(o, {"catalog.create.tail", std::nullopt, create_tail, "tensors/s", create_base,
            ratio(create_tail, create_base)});
   for (auto [name, q] : {std::pair{"p50", 0.5}, {"p99", 0.99}}) {
-    double v = pct_copy(lease_big, q), b = pct_copy(lease_small, q);
+    double v = pct_copy(lk.lease_big, q), b = pct_copy(lk.lease_small, q);
     emit(o, {std::string("catalog.lease.") + name, std::nullopt, v, "us", b, ratio(v, b)});
   }
   for (auto [name, q] : {std::pair{"p50", 0.5}, {"p99", 0.99}}) {
-    double v = pct_copy(open_big, q), b = pct_copy(open_small, q);
+    double v = pct_copy(lk.open_big, q), b = pct_copy(lk.open_small, q);
     emit(o, {std::string("catalog.open.") + name, std::nullopt, v, "us", b, ratio(v, b)});
   }
   emit(o, {"catalog.list", std::nullopt, list_rate, "tensors/s", list_base, ratio(list_rate, list_base)});

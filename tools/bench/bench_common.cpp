@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "tier/types.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::bench {
 

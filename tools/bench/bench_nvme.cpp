@@ -1,4 +1,4 @@
-// tier-bench nvme --dir D: the NVMe tier's engine (daemon/nvme) driven directly, without a
+// tier-bench nvme --dir D: the NVMe tier's engine (daemon/tiering/nvme) driven directly, without a
 // daemon, against the raw ceiling of the same directory in the same run.
 //
 //   nvme.spill / nvme.fetch   GB/s for each tensor size (1 MiB .. 1 GiB, --sizes), steady
@@ -58,7 +58,7 @@
 #include "bench_common.hpp"
 #include "nvme_raw.hpp"
 #include "nvme/engine.hpp"
-#include "daemon/log.hpp"
+#include "base/log.hpp"
 #include "policy/eviction.hpp"
 #include "policy/plan.hpp"
 #include "suites.hpp"

@@ -22,7 +22,7 @@
 
 #include "bench_common.hpp"
 #include "tier/client.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::bench {
 

@@ -34,7 +34,7 @@
 #include "bench_common.hpp"
 #include "tier/client.hpp"
 #include "wire/messages.hpp"
-#include "wire/errors.hpp"
+#include "base/errors.hpp"
 
 namespace tier::bench {
 
@@ -154,8 +154,8 @@ int measure(const RpcContext& x, const std::string& suffix) {
       uint64_t t0 = now_ns();
       auto l = c.lease(ids[0], LeaseMode::kRead);
       uint64_t t1 = now_ns();
-      if (!l) return l.error();
-      TIER_RETURN_IF_ERROR(l->release());
+      TIER_TRY(l);
+      TIER_TRY(l->release());
       uint64_t t2 = now_ns();
       if (record) {
         lease_us.push_back((t1 - t0) / 1e3);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "suites.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "table.hpp"
-#include "wire/errors.hpp"
-#include "wire/sizes.hpp"
+#include "base/errors.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::ctl {
 
@@ -179,7 +179,7 @@ json status_json(const NodeStatus& s, const std::string& socket) {
 
 Status cmd_status(Client& c, const Output& o) {
   auto s = c.status();
-  if (!s) return s.error();
+  TIER_TRY(s);
   if (o.json) {
     print_json(status_json(*s, c.socket_path()));
     return Status::ok();
@@ -220,7 +220,7 @@ Status cmd_status(Client& c, const Output& o) {
 
 Status cmd_topo(Client& c, const Output& o) {
   auto t = c.topology();
-  if (!t) return t.error();
+  TIER_TRY(t);
   auto devs_json = [](const std::vector<TopoDevice>& v) {
     json a = json::array();
     for (const auto& d : v)
@@ -257,7 +257,7 @@ Status cmd_topo(Client& c, const Output& o) {
 
 Status cmd_pools(Client& c, const Output& o) {
   auto pools = c.list_pools();
-  if (!pools) return pools.error();
+  TIER_TRY(pools);
   if (o.json) {
     json a = json::array();
     for (const auto& p : *pools) a.push_back(pool_json(p));
@@ -281,7 +281,7 @@ Status cmd_pools(Client& c, const Output& o) {
 
 Status cmd_tensors(Client& c, const Output& o, const std::string& pool) {
   auto ts = c.list_tensors(pool);
-  if (!ts) return ts.error();
+  TIER_TRY(ts);
   if (o.json) {
     json a = json::array();
     for (const auto& t : *ts) a.push_back(tensor_json(t));
@@ -355,7 +355,7 @@ Result<PutSource> open_put_source(const std::string& file) {
 Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::string& name,
                const std::string& file, const PutOptions& p) {
   auto source = open_put_source(file);
-  if (!source) return source.error();
+  TIER_TRY(source);
   PutSource& in = *source;
   const uint64_t size = in.size;
 
@@ -367,7 +367,7 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   // list misses (another uid's, or past what one reply holds) is refused and then opened.
   bool pool_created = false, created = false;
   auto pools = c.list_pools();
-  if (!pools) return pools.error();
+  TIER_TRY(pools);
   const bool listed =
       std::any_of(pools->begin(), pools->end(), [&](const PoolInfo& x) { return x.name == pool; });
   Result<PoolInfo> pi = fail(Code::kAlreadyExists, "");
@@ -377,7 +377,7 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   }
   if (!pi && pi.error().code() == Code::kAlreadyExists)
     pi = c.create_pool(pool, PoolOptions{.ram_quota = p.ram_quota}, /*exist_ok=*/true);
-  if (!pi) return pi.error();
+  TIER_TRY(pi);
   auto undo = [&](Status st) {
     if (created) (void)c.delete_tensor(pool, name);
     if (pool_created) (void)c.drop_pool(pool);
@@ -402,8 +402,8 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
   // replaced). The lease is released before any undo.
   auto write = [&]() -> Status {
     auto lease = c.lease(t->id, LeaseMode::kOverwrite, LeaseWait{p.wait_ms});
-    if (!lease) return lease.error();
-    TIER_RETURN_IF_ERROR(in.copy_to(lease->bytes().data()));
+    TIER_TRY(lease);
+    TIER_TRY(in.copy_to(lease->bytes().data()));
     return lease->release();
   };
   if (Status st = write(); !st) return undo(std::move(st));
@@ -424,17 +424,17 @@ Status cmd_put(Client& c, const Output& o, const std::string& pool, const std::s
 Status cmd_get(Client& c, const Output& o, const std::string& pool, const std::string& name,
                const std::string& file, int32_t wait_ms) {
   auto t = find_tensor(c, pool, name);
-  if (!t) return t.error();
+  TIER_TRY(t);
   auto lease = c.lease(t->id, LeaseMode::kRead, LeaseWait{wait_ms});
-  if (!lease) return lease.error();
+  TIER_TRY(lease);
   // `-`: the bytes go to stdout, and the summary (table or JSON) to stderr so as not to mix in.
   const bool to_stdout = file == "-";
   const std::string label = to_stdout ? "stdout" : file;
   Fd out{to_stdout ? ::dup(1) : ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (out.fd < 0) return Status::from_errno(errno, "create " + label);
   auto bytes = lease->bytes();
-  TIER_RETURN_IF_ERROR(write_all(out.fd, bytes.data(), bytes.size(), label));
-  TIER_RETURN_IF_ERROR(lease->release());
+  TIER_TRY(write_all(out.fd, bytes.data(), bytes.size(), label));
+  TIER_TRY(lease->release());
   if (::close(std::exchange(out.fd, -1)) != 0) return Status::from_errno(errno, "close " + label);
   std::FILE* summary = to_stdout ? stderr : stdout;
   if (o.json) {
@@ -448,7 +448,7 @@ Status cmd_get(Client& c, const Output& o, const std::string& pool, const std::s
 }
 
 Status cmd_rm(Client& c, const Output& o, const std::string& pool, const std::string& name) {
-  TIER_RETURN_IF_ERROR(c.delete_tensor(pool, name));
+  TIER_TRY(c.delete_tensor(pool, name));
   if (o.json) print_json({{"pool", pool}, {"tensor", name}, {"deleted", true}});
   else std::printf("deleted %s/%s\n", pool.c_str(), name.c_str());
   return Status::ok();
@@ -458,10 +458,10 @@ Status cmd_evict(Client& c, const Output& o, const std::string& pool, const std:
   std::vector<uint64_t> ids;
   if (!name.empty()) {
     auto t = find_tensor(c, pool, name);
-    if (!t) return t.error();
+    TIER_TRY(t);
     ids.push_back(t->id);
   }
-  TIER_RETURN_IF_ERROR(c.evict(pool, ids));
+  TIER_TRY(c.evict(pool, ids));
   std::string what = name.empty() ? "every unleased tensor of " + pool : pool + "/" + name;
   if (o.json)
     print_json({{"pool", pool}, {"tensor", name.empty() ? json(nullptr) : json(name)}, {"evicted", true}});
@@ -471,9 +471,9 @@ Status cmd_evict(Client& c, const Output& o, const std::string& pool, const std:
 
 Status cmd_prefetch(Client& c, const Output& o, const std::string& pool, const std::string& name) {
   auto t = find_tensor(c, pool, name);
-  if (!t) return t.error();
+  TIER_TRY(t);
   uint64_t id = t->id;
-  TIER_RETURN_IF_ERROR(c.prefetch(pool, {&id, 1}));
+  TIER_TRY(c.prefetch(pool, {&id, 1}));
   if (o.json) print_json({{"pool", pool}, {"tensor", name}, {"queued", true}});
   else std::printf("prefetch of %s/%s queued\n", pool.c_str(), name.c_str());
   return Status::ok();
@@ -481,7 +481,7 @@ Status cmd_prefetch(Client& c, const Output& o, const std::string& pool, const s
 
 Status cmd_snapshot(Client& c, const Output& o, const std::string& pool, const SnapshotOptions& opts) {
   auto s = (opts.tag == 0 && opts.keep == 1) ? c.snapshot(pool) : c.snapshot(pool, opts);
-  if (!s) return s.error();
+  TIER_TRY(s);
   if (o.json) {
     print_json(
         {{"pool", pool}, {"snapshot_id", s->snapshot_id}, {"bytes", s->bytes}, {"stall_us", s->stall_us}});
@@ -494,7 +494,7 @@ Status cmd_snapshot(Client& c, const Output& o, const std::string& pool, const S
 
 Status cmd_snapshots(Client& c, const Output& o, const std::string& pool) {
   auto l = c.list_snapshots(pool);
-  if (!l) return l.error();
+  TIER_TRY(l);
   if (o.json) {
     json a = json::array();
     for (const auto& e : l->snapshots)
@@ -524,7 +524,7 @@ Status cmd_snapshots(Client& c, const Output& o, const std::string& pool) {
 
 Status cmd_restore(Client& c, const Output& o, const std::string& pool, uint64_t snapshot_id) {
   auto r = c.restore_snapshot(pool, snapshot_id);
-  if (!r) return r.error();
+  TIER_TRY(r);
   if (o.json) {
     print_json({{"pool", pool},
                 {"snapshot_id", snapshot_id},
@@ -559,7 +559,7 @@ Status cmd_drop(Client& c, const Output& o, const std::string& pool, bool yes) {
       return Status(Code::kInvalidArgument,
                     "not confirmed: pool '" + pool + "' not dropped (answer y, or pass --yes)");
   }
-  TIER_RETURN_IF_ERROR(c.drop_pool(pool));
+  TIER_TRY(c.drop_pool(pool));
   if (o.json) print_json({{"pool", pool}, {"dropped", true}});
   else std::printf("dropped pool %s\n", pool.c_str());
   return Status::ok();
@@ -567,7 +567,7 @@ Status cmd_drop(Client& c, const Output& o, const std::string& pool, bool yes) {
 
 Status cmd_metrics(Client& c, const Output& o) {
   auto m = c.metrics();
-  if (!m) return m.error();
+  TIER_TRY(m);
   if (o.json) print_json({{"format", "prometheus-text-0.0.4"}, {"text", *m}});
   else std::fputs(m->c_str(), stdout);
   return Status::ok();

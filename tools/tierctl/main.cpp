@@ -8,7 +8,7 @@
 
 #include "commands.hpp"
 #include "tier/client.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace {
 
@@ -55,119 +55,118 @@ int fail_with(const tier::Status& st) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"tierctl: inspect and drive the tierd memory-tier daemon on this node", "tierctl"};
-  app.footer(kFooter);
-  app.require_subcommand(1);
-  app.fallthrough();  // --json and --socket also work after the command
-  app.set_version_flag("--version", std::string("tierctl ") + TIER_VERSION);
-
+// What the command line said: the options, and which subcommand was given.
+struct Args {
   std::string socket;
   bool json = false;
-  app.add_option("--socket", socket,
-                 "tierd control socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
-  app.add_flag("--json", json, "print one JSON document instead of tables");
   int timeout_ms = 0;
-  app.add_option("--connect-timeout", timeout_ms, "keep retrying to connect for this many ms (default 0)")
-      ->check(CLI::NonNegativeNumber);
-
   std::string pool, name, file;
   tier::ctl::PutOptions put_opts;
   std::string quota_text;
-
-  auto* status = app.add_subcommand(
-      "status", "node summary: daemon, clients, pools, leases, RAM and NVMe tiers, counters");
-  auto* topo = app.add_subcommand(
-      "topo", "NUMA nodes with memory and CPUs, and the nearest node of each GPU and NVMe device");
-  auto* pools =
-      app.add_subcommand("pools", "list pools with owner, tensor count, RAM and NVMe use and quota");
-
-  auto* tensors = app.add_subcommand(
-      "tensors", "list the tensors of POOL with size, dtype, shape, NUMA node, tiers and leases");
-  tensors->add_option("POOL", pool, "pool name")->required();
-
-  auto* put =
-      app.add_subcommand("put",
-                         "store FILE as tensor NAME of POOL; creates the pool (default quota) and the tensor "
-                         "when missing; an existing tensor must have the file's size");
-  put->add_option("POOL", pool, "pool name ([A-Za-z0-9._-], created when missing)")->required();
-  put->add_option("NAME", name, "tensor name (created when missing, size = file size)")->required();
-  put->add_option("FILE", file, "file to copy into the tensor; - (or a pipe) reads stdin to its end first")
-      ->required();
-  put->add_option("--ram-quota", quota_text,
-                  "RAM quota of the pool when put creates it, e.g. 4G (default: the daemon's)");
-  put->add_option("--wait-ms", put_opts.wait_ms, "wait this long for a conflicting lease (default 5000)")
-      ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
-
   int32_t get_wait = 5000;
-  auto* get = app.add_subcommand("get", "write tensor NAME of POOL to FILE (created or truncated)");
-  get->add_option("POOL", pool, "pool name")->required();
-  get->add_option("NAME", name, "tensor name")->required();
-  get->add_option("FILE", file,
-                  "output file (created or truncated); - writes to stdout, the summary to stderr")
-      ->required();
-  get->add_option("--wait-ms", get_wait, "wait this long for a conflicting write lease (default 5000)")
-      ->check(CLI::Range(0, 86400000).description("0 to 86400000 ms"));
-
-  auto* rm = app.add_subcommand("rm", "delete tensor NAME of POOL");
-  rm->add_option("POOL", pool, "pool name")->required();
-  rm->add_option("NAME", name, "tensor name")->required();
-
-  auto* evict = app.add_subcommand(
-      "evict", "write back to NVMe and drop from RAM tensor NAME, or every unleased tensor of POOL");
-  evict->add_option("POOL", pool, "pool name")->required();
-  evict->add_option("NAME", name, "tensor name (default: the whole pool)");
-
-  auto* prefetch = app.add_subcommand("prefetch", "queue tensor NAME of POOL to be brought back into RAM");
-  prefetch->add_option("POOL", pool, "pool name")->required();
-  prefetch->add_option("NAME", name, "tensor name")->required();
-
-  auto* snapshot =
-      app.add_subcommand("snapshot", "make a consistent, durable copy of POOL on NVMe; returns once durable");
-  snapshot->add_option("POOL", pool, "pool name")->required();
   tier::SnapshotOptions snap_opts;
-  snapshot->add_option("--tag", snap_opts.tag,
-                       "a label of yours, e.g. a training step (listed by 'snapshots')");
-  snapshot
-      ->add_option("--keep", snap_opts.keep,
+  uint64_t restore_id = 0;
+  bool drop_yes = false;
+  tier::ctl::TopOptions top_opts;
+  CLI::App *status = nullptr, *topo = nullptr, *pools = nullptr, *tensors = nullptr, *put = nullptr,
+           *get = nullptr, *rm = nullptr, *evict = nullptr, *prefetch = nullptr, *snapshot = nullptr,
+           *snapshots = nullptr, *restore = nullptr, *drop = nullptr, *metrics = nullptr, *top = nullptr;
+};
+
+const auto kWaitRange = CLI::Range(0, 86400000).description("0 to 86400000 ms");
+
+// A subcommand on POOL (its first argument); with `tensor_help`, on tensor NAME of it as well
+// (required unless `name_optional`).
+CLI::App* pool_command(CLI::App& app, Args& a, const char* name, const char* what,
+                       const char* pool_help = "pool name", const char* tensor_help = nullptr,
+                       bool name_optional = false) {
+  CLI::App* c = app.add_subcommand(name, what);
+  c->add_option("POOL", a.pool, pool_help)->required();
+  if (tensor_help) {
+    CLI::Option* n = c->add_option("NAME", a.name, tensor_help);
+    if (!name_optional) n->required();
+  }
+  return c;
+}
+
+// The commands that read and write tensors.
+void add_tensor_commands(CLI::App& app, Args& a) {
+  a.status = app.add_subcommand("status",
+                                "node summary: daemon, clients, pools, leases, RAM and NVMe tiers, counters");
+  a.topo = app.add_subcommand(
+      "topo", "NUMA nodes with memory and CPUs, and the nearest node of each GPU and NVMe device");
+  a.pools = app.add_subcommand("pools", "list pools with owner, tensor count, RAM and NVMe use and quota");
+  a.tensors = pool_command(app, a, "tensors",
+                           "list the tensors of POOL with size, dtype, shape, NUMA node, tiers and leases");
+
+  a.put = pool_command(app, a, "put",
+                       "store FILE as tensor NAME of POOL; creates the pool (default quota) and the "
+                       "tensor when missing; an existing tensor must have the file's size",
+                       "pool name ([A-Za-z0-9._-], created when missing)",
+                       "tensor name (created when missing, size = file size)");
+  a.put
+      ->add_option("FILE", a.file, "file to copy into the tensor; - (or a pipe) reads stdin to its end first")
+      ->required();
+  a.put->add_option("--ram-quota", a.quota_text,
+                    "RAM quota of the pool when put creates it, e.g. 4G (default: the daemon's)");
+  a.put->add_option("--wait-ms", a.put_opts.wait_ms, "wait this long for a conflicting lease (default 5000)")
+      ->check(kWaitRange);
+
+  a.get = pool_command(app, a, "get", "write tensor NAME of POOL to FILE (created or truncated)", "pool name",
+                       "tensor name");
+  a.get
+      ->add_option("FILE", a.file,
+                   "output file (created or truncated); - writes to stdout, the summary to stderr")
+      ->required();
+  a.get->add_option("--wait-ms", a.get_wait, "wait this long for a conflicting write lease (default 5000)")
+      ->check(kWaitRange);
+
+  a.rm = pool_command(app, a, "rm", "delete tensor NAME of POOL", "pool name", "tensor name");
+  a.evict = pool_command(app, a, "evict",
+                         "write back to NVMe and drop from RAM tensor NAME, or every unleased tensor of POOL",
+                         "pool name", "tensor name (default: the whole pool)", /*name_optional=*/true);
+  a.prefetch = pool_command(app, a, "prefetch", "queue tensor NAME of POOL to be brought back into RAM",
+                            "pool name", "tensor name");
+}
+
+// The commands on whole pools (snapshots, restore, drop) and the monitoring ones.
+void add_pool_commands(CLI::App& app, Args& a) {
+  a.snapshot = pool_command(app, a, "snapshot",
+                            "make a consistent, durable copy of POOL on NVMe; returns once durable");
+  a.snapshot->add_option("--tag", a.snap_opts.tag,
+                         "a label of yours, e.g. a training step (listed by 'snapshots')");
+  a.snapshot
+      ->add_option("--keep", a.snap_opts.keep,
                    "durable snapshots of POOL kept once this one is durable (default 1)")
       ->check(CLI::Range(1, 16).description("1 to 16"));
+  a.snapshots =
+      pool_command(app, a, "snapshots",
+                   "list POOL's durable snapshots, and whether a reboot left it a mix of points in time");
+  a.restore = pool_command(app, a, "restore",
+                           "roll POOL back to snapshot ID: its tensors as of then, newer tensors "
+                           "and snapshots deleted (fails while leased)");
+  a.restore->add_option("ID", a.restore_id, "snapshot id (see 'tierctl snapshots POOL')")->required();
+  a.drop = pool_command(app, a, "drop",
+                        "delete POOL with all its tensors, RAM and NVMe (fails while leased); "
+                        "asks first when run on a terminal");
+  a.drop->add_flag("--yes,-y", a.drop_yes, "do not ask for confirmation");
 
-  auto* snapshots = app.add_subcommand(
-      "snapshots", "list POOL's durable snapshots, and whether a reboot left it a mix of points in time");
-  snapshots->add_option("POOL", pool, "pool name")->required();
+  a.metrics = app.add_subcommand("metrics", "print every counter and gauge as Prometheus text");
 
-  uint64_t restore_id = 0;
-  auto* restore = app.add_subcommand("restore",
-                                     "roll POOL back to snapshot ID: its tensors as of then, newer tensors "
-                                     "and snapshots deleted (fails while leased)");
-  restore->add_option("POOL", pool, "pool name")->required();
-  restore->add_option("ID", restore_id, "snapshot id (see 'tierctl snapshots POOL')")->required();
-
-  bool drop_yes = false;
-  auto* drop = app.add_subcommand("drop",
-                                  "delete POOL with all its tensors, RAM and NVMe (fails while leased); "
-                                  "asks first when run on a terminal");
-  drop->add_option("POOL", pool, "pool name")->required();
-  drop->add_flag("--yes,-y", drop_yes, "do not ask for confirmation");
-
-  auto* metrics = app.add_subcommand("metrics", "print every counter and gauge as Prometheus text");
-
-  tier::ctl::TopOptions top_opts;
-  auto* top = app.add_subcommand(
-      "top", "live view: RAM/NVMe use per node, NVMe bandwidth, top pools by RAM (q quits)");
-  top->add_option("--interval", top_opts.interval_s, "seconds between refreshes, at least 0.1 (default 2)")
+  a.top = app.add_subcommand("top",
+                             "live view: RAM/NVMe use per node, NVMe bandwidth, top pools by RAM (q quits)");
+  a.top
+      ->add_option("--interval", a.top_opts.interval_s, "seconds between refreshes, at least 0.1 (default 2)")
       ->check(CLI::Range(0.1, 86400.0).description("0.1 to 86400 s"));
-  top->add_flag("--once", top_opts.once,
-                "print one frame and exit (no screen clearing); with --json one JSON object");
-  top->add_option("--pools", top_opts.pools, "how many pools to show (default 10)")
+  a.top->add_flag("--once", a.top_opts.once,
+                  "print one frame and exit (no screen clearing); with --json one JSON object");
+  a.top->add_option("--pools", a.top_opts.pools, "how many pools to show (default 10)")
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+}
 
-  for (auto* sc : app.get_subcommands({}))
-    sc->footer("Run 'tierctl --help' for the socket, --json and exit codes.");
-
+// Parses argv into `a`: -1 to go on, else the exit code (help, version: 0; usage errors: 2,
+// with the message on stderr).
+int parse(CLI::App& app, Args& a, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) { return app.exit(e); } catch (const CLI::CallForAllHelp& e) {
@@ -183,39 +182,66 @@ int main(int argc, char** argv) {
     else std::fprintf(stderr, "tierctl: %s\nRun 'tierctl --help' for usage.\n", e.what());
     return 2;
   }
-  if (!quota_text.empty()) {
-    auto q = tier::parse_size(quota_text);
+  if (!a.quota_text.empty()) {
+    auto q = tier::parse_size(a.quota_text);
     if (!q) {
       std::fprintf(stderr, "tierctl: --ram-quota: %s\n", q.error().message().c_str());
       return 2;
     }
-    put_opts.ram_quota = *q;
+    a.put_opts.ram_quota = *q;
   }
+  return -1;
+}
+
+// Runs the subcommand that was given.
+tier::Status run(const Args& a, tier::Client& c, tier::ctl::Output& out) {
+  using namespace tier::ctl;
+  if (*a.status) return cmd_status(c, out);
+  if (*a.topo) return cmd_topo(c, out);
+  if (*a.pools) return cmd_pools(c, out);
+  if (*a.tensors) return cmd_tensors(c, out, a.pool);
+  if (*a.put) return cmd_put(c, out, a.pool, a.name, a.file, a.put_opts);
+  if (*a.get) return cmd_get(c, out, a.pool, a.name, a.file, a.get_wait);
+  if (*a.rm) return cmd_rm(c, out, a.pool, a.name);
+  if (*a.evict) return cmd_evict(c, out, a.pool, a.name);
+  if (*a.prefetch) return cmd_prefetch(c, out, a.pool, a.name);
+  if (*a.snapshot) return cmd_snapshot(c, out, a.pool, a.snap_opts);
+  if (*a.snapshots) return cmd_snapshots(c, out, a.pool);
+  if (*a.restore) return cmd_restore(c, out, a.pool, a.restore_id);
+  if (*a.drop) return cmd_drop(c, out, a.pool, a.drop_yes);
+  if (*a.metrics) return cmd_metrics(c, out);
+  if (*a.top) return cmd_top(c, out, a.top_opts);
+  return tier::Status();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tierctl: inspect and drive the tierd memory-tier daemon on this node", "tierctl"};
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();  // --json and --socket also work after the command
+  app.set_version_flag("--version", std::string("tierctl ") + TIER_VERSION);
+
+  Args a;
+  app.add_option("--socket", a.socket,
+                 "tierd control socket (default: $TIERD_SOCKET or /run/tierd/tierd.sock)");
+  app.add_flag("--json", a.json, "print one JSON document instead of tables");
+  app.add_option("--connect-timeout", a.timeout_ms, "keep retrying to connect for this many ms (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  add_tensor_commands(app, a);
+  add_pool_commands(app, a);
+  for (auto* sc : app.get_subcommands({}))
+    sc->footer("Run 'tierctl --help' for the socket, --json and exit codes.");
+  if (int rc = parse(app, a, argc, argv); rc >= 0) return rc;
 
   auto client = tier::Client::connect(
-      socket, {.client_name = "tierctl", .connect_timeout = std::chrono::milliseconds(timeout_ms)});
+      a.socket, {.client_name = "tierctl", .connect_timeout = std::chrono::milliseconds(a.timeout_ms)});
   if (!client) return fail_with(client.error());
-  tier::Client& c = **client;
-  tier::ctl::Output out{json};
-  using namespace tier::ctl;
-
+  tier::ctl::Output out{a.json};
   tier::Status st;
   try {
-    if (*status) st = cmd_status(c, out);
-    else if (*topo) st = cmd_topo(c, out);
-    else if (*pools) st = cmd_pools(c, out);
-    else if (*tensors) st = cmd_tensors(c, out, pool);
-    else if (*put) st = cmd_put(c, out, pool, name, file, put_opts);
-    else if (*get) st = cmd_get(c, out, pool, name, file, get_wait);
-    else if (*rm) st = cmd_rm(c, out, pool, name);
-    else if (*evict) st = cmd_evict(c, out, pool, name);
-    else if (*prefetch) st = cmd_prefetch(c, out, pool, name);
-    else if (*snapshot) st = cmd_snapshot(c, out, pool, snap_opts);
-    else if (*snapshots) st = cmd_snapshots(c, out, pool);
-    else if (*restore) st = cmd_restore(c, out, pool, restore_id);
-    else if (*drop) st = cmd_drop(c, out, pool, drop_yes);
-    else if (*metrics) st = cmd_metrics(c, out);
-    else if (*top) st = cmd_top(c, out, top_opts);
+    st = run(a, **client, out);
   } catch (const std::exception& e) {  // bad_alloc, or JSON of invalid UTF-8 from the daemon
     st = tier::Status(tier::Code::kInternal, e.what());
   }

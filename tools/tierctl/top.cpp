@@ -19,8 +19,9 @@
 #include <string>
 
 #include "commands.hpp"
+#include "base/errors.hpp"
 #include "table.hpp"
-#include "wire/sizes.hpp"
+#include "base/sizes.hpp"
 
 namespace tier::ctl {
 
@@ -68,9 +69,9 @@ struct Sample {
 
 Result<Sample> sample(Client& c) {
   auto s = c.status();
-  if (!s) return std::unexpected(s.error());
+  TIER_TRY(s);
   auto pools = c.list_pools();
-  if (!pools) return std::unexpected(pools.error());
+  TIER_TRY(pools);
   Sample out{std::move(*s), std::move(*pools), std::chrono::steady_clock::now()};
   std::sort(out.pools.begin(), out.pools.end(), [](const PoolInfo& a, const PoolInfo& b) {
     return a.ram_used != b.ram_used ? a.ram_used > b.ram_used : a.name < b.name;
@@ -216,7 +217,7 @@ Status cmd_top(Client& c, const Output& o, const TopOptions& t) {
   Prev prev;
   auto once = [&]() -> Status {
     auto smp = sample(c);
-    if (!smp) return smp.error();
+    TIER_TRY(smp);
     std::string text =
         o.json ? frame_json(*smp, socket, top_n).dump() + "\n" : render(socket, *smp, prev, top_n);
     return emit(text) ? Status::ok() : Status::from_errno(errno, "write to stdout");
