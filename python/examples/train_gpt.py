@@ -153,6 +153,9 @@ def main():
     total = sum(p.detach().double().sum().item() for p in model.parameters())
     say({"done": True, "param_sum": total})
     if world > 1:
+        # Every rank past its last collective before any tears its connections down: a gloo
+        # rank whose peer has already closed may abort in its own teardown.
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
 

@@ -483,9 +483,11 @@ def run_ranks(pool, world, *extra, env_extra=None):
                 if p.poll() is None:
                     p.kill()
         time.sleep(0.02)
-    out, _ = procs[0].communicate(timeout=60)
-    for p in procs[1:]:
-        p.communicate(timeout=60)
+    out, err0 = procs[0].communicate(timeout=60)
+    errs = [err0] + [p.communicate(timeout=60)[1] for p in procs[1:]]
+    for rank, (p, err) in enumerate(zip(procs, errs)):
+        if p.returncode not in (0, -signal.SIGKILL):  # an unexpected end: say why, for the failure's reader
+            sys.stderr.write(f"rank {rank} of {pool} exited {p.returncode}; its stderr ends:\n{err[-3000:]}\n")
     return [p.returncode for p in procs], [json.loads(x) for x in out.splitlines() if x.strip()]
 
 
