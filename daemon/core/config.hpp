@@ -125,7 +125,7 @@ struct ResolvedSizes {
   uint64_t alignment = 0;
   // 0: unlimited. A uid_nvme_quota in % is resolved by make_state(), against the NVMe tier.
   uint64_t uid_ram_quota = 0, uid_nvme_quota = 0;
-  uint64_t uid_pinned_quota = UINT64_MAX;          // UINT64_MAX: unlimited
+  uint64_t uid_pinned_quota = UINT64_MAX;  // UINT64_MAX: unlimited
 };
 
 // The tenant limits of a resolved configuration, one "name value" line each, as
