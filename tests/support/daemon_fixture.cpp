@@ -21,6 +21,8 @@
 #include <string>
 #include <thread>
 
+#include "ram/arena.hpp"
+
 namespace tier::test {
 
 std::string bin_path(const std::string& name) {
@@ -43,22 +45,6 @@ uint64_t disk_bytes(const std::string& path) {
   return bytes;
 }
 
-// The daemon's arena name prefix (daemon/ram/arena.cpp, arena_prefix: FNV-1a 32 of the
-// canonical state dir).
-std::string arena_prefix_of(const std::string& state_dir) {
-  std::error_code ec;
-  std::string s = std::filesystem::weakly_canonical(state_dir, ec).string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 16777619u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "tierd-%08x-", h);
-  return buf;
-}
-
 }  // namespace
 
 void TestDaemon::report_held() const {
@@ -68,7 +54,7 @@ void TestDaemon::report_held() const {
   for (std::string line; std::getline(f, line);)
     if (line.rfind("VmHWM:", 0) == 0) rss = std::stoull(line.substr(6)) * 1024;
   uint64_t shm = 0;
-  const std::string prefix = arena_prefix_of(state_dir_);
+  const std::string prefix = tier::daemon::arena_prefix(state_dir_) + "-";  // the daemon's own naming
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
     if (e.path().filename().string().rfind(prefix, 0) == 0) shm += disk_bytes(e.path().string());
