@@ -11,24 +11,14 @@ import os
 import subprocess
 import sys
 
+from torch2_bench_support import require
+
 TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "bench-cpu-step")
-
-
-def skip(why):
-    print("skipped: " + why)
-    sys.exit(77)
 
 
 def main():
     build = sys.argv[1]
-    try:
-        import torch
-        if int(torch.__version__.split(".")[0]) < 2:
-            skip(f"PyTorch {torch.__version__} (the bench needs PyTorch 2: tools/py-env)")
-    except ImportError:
-        skip("no PyTorch (tools/py-env)")
-    if not os.access(os.path.join(build, "bin", "tier-train"), os.X_OK):
-        skip("tier-train is not built")
+    require(build, "tier-train", "the bench needs PyTorch 2")
     bad = subprocess.run([sys.executable, TOOL, "--shapes", "nonesuch"], capture_output=True, text=True)
     assert bad.returncode == 2, f"an unknown shape: exit {bad.returncode}, want 2\n{bad.stderr}"
     r = subprocess.run([sys.executable, TOOL, "--build", build, "--shapes", "tiny", "--rounds", "1"],

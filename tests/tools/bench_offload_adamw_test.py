@@ -12,25 +12,15 @@ import os
 import subprocess
 import sys
 
+from torch2_bench_support import require
+
 TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "bench-offload-adamw")
 VARIANTS = ["offload", "offload-copy", "tier-kernel", "torch-fused", "offload-bf16", "triad", "copy"]
 
 
-def skip(why):
-    print("skipped: " + why)
-    sys.exit(77)
-
-
 def main():
     build = sys.argv[1]
-    try:
-        import torch
-        if int(torch.__version__.split(".")[0]) < 2:
-            skip(f"PyTorch {torch.__version__} (the peers need PyTorch 2: tools/py-env)")
-    except ImportError:
-        skip("no PyTorch (tools/py-env)")
-    if not os.access(os.path.join(build, "bin", "tierd"), os.X_OK):
-        skip("tierd is not built")
+    require(build, "tierd", "the peers need PyTorch 2")
     bad = subprocess.run([sys.executable, TOOL, "--build", build, "--variants", "nonesuch"], capture_output=True,
                          text=True)
     assert bad.returncode == 2, f"an unknown variant: exit {bad.returncode}, want 2\n{bad.stderr}"
