@@ -55,6 +55,14 @@ inline std::optional<std::string> text_problem(std::string_view text) {
   enum class In { kCode, kComment, kBasic, kLiteral, kMlBasic, kMlLiteral };
   In in = In::kCode;
   size_t line = 1;
+  // The last byte in code other than a space or tab: '\n' at the start of a line, 'q' after a
+  // string. A quote opens a string only where TOML lets one begin (a key at a line's start or
+  // after '.', '[', '{' or ','; a value after '=', '[' or ','): toml++ reads a malformed bare
+  // value on past a quote in its middle, so to this guard a quote there opens no string either.
+  char last = '\n';
+  const auto string_may_begin = [&] {
+    return last == '\n' || last == '=' || last == '[' || last == '{' || last == ',' || last == '.';
+  };
   const auto starts = [&](size_t i, std::string_view s) { return text.substr(i, s.size()) == s; };
   // An ASCII byte after a backslash other than a newline: skipped as the escape's.
   const auto escapable = [&](size_t i) {
@@ -65,6 +73,7 @@ inline std::optional<std::string> text_problem(std::string_view text) {
     if (c == '\n') {
       ++line;
       if (in != In::kMlBasic && in != In::kMlLiteral) in = In::kCode;  // ends or toml++ refuses
+      if (in == In::kCode) last = '\n';
       continue;
     }
     if (c >= 0x80) {
@@ -80,10 +89,13 @@ inline std::optional<std::string> text_problem(std::string_view text) {
     switch (in) {
       case In::kCode:
         if (c == '#') in = In::kComment;
+        else if ((c == '"' || c == '\'') && !string_may_begin()) last = static_cast<char>(c);  // mid-token
         else if (starts(i, "\"\"\"")) in = In::kMlBasic, i += 2;
         else if (starts(i, "'''")) in = In::kMlLiteral, i += 2;
         else if (c == '"') in = In::kBasic;
         else if (c == '\'') in = In::kLiteral;
+        else if (c != ' ' && c != '\t') last = static_cast<char>(c);
+        if (in != In::kCode && in != In::kComment) last = 'q';  // after a string: no string's start
         break;
       case In::kComment: break;
       case In::kBasic:

@@ -138,6 +138,15 @@ TEST_CASE("config: non-ASCII text outside strings and comments is refused before
   CHECK(text_problem("a = \"\xc0\x80\""));            // overlong
   CHECK(text_problem("a = \"\xed\xa0\x80\""));        // a surrogate
   CHECK(text_problem("a = \"x\n\xd1\x89"));           // an unterminated string ends at its line
+  // A quote in the middle of a bare value opens no string: toml++ reads on past it (found by
+  // fuzz_generator, fuzz/corpus/fuzz_generator/quote-mid-value).
+  CHECK(text_problem("a = r\"\xef\xbb\xbe\""));
+  CHECK(text_problem(std::string_view("a=-r=r\0\0\0\"b\xef\xbb\xbe\"", 15)));
+  CHECK(text_problem("a = \"x\"\"\xd1\x89\""));  // a quote right after a string
+  // Where TOML lets a string begin it may still hold UTF-8: keys, dotted keys, arrays, tables.
+  CHECK_FALSE(
+      text_problem("\"\xd1\x89\" = 1\na.\"\xd1\x89\" = [ \"\xd1\x89\",'\xd1\x89' ]\nt = {k=\"\xd1\x89\"}"));
+  CHECK_FALSE(text_problem("[\"\xd1\x89\"]\nx = [\n  \"\xd1\x89\",\n]"));
 }
 
 TEST_CASE("config: the shipped example parses and equals the defaults") {
